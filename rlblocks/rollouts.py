@@ -1,0 +1,408 @@
+"""`Rollouts`: the one batch type that flows between every block.
+
+A batch of ``b`` sequences, each a prompt followed by a response::
+
+    prompt_ids      (b tp)      int64  left-padded
+    response_ids    (b t)       int64  right-padded
+    attention_mask  (b tp+t)    bool   True = a real token (prompt or response), False = padding
+    response_mask   (b t)       bool   True = a policy token that counts in the loss
+    group_ids       (b)         int64  rows sampled from the same prompt share an id
+    rollout_logprobs (b t)      float32 log-probs the engine sampled with, or None
+    prompts, completions        list[str] of length b (decoded text; "" when not decoded)
+    metadata                    list[dict] of length b (ground truth, data source, ...)
+    extras                      dict[str, Tensor]: per-row tensors carried along through
+                                split/select/concat, (b) or response-aligned (b t ...)
+
+``response_mask`` is stricter than the response part of ``attention_mask``: in a multi-turn
+rollout the tool's observation tokens are real tokens (attended to) that the policy did not
+generate, so they are False in ``response_mask``.
+
+This module imports nothing else from rlblocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+Index = Tensor | Sequence[int] | slice
+
+
+@dataclass(eq=False)
+class Rollouts:
+    """A batch of prompts and sampled responses. See the module docstring for the fields."""
+
+    prompt_ids: Tensor
+    response_ids: Tensor
+    attention_mask: Tensor
+    response_mask: Tensor
+    group_ids: Tensor
+    rollout_logprobs: Tensor | None = None
+    prompts: list[str] = field(default_factory=list)
+    completions: list[str] = field(default_factory=list)
+    metadata: list[dict[str, Any]] = field(default_factory=list)
+    extras: dict[str, Tensor] = field(default_factory=dict)
+    pad_token_id: int = 0
+
+    def __post_init__(self) -> None:
+        b = self.prompt_ids.shape[0] if self.prompt_ids.dim() > 0 else -1
+        for name in ("prompts", "completions"):
+            if not getattr(self, name):
+                setattr(self, name, [""] * max(b, 0))
+        if not self.metadata:
+            self.metadata = [{} for _ in range(max(b, 0))]
+        self.validate()
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Check shapes, dtypes and consistency; raise ``ValueError`` naming the field."""
+        _expect_dims("prompt_ids", self.prompt_ids, 2)
+        _expect_dims("response_ids", self.response_ids, 2)
+        b, tp = self.prompt_ids.shape
+        t = self.response_ids.shape[1]
+        _expect_dtype("prompt_ids", self.prompt_ids, integer=True)
+        _expect_dtype("response_ids", self.response_ids, integer=True)
+        _expect_shape("response_ids", self.response_ids, (b, t), "prompt_ids has b rows")
+        _expect_shape("attention_mask", self.attention_mask, (b, tp + t), "(b, tp + t)")
+        _expect_shape("response_mask", self.response_mask, (b, t), "like response_ids")
+        _expect_bool("attention_mask", self.attention_mask)
+        _expect_bool("response_mask", self.response_mask)
+        _expect_shape("group_ids", self.group_ids, (b,), "one id per row")
+        _expect_dtype("group_ids", self.group_ids, integer=True)
+        if self.rollout_logprobs is not None:
+            _expect_shape("rollout_logprobs", self.rollout_logprobs, (b, t), "like response_ids")
+            _expect_dtype("rollout_logprobs", self.rollout_logprobs, integer=False)
+        counted_padding = self.response_mask & ~self.attention_mask[:, tp:]
+        # Value checks need data: a batch on the meta device (shape planning) skips them.
+        if counted_padding.device.type != "meta" and counted_padding.any():
+            row = int(counted_padding.any(-1).nonzero()[0])
+            raise ValueError(
+                f"Rollouts.response_mask is True on padding (attention_mask False) in row {row}: "
+                "a token that counts in the loss must be a real token"
+            )
+        for name in ("prompts", "completions", "metadata"):
+            n = len(getattr(self, name))
+            if n != b:
+                raise ValueError(f"Rollouts.{name} has {n} entries but the batch has {b} rows")
+        for name, value in self.extras.items():
+            _check_extra(name, value, b, t)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def batch_size(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    def __len__(self) -> int:
+        return self.batch_size
+
+    @property
+    def input_ids(self) -> Tensor:
+        """Prompt and response concatenated, (b tp+t) int64."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def prompt_mask(self) -> Tensor:
+        """(b tp) bool: real prompt tokens."""
+        return self.attention_mask[:, : self.prompt_ids.shape[1]]
+
+    @property
+    def response_attention_mask(self) -> Tensor:
+        """(b t) bool: real response tokens, observation tokens included."""
+        return self.attention_mask[:, self.prompt_ids.shape[1] :]
+
+    @property
+    def response_lengths(self) -> Tensor:
+        """(b) int64: number of real response tokens of each row."""
+        return self.response_attention_mask.sum(-1)
+
+    @property
+    def num_tokens(self) -> int:
+        """Real tokens (prompt + response) in the whole batch."""
+        return int(self.attention_mask.sum())
+
+    def replace(self, **changes: Any) -> Rollouts:
+        """A copy with some fields replaced (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def with_extras(self, **tensors: Tensor) -> Rollouts:
+        """A copy carrying more per-row tensors, e.g. ``ro.with_extras(advantages=adv)``."""
+        return self.replace(extras={**self.extras, **tensors})
+
+    # ------------------------------------------------------------------ row operations
+    def select(self, index: Index) -> Rollouts:
+        """Rows picked by a bool mask (b), a list/tensor of row indices (any order) or a slice."""
+        rows = _as_row_index(index, self.batch_size)
+        return self.replace(
+            prompt_ids=self.prompt_ids[rows],
+            response_ids=self.response_ids[rows],
+            attention_mask=self.attention_mask[rows],
+            response_mask=self.response_mask[rows],
+            group_ids=self.group_ids[rows],
+            rollout_logprobs=None if self.rollout_logprobs is None else self.rollout_logprobs[rows],
+            prompts=[self.prompts[i] for i in rows.tolist()],
+            completions=[self.completions[i] for i in rows.tolist()],
+            metadata=[self.metadata[i] for i in rows.tolist()],
+            extras={k: v[rows] for k, v in self.extras.items()},
+        )
+
+    def repeat(self, n: int) -> Rollouts:
+        """Each row repeated ``n`` times in place (row 0 n times, then row 1, ...).
+
+        Copies keep their row's group id, so repeating ``p`` prompts that carry ids ``0..p-1``
+        gives ``p`` groups of ``n``.
+        """
+        if n < 1:
+            raise ValueError(f"Rollouts.repeat: n must be >= 1, got {n}")
+        return self.select(torch.arange(self.batch_size).repeat_interleave(n))
+
+    def split(self, *, rows: int | None = None, token_budget: int | None = None) -> list[Rollouts]:
+        """Contiguous micro-batches, in order, so that ``Rollouts.concat(parts)`` is ``self``.
+
+        ``rows``: at most that many rows each. ``token_budget``: at most that many real tokens
+        (prompt + response) each; a row longer than the budget alone forms its own micro-batch.
+        Both may be given; each micro-batch then satisfies both.
+        """
+        if rows is None and token_budget is None:
+            raise ValueError("Rollouts.split needs rows=... or token_budget=...")
+        if rows is not None and rows < 1:
+            raise ValueError(f"Rollouts.split: rows must be >= 1, got {rows}")
+        if token_budget is not None and token_budget < 1:
+            raise ValueError(f"Rollouts.split: token_budget must be >= 1, got {token_budget}")
+        lengths = self.attention_mask.sum(-1).tolist()
+        bounds, start, used = [], 0, 0
+        for i, length in enumerate(lengths):
+            full_rows = rows is not None and i - start >= rows
+            over_budget = token_budget is not None and i > start and used + length > token_budget
+            if full_rows or over_budget:
+                bounds.append((start, i))
+                start, used = i, 0
+            used += length
+        if self.batch_size:
+            bounds.append((start, self.batch_size))
+        return [self.select(slice(lo, hi)) for lo, hi in bounds]
+
+    def trim(self) -> Rollouts:
+        """Drop padding columns that no row uses (left of prompts, right of responses)."""
+        prompt_used = self.prompt_mask.any(0).nonzero()
+        tp = self.prompt_ids.shape[1]
+        first = int(prompt_used[0]) if len(prompt_used) else tp
+        response_used = self.response_attention_mask.any(0).nonzero()
+        t = int(response_used[-1]) + 1 if len(response_used) else 0
+        return self.replace(
+            prompt_ids=self.prompt_ids[:, first:],
+            response_ids=self.response_ids[:, :t],
+            attention_mask=torch.cat(
+                [self.prompt_mask[:, first:], self.response_attention_mask[:, :t]], dim=1
+            ),
+            response_mask=self.response_mask[:, :t],
+            rollout_logprobs=None
+            if self.rollout_logprobs is None
+            else self.rollout_logprobs[:, :t],
+            extras={k: v if v.dim() == 1 else v[:, :t] for k, v in self.extras.items()},
+        )
+
+    def to(self, device: torch.device | str) -> Rollouts:
+        """All tensors moved to ``device``."""
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), Tensor)
+        }
+        return self.replace(**moved, extras={k: v.to(device) for k, v in self.extras.items()})
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def concat(parts: Sequence[Rollouts]) -> Rollouts:
+        """Rows of all parts, in order; prompts re-padded on the left, responses on the right."""
+        if not parts:
+            raise ValueError("Rollouts.concat needs at least one Rollouts")
+        first = parts[0]
+        tp = max(p.prompt_ids.shape[1] for p in parts)
+        t = max(p.response_ids.shape[1] for p in parts)
+        has_logprobs = {p.rollout_logprobs is not None for p in parts}
+        if len(has_logprobs) > 1:
+            raise ValueError("Rollouts.concat: some parts have rollout_logprobs and some do not")
+        keys = set(first.extras)
+        for i, p in enumerate(parts):
+            if set(p.extras) != keys:
+                raise ValueError(
+                    f"Rollouts.concat: part {i} has extras {sorted(p.extras)}, "
+                    f"part 0 has {sorted(keys)}"
+                )
+
+        def cat(name: str, left: bool, width: int, value: float | bool = 0) -> Tensor:
+            return torch.cat([_pad(getattr(p, name), width, left, value) for p in parts])
+
+        pad = first.pad_token_id
+        return Rollouts(
+            prompt_ids=cat("prompt_ids", True, tp, pad),
+            response_ids=cat("response_ids", False, t, pad),
+            attention_mask=torch.cat(
+                [
+                    torch.cat(
+                        [
+                            _pad(p.prompt_mask, tp, True, False),
+                            _pad(p.response_attention_mask, t, False, False),
+                        ],
+                        dim=1,
+                    )
+                    for p in parts
+                ]
+            ),
+            response_mask=cat("response_mask", False, t, False),
+            group_ids=torch.cat([p.group_ids for p in parts]),
+            rollout_logprobs=cat("rollout_logprobs", False, t) if True in has_logprobs else None,
+            prompts=[s for p in parts for s in p.prompts],
+            completions=[s for p in parts for s in p.completions],
+            metadata=[m for p in parts for m in p.metadata],
+            extras={k: torch.cat([_pad(p.extras[k], t, False, 0) for p in parts]) for k in keys},
+            pad_token_id=pad,
+        )
+
+    @classmethod
+    def from_lists(
+        cls,
+        prompt_ids: Sequence[Sequence[int]],
+        response_ids: Sequence[Sequence[int]],
+        *,
+        pad_token_id: int = 0,
+        response_masks: Sequence[Sequence[bool]] | None = None,
+        rollout_logprobs: Sequence[Sequence[float]] | None = None,
+        group_ids: Sequence[int] | Tensor | None = None,
+        prompts: Sequence[str] | None = None,
+        completions: Sequence[str] | None = None,
+        metadata: Sequence[dict[str, Any]] | None = None,
+    ) -> Rollouts:
+        """Build a batch from ragged token lists (prompts left-padded, responses right-padded).
+
+        ``response_masks`` defaults to every response token counting; ``group_ids`` to one
+        group per row (``0..b-1``).
+        """
+        b = len(prompt_ids)
+        if len(response_ids) != b:
+            raise ValueError(f"from_lists: {b} prompts but {len(response_ids)} responses")
+        masks = response_masks or [[True] * len(r) for r in response_ids]
+        for name, ragged in (("response_masks", masks), ("rollout_logprobs", rollout_logprobs)):
+            if ragged is None:
+                continue
+            for i, (r, m) in enumerate(zip(response_ids, ragged, strict=True)):
+                if len(r) != len(m):
+                    raise ValueError(
+                        f"from_lists: row {i} has {len(r)} response tokens but {name} "
+                        f"has {len(m)} entries"
+                    )
+        tp = max((len(p) for p in prompt_ids), default=0)
+        t = max((len(r) for r in response_ids), default=0)
+        p_ids = _ragged(prompt_ids, tp, True, pad_token_id, torch.long)
+        r_ids = _ragged(response_ids, t, False, pad_token_id, torch.long)
+        attention = torch.cat(
+            [
+                _ragged([[True] * len(p) for p in prompt_ids], tp, True, False, torch.bool),
+                _ragged([[True] * len(r) for r in response_ids], t, False, False, torch.bool),
+            ],
+            dim=1,
+        )
+        return cls(
+            prompt_ids=p_ids,
+            response_ids=r_ids,
+            attention_mask=attention,
+            response_mask=_ragged(masks, t, False, False, torch.bool),
+            group_ids=torch.arange(b) if group_ids is None else torch.as_tensor(group_ids),
+            rollout_logprobs=None
+            if rollout_logprobs is None
+            else _ragged(rollout_logprobs, t, False, 0.0, torch.float32),
+            prompts=list(prompts or []),
+            completions=list(completions or []),
+            metadata=[dict(m) for m in metadata] if metadata is not None else [],
+            pad_token_id=pad_token_id,
+        )
+
+
+# ---------------------------------------------------------------------- helpers
+def _shape(x: Tensor) -> str:
+    return str(tuple(x.shape))
+
+
+def _expect_dims(name: str, x: Any, dims: int) -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"Rollouts.{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != dims:
+        raise ValueError(f"Rollouts.{name} must have {dims} dimensions, got shape {_shape(x)}")
+
+
+def _expect_shape(name: str, x: Any, shape: tuple[int, ...], why: str) -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"Rollouts.{name} must be a torch.Tensor, got {type(x).__name__}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"Rollouts.{name} has shape {_shape(x)}, expected {shape} ({why})")
+
+
+def _expect_bool(name: str, x: Tensor) -> None:
+    if x.dtype != torch.bool:
+        raise TypeError(
+            f"Rollouts.{name} must be torch.bool (True = the token counts), got {x.dtype}; "
+            f"convert with .bool()"
+        )
+
+
+def _expect_dtype(name: str, x: Tensor, *, integer: bool) -> None:
+    is_int = not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool
+    if integer and not is_int:
+        raise TypeError(f"Rollouts.{name} must be an integer tensor, got {x.dtype}")
+    if not integer and not x.dtype.is_floating_point:
+        raise TypeError(f"Rollouts.{name} must be a floating-point tensor, got {x.dtype}")
+
+
+def _check_extra(name: str, value: Any, b: int, t: int) -> None:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"Rollouts.extras[{name!r}] must be a Tensor, got {type(value).__name__}")
+    if value.dim() == 0 or value.shape[0] != b:
+        raise ValueError(
+            f"Rollouts.extras[{name!r}] has shape {_shape(value)}, expected (b=={b}, ...)"
+        )
+    if value.dim() >= 2 and value.shape[1] != t:
+        raise ValueError(
+            f"Rollouts.extras[{name!r}] has shape {_shape(value)}: a per-token extra must be "
+            f"response-aligned, (b t ...) with t=={t}"
+        )
+
+
+def _as_row_index(index: Index, b: int) -> Tensor:
+    if isinstance(index, slice):
+        return torch.arange(b)[index]
+    rows = torch.as_tensor(index)
+    if rows.dtype == torch.bool:
+        if rows.shape != (b,):
+            raise ValueError(
+                f"Rollouts.select: bool mask has shape {_shape(rows)}, expected ({b},)"
+            )
+        return rows.nonzero().flatten()
+    rows = rows.long().flatten()
+    if len(rows) and (rows.min() < -b or rows.max() >= b):
+        raise IndexError(f"Rollouts.select: row index out of range for a batch of {b}")
+    return rows % b if len(rows) else rows
+
+
+def _pad(x: Tensor, width: int, left: bool, value: float | bool) -> Tensor:
+    """Pad dim 1 of ``x`` to ``width`` (1-D tensors are returned as they are)."""
+    if x.dim() == 1 or x.shape[1] == width:
+        return x
+    filler = torch.full((x.shape[0], width - x.shape[1], *x.shape[2:]), value, dtype=x.dtype)
+    filler = filler.to(x.device)
+    return torch.cat([filler, x] if left else [x, filler], dim=1)
+
+
+def _ragged(
+    rows: Sequence[Sequence[Any]], width: int, left: bool, value: Any, dtype: torch.dtype
+) -> Tensor:
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, row in enumerate(rows):
+        if len(row):
+            target = out[i, width - len(row) :] if left else out[i, : len(row)]
+            target.copy_(torch.as_tensor(list(row), dtype=dtype))
+    return out

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Install rlblocks (editable) with its test tools on a fresh CPU machine. Safe to re-run.
+#
+# torch is installed first, pinned to 2.13.0 (the CPU build that lies on the machine); every
+# later install is constrained by constraints.txt, so nothing pulls a CUDA build of torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install --quiet torch==2.13.0
+python -m pip install --quiet -c constraints.txt -e ".[dev]"

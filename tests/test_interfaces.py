@@ -1,0 +1,52 @@
+from collections.abc import Iterable
+
+import pytest
+import torch
+
+from rlblocks.interfaces import (
+    PolicyTrainer,
+    Resharder,
+    RolloutEngine,
+    Rollouts,
+    SamplingParams,
+    Stateful,
+)
+
+
+class EchoEngine:
+    """The smallest engine that honours the RolloutEngine contract: it echoes the prompt ids."""
+
+    def __init__(self) -> None:
+        self.version = 0
+
+    def generate(self, prompts, *, n=1, sampling=None, metadata=None):
+        ids = [[ord(c) for c in p] for p in prompts]
+        ro = Rollouts.from_lists(ids, ids, prompts=list(prompts), completions=list(prompts))
+        return ro.repeat(n)
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, version: int):
+        self.version = version
+
+
+def test_structural_blocks_are_recognised_without_inheritance():
+    engine = EchoEngine()
+    assert isinstance(engine, RolloutEngine)
+    ro = engine.generate(["ab", "c"], n=2)
+    assert ro.group_ids.tolist() == [0, 0, 1, 1]
+    assert ro.completions == ["ab", "ab", "c", "c"]
+    # An engine is not a trainer, a resharder or stateful: the checks really discriminate.
+    assert not isinstance(engine, PolicyTrainer)
+    assert not isinstance(engine, Resharder)
+    assert not isinstance(engine, Stateful)
+
+
+def test_sampling_params_validate():
+    assert SamplingParams().temperature == 1.0
+    with pytest.raises(ValueError, match="top_p must be in"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        SamplingParams(max_new_tokens=0)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError, match="top_k must be >= 0"):
+        SamplingParams(top_k=-1)
