@@ -53,10 +53,13 @@ Prompt = str | Sequence[Mapping[str, str]]
 
 # ---------------------------------------------------------------------- data returned by blocks
 class Advantages(NamedTuple):
-    """What an advantage estimator returns; both (b t) float32, zero where ``mask`` is False."""
+    """What an advantage estimator returns to the policy (and, for PPO, the value) loss.
 
-    advantages: Tensor
-    returns: Tensor
+    Both fields are ``(b t)`` float32, detached, and exactly zero where ``mask`` is False.
+    """
+
+    advantages: Tensor  # (b t) float32: the per-token weight of ∇ log π in the policy gradient
+    returns: Tensor  # (b t) float32: the target a value function would regress on
 
 
 class RewardOutput(NamedTuple):
@@ -140,7 +143,7 @@ class Aggregation(Protocol):
 
     def normalizer(self, mask: Tensor) -> Tensor: ...
 
-    def __call__(self, loss: Tensor, mask: Tensor, normalizer: Tensor) -> Tensor: ...
+    def __call__(self, loss: Tensor, mask: Tensor, normalizer: Tensor | float) -> Tensor: ...
 
 
 class RewardFn(Protocol):

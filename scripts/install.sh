@@ -4,6 +4,7 @@
 # torch is installed first, pinned to 2.13.0 (the CPU build that lies on the machine); every
 # later install is constrained by constraints.txt, so nothing pulls a CUDA build of torch.
 set -euo pipefail
+export PIP_ROOT_USER_ACTION=ignore
 cd "$(dirname "$0")/.."
 python -m pip install --quiet torch==2.13.0
 python -m pip install --quiet -c constraints.txt -e ".[dev]"

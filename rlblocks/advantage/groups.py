@@ -1,0 +1,90 @@
+"""Statistics over groups of rows that share a prompt, for arbitrary int64 group ids.
+
+Ids need not be contiguous, sorted or start at 0: ``torch.unique(return_inverse=True)`` maps
+them to ``0..n_groups-1`` and the reductions are ``index_add`` / ``scatter_reduce`` over that
+index. Every function returns the group statistic *broadcast back to the rows*, a ``(b)``
+tensor, because that is what the estimators consume.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
+    """Dense index ``(b)`` int64 in ``0..n-1`` for arbitrary ``group_ids`` ``(b)``, and ``n``."""
+    if group_ids.dim() != 1:
+        raise ValueError(f"group_ids must be (b), got shape {tuple(group_ids.shape)}")
+    unique, inverse = torch.unique(group_ids, return_inverse=True)
+    return inverse, unique.numel()
+
+
+def group_size(group_ids: Tensor) -> Tensor:
+    """Number of rows in each row's group, ``(b)`` int64."""
+    index, n = group_index(group_ids)
+    counts = torch.zeros(n, dtype=torch.int64, device=group_ids.device)
+    counts.index_add_(0, index, torch.ones_like(index))
+    return counts[index]
+
+
+def group_sum(values: Tensor, group_ids: Tensor) -> Tensor:
+    """Σ of ``values`` ``(b)`` over each row's group, ``(b)`` float32."""
+    index, n = group_index(group_ids)
+    values = values.float()
+    sums = torch.zeros(n, dtype=torch.float32, device=values.device)
+    sums.index_add_(0, index, values)
+    return sums[index]
+
+
+def group_mean(values: Tensor, group_ids: Tensor, *, weights: Tensor | None = None) -> Tensor:
+    """Mean of ``values`` ``(b)`` over each row's group, ``(b)`` float32.
+
+    With ``weights`` ``(b)`` it is the weighted mean Σ w·x / Σ w; a group whose weights sum to
+    0 gets the plain mean instead (there is no weighted mean to take).
+
+    The mean is taken of the deviations from the group's maximum, then shifted back: a group
+    of equal values then has exactly that value as its mean (a plain float32 Σx / n of equal
+    values can miss it by an ulp, which a division by a tiny std would blow up).
+    """
+    values = values.float()
+    anchor = group_max(values, group_ids)
+    offsets = values - anchor
+    plain = group_sum(offsets, group_ids) / group_size(group_ids)
+    if weights is not None:
+        weights = weights.float()
+        total = group_sum(weights, group_ids)
+        weighted = group_sum(weights * offsets, group_ids) / torch.where(total == 0, 1.0, total)
+        plain = torch.where(total == 0, plain, weighted)
+    return anchor + plain
+
+
+def group_std(values: Tensor, group_ids: Tensor, *, unbiased: bool = True) -> Tensor:
+    """Standard deviation of ``values`` ``(b)`` within each row's group, ``(b)`` float32.
+
+    ``unbiased`` divides by n - 1 (Bessel, like ``torch.std``); a group of one has std 0.
+    Two passes (mean first, then squared deviations) for accuracy.
+    """
+    values = values.float()
+    size = group_size(group_ids)
+    sq = group_sum((values - group_mean(values, group_ids)) ** 2, group_ids)
+    denom = (size - 1 if unbiased else size).clamp(min=1)
+    return (sq / denom).sqrt()
+
+
+def group_max(values: Tensor, group_ids: Tensor) -> Tensor:
+    """Largest of ``values`` ``(b)`` in each row's group, ``(b)`` float32."""
+    return _group_reduce(values, group_ids, "amax")
+
+
+def group_min(values: Tensor, group_ids: Tensor) -> Tensor:
+    """Smallest of ``values`` ``(b)`` in each row's group, ``(b)`` float32."""
+    return _group_reduce(values, group_ids, "amin")
+
+
+def _group_reduce(values: Tensor, group_ids: Tensor, reduce: str) -> Tensor:
+    index, n = group_index(group_ids)
+    values = values.float()
+    out = torch.zeros(n, dtype=torch.float32, device=values.device)
+    out = out.scatter_reduce(0, index, values, reduce=reduce, include_self=False)
+    return out[index]

@@ -1,0 +1,121 @@
+"""Memory-aware quantities from logits: token entropy and log-probabilities of chosen tokens.
+
+Logits are ``(b t v)``, often bf16 and, with v ≈ 150 000, the largest tensor of a step: a
+float32 copy of them (what ``logits.float().log_softmax(-1)`` makes) doubles or triples peak
+memory. Both functions here flatten the rows to ``(b·t, v)`` and work on ``chunk_size`` rows at
+a time, so that only one chunk is ever upcast to float32:
+
+- without gradients, each chunk's float32 work is freed before the next chunk starts;
+- with gradients, each chunk runs under ``torch.utils.checkpoint.checkpoint(...,
+  use_reentrant=False)``: the forward keeps nothing in float32, and the backward recomputes one
+  chunk at a time. The gradient reaching ``logits`` is in the logits' own dtype.
+
+The arithmetic is done in float32, or in float64 when the logits are float64 (tests use this
+to compare at tight tolerances), and the result has that dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from rlblocks.masked import masked_mean
+
+DEFAULT_CHUNK_SIZE = 1024
+"""Rows (tokens) per chunk: with v = 152 064, a float32 chunk is 0.6 GB."""
+
+
+def _compute_dtype(logits: Tensor) -> torch.dtype:
+    return torch.promote_types(logits.dtype, torch.float32)
+
+
+def _row_entropy(logits: Tensor) -> Tensor:
+    # H = logsumexp(z) − Σ_v softmax(z)_v · z_v, for rows of logits (n v) -> (n).
+    z = logits.to(_compute_dtype(logits))
+    lse = torch.logsumexp(z, dim=-1)
+    return lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+
+
+def _row_logprob(logits: Tensor, token_ids: Tensor) -> Tensor:
+    # log softmax(z)_y = z_y − logsumexp(z), for rows (n v) and ids (n) -> (n).
+    z = logits.to(_compute_dtype(logits))
+    picked = z.gather(-1, token_ids[:, None]).squeeze(-1)
+    return picked - torch.logsumexp(z, dim=-1)
+
+
+def _chunked_rows(
+    fn: Callable[..., Tensor], logits: Tensor, *extra: Tensor, chunk_size: int
+) -> Tensor:
+    """Apply ``fn(logits_rows, *extra_rows) -> (n)`` over chunks of the flattened rows."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    lead = logits.shape[:-1]
+    rows = logits.reshape(-1, logits.shape[-1])
+    extra_rows = [x.reshape(-1) for x in extra]
+    # Checkpoint only when a graph is being recorded through the logits: then it is what keeps
+    # the float32 intermediates of all chunks from being saved for the backward at once.
+    use_checkpoint = torch.is_grad_enabled() and logits.requires_grad
+    outputs = []
+    for start in range(0, rows.shape[0], chunk_size):
+        args = [rows[start : start + chunk_size]]
+        args += [x[start : start + chunk_size] for x in extra_rows]
+        if use_checkpoint:
+            outputs.append(checkpoint(fn, *args, use_reentrant=False))
+        else:
+            outputs.append(fn(*args))
+    if not outputs:  # no rows at all (b·t = 0)
+        return logits.new_zeros(lead, dtype=_compute_dtype(logits))
+    return torch.cat(outputs).reshape(lead)
+
+
+def entropy_from_logits(logits: Tensor, /, *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tensor:
+    """Entropy of the next-token distribution at every position, chunk by chunk.
+
+    H(softmax(z)) = −Σ_v p_v log p_v = logsumexp(z) − Σ_v softmax(z)_v · z_v
+    (Shannon 1948; the logsumexp form avoids log 0 and is exact for any shift of z).
+
+    Shapes: ``logits`` ``(... v)`` (usually ``(b t v)``), any float dtype; returns ``(...)``
+    float32 (float64 for float64 logits). Differentiable through ``logits`` (not detached);
+    at most ``chunk_size`` rows are in float32 at a time, also in the backward pass (see the
+    module docstring). Use it as an entropy bonus with :func:`entropy_loss`.
+    """
+    return _chunked_rows(_row_entropy, logits, chunk_size=chunk_size)
+
+
+def token_logprobs(
+    logits: Tensor, token_ids: Tensor, /, *, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> Tensor:
+    """Log-probability of the given token at every position: log softmax(z)[y], chunk by chunk.
+
+    log π(y | ·) = z_y − logsumexp(z). Equal to
+    ``torch.log_softmax(logits.float(), -1).gather(-1, token_ids[..., None])[..., 0]`` without
+    the float32 ``(b t v)`` log-softmax.
+
+    Shapes: ``logits`` ``(... v)`` (usually ``(b t v)``, already shifted so that position t
+    scores token t), any float dtype; ``token_ids`` ``(...)`` int64. Returns ``(...)`` float32
+    (float64 for float64 logits). Differentiable through ``logits`` (not detached), with at
+    most ``chunk_size`` rows in float32 at a time.
+    """
+    if token_ids.shape != logits.shape[:-1]:
+        raise ValueError(f"token_ids {tuple(token_ids.shape)} vs logits {tuple(logits.shape)}")
+    return _chunked_rows(_row_logprob, logits, token_ids.long(), chunk_size=chunk_size)
+
+
+def entropy_loss(entropy: Tensor, mask: Tensor, /) -> tuple[Tensor, dict[str, Tensor]]:
+    """Entropy bonus as a per-token loss: L_t = −H_t (minimising it raises the entropy).
+
+    The entropy regulariser of A3C (Mnih et al. 2016, arXiv 1602.01783, sec. 4) and PPO
+    (Schulman et al. 2017, arXiv 1707.06347, eq. 9, the c₂ S[π_θ] term). Add it with a
+    positive coefficient: ``pg + 0.01 * entropy_loss(H, mask)[0]``.
+
+    Shapes: ``entropy`` ``(b t)`` (from :func:`entropy_from_logits`, gradient kept), ``mask``
+    ``(b t)`` bool. Returns the loss ``(b t)`` float32 (float64 for float64 input), zero where
+    ``mask`` is False, and metrics: ``entropy``, the mean over valid tokens (detached).
+    """
+    entropy = entropy.to(torch.promote_types(entropy.dtype, torch.float32))
+    zero = torch.zeros((), dtype=entropy.dtype, device=entropy.device)
+    loss = -torch.where(mask, entropy, zero)  # masked first: −0 · NaN would stay NaN
+    return loss, {"entropy": masked_mean(entropy.detach(), mask).float()}

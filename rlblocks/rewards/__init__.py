@@ -1,0 +1,56 @@
+"""Rule-based rewards: ``reward_fn(rollouts) -> RewardOutput(rewards (b) float32, metrics)``.
+
+- `math_answer` / `math_answer_reward`: final-answer correctness (GSM8K ``####``, ``\\boxed{}``).
+- `format_reward` / `think_answer_format`: whole-completion regular-expression match.
+- `per_sample`: any ``fn(completion, **row) -> float`` as a batch reward, with a time limit,
+  a fallback score and failure counts. The two rewards above are built with it.
+- `combine`: weighted sum of rewards; `overlong`: DAPO's soft overlong punishment.
+- `keep_informative_groups`: DAPO dynamic sampling, a (b) bool mask of rows to keep.
+
+``REWARDS`` maps names to ready-made reward functions for config files and CLIs only; in code,
+pass the functions themselves.
+"""
+
+from rlblocks.interfaces import RewardFn, RewardOutput
+from rlblocks.rewards.combine import combine
+from rlblocks.rewards.filters import GroupFilter, keep_informative_groups
+from rlblocks.rewards.format import THINK_ANSWER, format_reward, think_answer_format
+from rlblocks.rewards.guard import RewardRowError, SampleFn, per_sample
+from rlblocks.rewards.math import (
+    answers_equal,
+    extract_answer,
+    math_answer,
+    math_answer_reward,
+    math_answer_score,
+    truth_answer,
+)
+from rlblocks.rewards.overlong import overlong, overlong_penalty
+
+REWARDS: dict[str, RewardFn] = {
+    "math_answer": math_answer,
+    "think_answer_format": think_answer_format,
+}
+"""Name -> reward function, for config files only (every entry takes a `Rollouts`)."""
+
+__all__ = [
+    "REWARDS",
+    "THINK_ANSWER",
+    "GroupFilter",
+    "RewardFn",
+    "RewardOutput",
+    "RewardRowError",
+    "SampleFn",
+    "answers_equal",
+    "combine",
+    "extract_answer",
+    "format_reward",
+    "keep_informative_groups",
+    "math_answer",
+    "math_answer_reward",
+    "math_answer_score",
+    "overlong",
+    "overlong_penalty",
+    "per_sample",
+    "think_answer_format",
+    "truth_answer",
+]

@@ -1,0 +1,244 @@
+"""`per_sample`: turn a plain ``fn(completion, **row) -> float`` into a guarded batch reward.
+
+A reward function written for one sample is the easiest thing to get right and to test, and the
+most common thing to go wrong at scale: one odd completion in ten thousand makes a parser raise,
+loop or return NaN. `per_sample` scores each row separately and gives the ``fallback`` score to
+a row whose function raised, returned something that is not a finite real number, or ran past
+``timeout`` seconds. Failures are counted in the metrics and reported by one logging warning per
+batch; nothing is retried.
+
+Time limits: threads, not processes
+-----------------------------------
+Python cannot stop a thread. We still run the rows on daemon worker threads and give each row a
+deadline counted from the moment a worker starts it: when the deadline passes, the row gets the
+fallback score, its thread is **abandoned** (it keeps running in the background until ``fn``
+returns, holding whatever it holds; its late result is thrown away) and a fresh worker takes
+over the remaining rows. The alternative, a process pool, can really kill a hung row, but it
+cannot run functions defined in a notebook or a closure (they must be pickled), pays a start-up
+cost of about a second per pool, and copies every row across a pipe; that is the wrong price
+for rule-based rewards that take microseconds. The limits of the thread approach, which users
+must know:
+
+- a time limit only works while ``fn`` runs Python bytecode or waits on I/O. A C call that holds
+  the GIL (for example a catastrophically backtracking ``re`` pattern) blocks the whole process,
+  the deadline included, until it returns;
+- an abandoned thread still uses CPU and memory; a function that hangs forever on many rows
+  leaks one thread per such row.
+
+Run untrusted code (program-execution rewards) in a sandboxed subprocess inside ``fn`` itself.
+With ``timeout=None`` rows run one by one in the calling thread: no threads at all, which is the
+easiest mode to debug (breakpoints, plain tracebacks).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlblocks.interfaces import RewardFn, RewardOutput
+
+if TYPE_CHECKING:
+    from rlblocks.rollouts import Rollouts
+
+logger = logging.getLogger(__name__)
+
+SampleFn = Callable[..., float]
+"""A per-sample reward: ``fn(completion: str, **row) -> float``, row = metadata + ``prompt``."""
+
+
+class RewardRowError(RuntimeError):
+    """Raised by a `per_sample` reward built with ``raise_errors=True``; names the failing row."""
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """A row that gets the fallback score: ``kind`` is "error" or "timeout"."""
+
+    kind: str
+    message: str
+    error: BaseException | None = None
+
+
+Outcome = float | _Failure
+
+
+def per_sample(
+    fn: SampleFn,
+    *,
+    timeout: float | None = 5.0,
+    fallback: float = 0.0,
+    raise_errors: bool = False,
+    key: str = "reward",
+    name: str | None = None,
+    max_workers: int = 1,
+) -> RewardFn:
+    """Batch reward from a per-sample ``fn(completion, **row) -> float``, with guards.
+
+    For row ``i`` the score is
+
+        rᵢ = fn(completions[i], **metadata[i], prompt=prompts[i])   if it returns a finite real
+        rᵢ = fallback                                               if it raises, returns NaN/±inf
+                                                                    or a non-number, or times out
+
+    Returns a `RewardFn`: ``rollouts -> RewardOutput(rewards (b) float32, metrics)``; the
+    rewards carry no gradient. Metrics: ``{key}/mean`` (mean score, fallbacks included),
+    ``{key}/failures`` (rows that got the fallback, timeouts included) and ``{key}/timeouts``.
+
+    ``timeout``: seconds per row, counted from the moment a worker starts it (see the module
+    docstring for what happens to a hung row); ``None`` runs rows in the calling thread with no
+    limit. ``max_workers``: threads scoring rows at once when ``timeout`` is set; keep 1 for
+    CPU-bound functions (the GIL serializes them anyway, and sharing it stretches each row's
+    wall time towards its deadline), raise it for functions that wait on I/O. ``raise_errors``:
+    raise `RewardRowError` for the first failing row instead of using the fallback (debugging).
+    ``name``: the returned function's ``__name__`` (used by `combine`), default ``fn``'s name.
+
+    Not from a paper: the guard that verl's reward managers and TRL's reward functions leave to
+    the user.
+    """
+    if not math.isfinite(fallback):
+        raise ValueError(f"per_sample: fallback must be finite, got {fallback}")
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"per_sample: timeout must be > 0 or None, got {timeout}")
+    if max_workers < 1:
+        raise ValueError(f"per_sample: max_workers must be >= 1, got {max_workers}")
+    label = name or _name_of(fn)
+
+    def reward(rollouts: Rollouts, /) -> RewardOutput:
+        completions = rollouts.completions
+        rows = [{**meta, "prompt": p} for meta, p in zip(rollouts.metadata, rollouts.prompts)]
+        score = partial(_score_row, fn, completions, rows)
+        if timeout is None:
+            outcomes = [score(i) for i in range(len(rows))]
+        else:
+            outcomes = _run_with_deadlines(
+                score, len(rows), timeout=timeout, max_workers=max_workers
+            )
+        return _summarize(
+            outcomes, fallback=fallback, key=key, label=label, raise_errors=raise_errors
+        )
+
+    reward.__name__ = reward.__qualname__ = label
+    reward.__doc__ = f"Guarded batch reward (`per_sample`) around {label}."
+    return reward
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    """``fn.__name__``, looking through `functools.partial`; the class name otherwise."""
+    while isinstance(fn, partial):
+        fn = fn.func
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _score_row(fn: SampleFn, completions: list[str], rows: list[dict], i: int) -> Outcome:
+    """One row's score, or a `_Failure` when ``fn`` raised or returned a non-finite non-number."""
+    try:
+        value = fn(completions[i], **rows[i])
+    except Exception as e:  # noqa: BLE001 -- whatever fn raises is that row's failure
+        return _Failure("error", f"{type(e).__name__}: {e}", e)
+    if not isinstance(value, numbers.Real):
+        return _Failure("error", f"returned {type(value).__name__}, expected a real number")
+    value = float(value)
+    if not math.isfinite(value):
+        return _Failure("error", f"returned {value}, expected a finite number")
+    return value
+
+
+def _run_with_deadlines(
+    score: Callable[[int], Outcome], n: int, *, timeout: float, max_workers: int
+) -> list[Outcome]:
+    """Score rows ``0..n-1`` on daemon threads; a row running past ``timeout`` s is abandoned."""
+    outcomes: list[Outcome | None] = [None] * n
+    todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for i in range(n):
+        todo.put(i)
+    done: queue.SimpleQueue[tuple[int, Outcome]] = queue.SimpleQueue()
+    running: dict[int, float] = {}  # row -> monotonic start time, while its fn runs
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            with lock:
+                running[i] = time.monotonic()
+            try:
+                out = score(i)
+            except BaseException as e:  # noqa: BLE001 -- a dead worker would lose the row silently
+                out = _Failure("error", f"{type(e).__name__}: {e}", e)
+            with lock:
+                running.pop(i, None)
+            done.put((i, out))
+
+    def start_worker() -> None:
+        threading.Thread(target=worker, daemon=True, name="rlblocks-reward").start()
+
+    for _ in range(min(max_workers, n)):
+        start_worker()
+    left = n
+    while left:
+        with lock:
+            first_start = min(running.values(), default=None)
+        wait = timeout if first_start is None else first_start + timeout - time.monotonic()
+        finished = _drain(done, wait=max(wait, 0.0))
+        for i, out in finished:
+            if outcomes[i] is None:  # else: a late result of an abandoned row, dropped
+                outcomes[i], left = out, left - 1
+        now = time.monotonic()
+        with lock:  # rows still running now have run for at least `timeout` seconds
+            overdue = [i for i, start in running.items() if now - start >= timeout]
+            for i in overdue:
+                del running[i]
+        for i in overdue:
+            outcomes[i], left = _Failure("timeout", f"no result after {timeout:g} s"), left - 1
+            start_worker()  # the stuck thread is abandoned: keep the remaining rows moving
+    return outcomes  # type: ignore[return-value]  # every entry is set once `left` hits 0
+
+
+def _drain(done: queue.SimpleQueue, *, wait: float) -> list[tuple[int, Outcome]]:
+    """Block up to ``wait`` s for one finished row, then take every other one already there."""
+    try:
+        items = [done.get(timeout=wait)]
+    except queue.Empty:
+        return []
+    while True:
+        try:
+            items.append(done.get_nowait())
+        except queue.Empty:
+            return items
+
+
+def _summarize(
+    outcomes: list[Outcome], *, fallback: float, key: str, label: str, raise_errors: bool
+) -> RewardOutput:
+    """Fallback scores for failed rows, the metrics, and one warning (or error) per batch."""
+    failures = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, _Failure)]
+    if failures and raise_errors:
+        i, first = failures[0]
+        raise RewardRowError(f"reward {label!r}, row {i}: {first.message}") from first.error
+    scores = [fallback if isinstance(o, _Failure) else o for o in outcomes]
+    rewards = torch.tensor(scores, dtype=torch.float32).reshape(len(scores))
+    timeouts = sum(o.kind == "timeout" for _, o in failures)
+    if failures:
+        i, first = failures[0]
+        logger.warning(
+            "reward %r: %d of %d rows failed (%d timed out) and scored %g; first: row %d: %s",
+            label, len(failures), len(outcomes), timeouts, fallback, i, first.message,
+        )  # fmt: skip
+    metrics = {
+        f"{key}/mean": float(rewards.mean()) if len(scores) else 0.0,
+        f"{key}/failures": float(len(failures)),
+        f"{key}/timeouts": float(timeouts),
+    }
+    return RewardOutput(rewards, metrics)
