@@ -1,0 +1,17 @@
+"""Causal LMs and tokenizers: ``load(name_or_path)``, built-in models, and the ``tiny`` factory."""
+
+from rlblocks.models.builtin import BUILTINS, builtin_path, cache_dir
+from rlblocks.models.loading import load, prepare_tokenizer
+from rlblocks.models.tiny import save_tiny, tiny, tiny_config, tiny_tokenizer
+
+__all__ = [
+    "BUILTINS",
+    "builtin_path",
+    "cache_dir",
+    "load",
+    "prepare_tokenizer",
+    "save_tiny",
+    "tiny",
+    "tiny_config",
+    "tiny_tokenizer",
+]

