@@ -5,9 +5,17 @@
     loss, metrics = rb.losses.clipped_surrogate(logp, old_logp, adv, mask, clip=(0.2, 0.28))
 
 Subpackages: ``advantage`` (estimators), ``losses`` (per-token losses and ``aggregate``),
-``rewards`` (rule-based rewards), ``placement`` (where blocks run). ``interfaces`` holds the
-block contracts and ``Rollouts`` the batch type.
+``rewards`` (rule-based rewards), ``placement`` (where blocks run), ``models`` (loading, the
+tiny and built-in models), ``rollout`` (engines), ``trainer`` (``PolicyTrainer``), ``resharder``,
+``data`` (prompt datasets, the built-in arithmetic task), ``recipes`` (GRPO...), ``runlog``
+(metrics JSONL and plots). ``interfaces`` holds the block contracts, ``Rollouts`` the batch type.
+
+The subpackages that pull in transformers or datasets are imported on first use, so that
+``import rlblocks`` stays fast.
 """
+
+import importlib
+from typing import Any
 
 from rlblocks import advantage, interfaces, losses, placement, rewards
 from rlblocks.interfaces import Advantages, RewardOutput, SamplingParams
@@ -15,14 +23,35 @@ from rlblocks.rollouts import Rollouts
 
 __version__ = "0.1.0"
 
+_LAZY = ("data", "models", "recipes", "resharder", "rollout", "runlog", "trainer")
+
 __all__ = [
     "Advantages",
     "RewardOutput",
     "Rollouts",
     "SamplingParams",
     "advantage",
+    "data",
     "interfaces",
     "losses",
+    "models",
     "placement",
+    "recipes",
+    "resharder",
     "rewards",
+    "rollout",
+    "runlog",
+    "trainer",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module = importlib.import_module(f"rlblocks.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'rlblocks' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,58 @@
+"""Prompt data: load prompt datasets, cut them to length, and batch them for RL steps.
+
+    ds = rb.data.load_prompts("train.parquet", prompt="question", ground_truth="answer",
+                              template="Question: {prompt}\\nAnswer:")
+    ds = rb.data.gsm8k("gsm8k/train.parquet")               # ground truth = number after ####
+    ds = rb.data.arithmetic_prompts(1000, difficulty=2)     # built-in offline task, no download
+    for batch in rb.data.PromptBatches(ds, prompts_per_step=8, seed=0):
+        ro = engine.generate(batch.prompts, n=4, metadata=batch.metadata)
+
+- `prompts`: `PromptRow`, `PromptDataset`, `load_prompts` (files, Datasets, dicts; templates,
+  chat messages; malformed rows reported by row and column).
+- `length`: `prompt_token_ids` and `limit_prompt_length` (overlong "error" / "truncate" /
+  "filter").
+- `batches`: `PromptBatches`, a deterministic, resumable (``state_dict``) batch iterator.
+- `arithmetic`: seeded integer word problems with disjoint train / test splits.
+- `gsm8k`: the GSM8K layout (``#### 72`` answers).
+"""
+
+from rlblocks.data.arithmetic import (
+    LEVELS,
+    TEST_FRACTION,
+    Difficulty,
+    arithmetic,
+    arithmetic_prompts,
+)
+from rlblocks.data.batches import PromptBatch, PromptBatches
+from rlblocks.data.gsm8k import gsm8k, gsm8k_final_answer
+from rlblocks.data.length import limit_prompt_length, prompt_token_ids
+from rlblocks.data.prompts import (
+    BOXED_INSTRUCTION,
+    HASH_INSTRUCTION,
+    PromptDataset,
+    PromptRow,
+    instruction_template,
+    load_prompts,
+    read_rows,
+)
+
+__all__ = [
+    "BOXED_INSTRUCTION",
+    "HASH_INSTRUCTION",
+    "LEVELS",
+    "TEST_FRACTION",
+    "Difficulty",
+    "PromptBatch",
+    "PromptBatches",
+    "PromptDataset",
+    "PromptRow",
+    "arithmetic",
+    "arithmetic_prompts",
+    "gsm8k",
+    "gsm8k_final_answer",
+    "instruction_template",
+    "limit_prompt_length",
+    "load_prompts",
+    "prompt_token_ids",
+    "read_rows",
+]

@@ -1,0 +1,161 @@
+"""Batches of prompts for RL steps: deterministic shuffling with an exactly resumable position.
+
+    batches = rb.data.PromptBatches(dataset, prompts_per_step=8, seed=0)
+    for batch in batches:
+        ro = engine.generate(batch.prompts, n=4, metadata=batch.metadata)
+        ...
+        checkpoint["data"] = batches.state_dict()   # {"epoch": 3, "position": 16, ...}
+
+Epoch ``e`` visits the rows in the order ``permutation(len(dataset))`` drawn from a NumPy
+generator seeded with ``(seed, e)``, so every epoch is reshuffled, the order of any epoch can be
+recomputed on its own, and a run resumed from ``state_dict()`` (epoch, position) yields exactly
+the batch it would have yielded next. With ``drop_last=True`` the rows left over at the end of
+an epoch (fewer than ``prompts_per_step``) are skipped, and they differ from epoch to epoch
+because the order does. Iteration is endless unless ``epochs`` is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rlblocks.data.prompts import PromptRow
+from rlblocks.interfaces import Prompt
+
+__all__ = ["PromptBatch", "PromptBatches"]
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """The prompts of one RL step, ready for ``engine.generate(batch.prompts, ...)``."""
+
+    rows: tuple[PromptRow, ...]
+    epoch: int
+    """The epoch the rows come from (0-based)."""
+    step: int
+    """The index of this batch within its epoch (0-based)."""
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        """The prompts, in order: ``engine.generate(ds.prompts, ...)``."""
+        return [row.prompt for row in self.rows]
+
+    @property
+    def metadata(self) -> list[dict[str, Any]]:
+        """One metadata dict per row: ``engine.generate(..., metadata=ds.metadata)``."""
+        return [row.metadata for row in self.rows]
+
+    @property
+    def ground_truths(self) -> list[str | None]:
+        """The reference answers, in order (None for unlabelled rows)."""
+        return [row.ground_truth for row in self.rows]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+class PromptBatches:
+    """An iterator of `PromptBatch` over a dataset, epoch after epoch; see the module docstring.
+
+    Args:
+        dataset: a `PromptDataset` or any sequence of `PromptRow`.
+        prompts_per_step: rows per batch (``p`` in the shape vocabulary).
+        seed: the shuffling seed; epoch ``e`` uses the permutation seeded with ``(seed, e)``.
+        shuffle: False visits the rows in dataset order every epoch.
+        drop_last: skip the last, smaller batch of an epoch (keeps every step the same size).
+        epochs: stop after this many epochs; None iterates forever.
+    """
+
+    def __init__(
+        self,
+        dataset: Sequence[PromptRow],
+        *,
+        prompts_per_step: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = True,
+        epochs: int | None = None,
+    ) -> None:
+        if prompts_per_step < 1:
+            raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
+        if drop_last and len(dataset) < prompts_per_step:
+            raise ValueError(
+                f"the dataset has {len(dataset)} rows, fewer than prompts_per_step="
+                f"{prompts_per_step}: with drop_last=True no batch would ever be full"
+            )
+        if len(dataset) == 0:
+            raise ValueError("the dataset is empty")
+        self.dataset = dataset
+        self.prompts_per_step = prompts_per_step
+        self.seed, self.shuffle, self.drop_last, self.epochs = seed, shuffle, drop_last, epochs
+        self.epoch = 0
+        self.position = 0  # index, in this epoch's order, of the next row to yield
+        self._order: tuple[int, np.ndarray] | None = None  # (epoch, permutation) cache
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches in one epoch: ``⌊n / p⌋`` with ``drop_last``, else ``⌈n / p⌉``."""
+        n, p = len(self.dataset), self.prompts_per_step
+        return n // p if self.drop_last else -(-n // p)
+
+    def __len__(self) -> int:
+        """Batches in the whole iteration, from the start; only with ``epochs`` set."""
+        if self.epochs is None:
+            raise TypeError("PromptBatches with epochs=None is endless and has no len()")
+        return self.epochs * self.steps_per_epoch
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The row indices of ``epoch`` in visiting order, ``(n)`` int64."""
+        if self._order is None or self._order[0] != epoch:
+            n = len(self.dataset)
+            if self.shuffle:
+                order = np.random.default_rng([self.seed, epoch]).permutation(n)
+            else:
+                order = np.arange(n)
+            self._order = (epoch, order)
+        return self._order[1]
+
+    def __iter__(self) -> Iterator[PromptBatch]:
+        return self
+
+    def __next__(self) -> PromptBatch:
+        n, p = len(self.dataset), self.prompts_per_step
+        left = n - self.position
+        if left == 0 or (self.drop_last and left < p):
+            self.epoch, self.position = self.epoch + 1, 0
+        if self.epochs is not None and self.epoch >= self.epochs:
+            raise StopIteration
+        start = self.position
+        indices = self.order(self.epoch)[start : start + p]
+        self.position = start + len(indices)
+        rows = tuple(self.dataset[int(i)] for i in indices)
+        return PromptBatch(rows=rows, epoch=self.epoch, step=start // p)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the iteration stands, plus the settings it must be resumed with."""
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "num_rows": len(self.dataset),
+            "prompts_per_step": self.prompts_per_step,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume at ``state["epoch"]``, ``state["position"]``; the next batch is the one the
+        saved run would have yielded next. Raises ``ValueError`` if the dataset size or a
+        setting differs (the order would silently differ)."""
+        for key in ("seed", "num_rows", "prompts_per_step", "shuffle", "drop_last"):
+            ours = self.state_dict()[key]
+            if key in state and state[key] != ours:
+                raise ValueError(
+                    f"cannot resume: saved {key}={state[key]!r}, this one has {ours!r}"
+                )
+        if not 0 <= state["position"] <= len(self.dataset):
+            raise ValueError(f"position {state['position']} outside 0..{len(self.dataset)}")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

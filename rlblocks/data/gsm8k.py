@@ -1,0 +1,73 @@
+"""GSM8K (Cobbe et al. 2021, arXiv 2110.14168) in its released layout.
+
+Each row has ``question`` and ``answer``, where ``answer`` is a worked solution whose last line
+is ``#### <number>``, e.g. ``"Natalia sold 48/2 = <<48/2=24>>24 clips in May. …\\n#### 72"``.
+`gsm8k` reads a parquet / jsonl / json / csv file in that layout (the Hugging Face
+``openai/gsm8k`` parquet files, or a local copy) and makes the ground truth the number after
+the last ``####`` (thousands separators removed: ``1,000`` -> ``1000``), keeping the full
+solution in ``metadata["solution"]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlblocks.data.prompts import (
+    HASH_INSTRUCTION,
+    PromptDataset,
+    Source,
+    instruction_template,
+    load_prompts,
+    read_rows,
+)
+
+__all__ = ["gsm8k", "gsm8k_final_answer"]
+
+
+def gsm8k_final_answer(solution: str) -> str | None:
+    """The text after the last ``####`` of a GSM8K solution, without commas or spaces.
+
+    ``"…\\n#### 1,200"`` -> ``"1200"``; None when there is no ``####`` or nothing after it.
+    """
+    if "####" not in solution:
+        return None
+    answer = solution.rsplit("####", 1)[1].strip().replace(",", "").replace(" ", "")
+    return answer or None
+
+
+def gsm8k(
+    source: Source,
+    *,
+    instruction: str | None = HASH_INSTRUCTION,
+    **load_kwargs: Any,
+) -> PromptDataset:
+    """GSM8K prompts from a file (or Dataset, or list of dicts) in the GSM8K layout.
+
+    The prompt is the question, then ``instruction`` after a space (None for the bare
+    question). ``ground_truth`` is `gsm8k_final_answer` of ``answer``; ``metadata`` holds
+    ``ground_truth``, ``data_source="gsm8k"`` and ``solution`` (the full ``answer`` text).
+    ``load_kwargs`` go to `load_prompts` (``system``, ``chat``, ``keep``, ``tokenizer``,
+    ``max_prompt_tokens``, ``overlong``). Raises ``ValueError`` naming the row whose answer
+    has no ``#### <number>``.
+    """
+    keep = ("solution", *load_kwargs.pop("keep", ()))
+    rows, _ = read_rows(source, columns=["question", "answer", *keep[1:]])
+    prepared = []
+    for index, row in enumerate(rows):
+        solution = row["answer"]
+        truth = gsm8k_final_answer(solution) if isinstance(solution, str) else None
+        if truth is None:
+            raise ValueError(
+                f"row {index}, column 'answer': expected a solution ending in '#### <number>', "
+                f"got {solution!r:.80}"
+            )
+        prepared.append({**row, "solution": solution, "ground_truth": truth})
+    return load_prompts(
+        prepared,
+        prompt="question",
+        ground_truth="ground_truth",
+        template=instruction_template(instruction),
+        keep=keep,
+        data_source="gsm8k",
+        **load_kwargs,
+    )

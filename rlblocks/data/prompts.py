@@ -1,0 +1,351 @@
+"""Prompt datasets: rows of (prompt, ground truth, metadata) read from a file or from memory.
+
+    ds = rb.data.load_prompts("train.parquet", prompt="question", ground_truth="answer",
+                              template="Question: {prompt}\\nAnswer:")
+    ds[0].prompt, ds[0].ground_truth, ds[0].metadata  # str, "72", {"ground_truth": "72", ...}
+
+A prompt is raw text or chat messages (``rlblocks.interfaces.Prompt``); a rollout engine takes
+``ds.prompts`` as they are. ``metadata`` is what reward functions read (``ground_truth``,
+``data_source`` and the columns named in ``keep``).
+
+Choices made here:
+
+- **Sources**: a ``.parquet`` / ``.jsonl`` / ``.json`` / ``.csv`` file (read with ``datasets``),
+  a ``datasets.Dataset``, or a list of dicts. The whole dataset becomes Python objects at load
+  time, so every malformed row is reported before training starts (fine up to ~10⁶ rows).
+- **Text**: strings, and numbers written as text (``72`` and ``72.0`` -> ``"72"``, since CSV
+  readers turn integer columns with a gap into floats). None, NaN, empty strings, booleans,
+  dicts and lists are errors naming the row and the column.
+- **Templates**: ``str.format`` with column names; ``{prompt}`` is always the prompt column,
+  so one template fits datasets whose question column is named differently.
+- **Chat**: ``chat=True`` or a ``system`` string gives ``[system?, user]`` messages. A prompt
+  column that already holds messages (verl's parquet layout) is taken as it is.
+- **Length**: with ``tokenizer`` and ``max_prompt_tokens``, `limit_prompt_length` applies.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+import string
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+from datasets import Dataset, DatasetDict
+
+from rlblocks.interfaces import Prompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = [
+    "BOXED_INSTRUCTION",
+    "HASH_INSTRUCTION",
+    "PromptDataset",
+    "PromptRow",
+    "instruction_template",
+    "load_prompts",
+    "read_rows",
+]
+
+HASH_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+"""Instruction suffix for answers read by ``rlblocks.rewards.math_answer`` after ``####``."""
+BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+"""Instruction suffix for answers read from ``\\boxed{…}`` (plain text: no format braces)."""
+
+_READERS = {
+    ".parquet": Dataset.from_parquet,
+    ".jsonl": Dataset.from_json,
+    ".json": Dataset.from_json,
+    ".csv": Dataset.from_csv,
+}
+_RESERVED = ("ground_truth", "data_source")
+
+Source = str | os.PathLike[str] | Dataset | Sequence[Mapping[str, Any]]
+Overlong = Literal["error", "truncate", "filter"]
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    """One prompt: what the engine is fed, the reference answer, and what rewards read."""
+
+    prompt: Prompt
+    """Raw text, or chat messages ``[{"role": ..., "content": ...}, ...]``."""
+    ground_truth: str | None
+    """The reference answer as text, or None for unlabelled prompts."""
+    metadata: dict[str, Any]
+    """``ground_truth``, ``data_source`` and the kept columns; copied onto every rollout row."""
+    index: int
+    """Row index in the source, for error messages and for reporting filtered rows."""
+
+
+class PromptDataset(Sequence[PromptRow]):
+    """A list of `PromptRow` with the source indices of the rows a length filter dropped."""
+
+    def __init__(self, rows: Iterable[PromptRow], *, dropped: Sequence[int] = ()) -> None:
+        self.rows = list(rows)
+        self.dropped = list(dropped)  # source indices of rows removed by overlong="filter"
+
+    @property
+    def num_dropped(self) -> int:
+        """How many source rows were dropped for being too long."""
+        return len(self.dropped)
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        """The prompts, in order: ``engine.generate(ds.prompts, ...)``."""
+        return [row.prompt for row in self.rows]
+
+    @property
+    def ground_truths(self) -> list[str | None]:
+        """The reference answers, in order (None for unlabelled rows)."""
+        return [row.ground_truth for row in self.rows]
+
+    @property
+    def metadata(self) -> list[dict[str, Any]]:
+        """One metadata dict per row: ``engine.generate(..., metadata=ds.metadata)``."""
+        return [row.metadata for row in self.rows]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @overload
+    def __getitem__(self, key: int) -> PromptRow: ...
+    @overload
+    def __getitem__(self, key: slice) -> PromptDataset: ...
+    def __getitem__(self, key: int | slice) -> PromptRow | PromptDataset:
+        if isinstance(key, slice):
+            return PromptDataset(self.rows[key], dropped=self.dropped)
+        return self.rows[key]
+
+    def __iter__(self) -> Iterator[PromptRow]:
+        return iter(self.rows)
+
+    def __repr__(self) -> str:
+        return f"PromptDataset({len(self)} rows, {self.num_dropped} dropped)"
+
+
+def load_prompts(
+    source: Source,
+    *,
+    prompt: str = "prompt",
+    ground_truth: str | None = "ground_truth",
+    template: str | None = None,
+    system: str | None = None,
+    chat: bool = False,
+    keep: Sequence[str] = (),
+    data_source: str | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    max_prompt_tokens: int | None = None,
+    overlong: Overlong = "error",
+) -> PromptDataset:
+    """Read prompts from a file, a ``datasets.Dataset`` or a list of dicts.
+
+    Args:
+        source: ``.parquet`` / ``.jsonl`` / ``.json`` / ``.csv`` path, a Dataset, or dicts.
+        prompt: the column holding the question text (or chat messages).
+        ground_truth: the column holding the reference answer; None for unlabelled prompts.
+        template: ``str.format`` template over column names, ``{prompt}`` meaning the prompt
+            column, e.g. ``"Question: {prompt}\\nAnswer:"``. None uses the question as it is.
+        system: a system message; implies ``chat=True``.
+        chat: make ``[system?, user]`` chat messages instead of raw text.
+        keep: further columns copied into ``metadata``.
+        data_source: ``metadata["data_source"]``; default: a ``data_source`` column if the
+            data has one, else the file name without its suffix, else ``"prompts"``.
+        tokenizer, max_prompt_tokens, overlong: see `limit_prompt_length` ("error",
+            "truncate" or "filter"); both tokenizer and max_prompt_tokens or neither.
+
+    Returns a `PromptDataset`. Raises ``ValueError`` naming the columns available when a column
+    is missing from the data, and naming the row index and column for a malformed value.
+    """
+    if (tokenizer is None) != (max_prompt_tokens is None):
+        raise ValueError("pass tokenizer= and max_prompt_tokens= together (or neither)")
+    if overlong not in ("error", "truncate", "filter"):
+        raise ValueError(f"overlong must be 'error', 'truncate' or 'filter', got {overlong!r}")
+    if reserved := [name for name in keep if name in _RESERVED]:
+        raise ValueError(f"keep={reserved}: {_RESERVED} are always in the metadata")
+    spec = _RowSpec(prompt, ground_truth, template, system, chat or system is not None, keep)
+    optional = ["data_source"] if data_source is None else []
+    rows, columns = read_rows(source, columns=spec.columns(), optional=optional)
+    if data_source is None and "data_source" not in columns:
+        data_source = Path(source).stem if isinstance(source, str | os.PathLike) else "prompts"
+    dataset = PromptDataset(spec.build(i, row, data_source) for i, row in enumerate(rows))
+    if max_prompt_tokens is None:
+        return dataset
+    from rlblocks.data.length import limit_prompt_length  # length.py imports this module
+
+    return limit_prompt_length(
+        dataset, tokenizer, max_prompt_tokens=max_prompt_tokens, overlong=overlong
+    )
+
+
+def read_rows(
+    source: Source, *, columns: Sequence[str], optional: Sequence[str] = ()
+) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """Rows of ``source`` as mappings, and the names of all its columns.
+
+    ``columns`` must all exist (else ``ValueError`` listing the columns there are); a file or
+    Dataset is cut down to them and to the ``optional`` columns it has. A list of dicts is
+    returned as it is: a key missing from some rows is reported per row by `load_prompts`.
+    """
+    table = _open(source)
+    if isinstance(table, Dataset):
+        available = list(table.column_names)
+    else:
+        available = _keys(table)
+    if missing := [name for name in dict.fromkeys(columns) if name not in available]:
+        hint = " (ground_truth=None loads unlabelled prompts)" if "ground_truth" in missing else ""
+        raise ValueError(
+            f"column(s) {missing} not in the data; available columns: {available}{hint}"
+        )
+    if not isinstance(table, Dataset):
+        return list(table), available
+    wanted = dict.fromkeys([*columns, *(name for name in optional if name in available)])
+    return table.select_columns(list(wanted)).to_list(), available
+
+
+def instruction_template(instruction: str | None) -> str | None:
+    """A `load_prompts` template: the question, a space, then ``instruction`` as plain text.
+
+    ``instruction_template(BOXED_INSTRUCTION)`` -> ``"{prompt} Please … within \\boxed{{}}."``
+    (braces escaped so that ``str.format`` leaves them). None gives None (the bare question).
+    """
+    if instruction is None:
+        return None
+    return "{prompt} " + instruction.replace("{", "{{").replace("}", "}}")
+
+
+# ---------------------------------------------------------------------- reading
+def _open(source: Source) -> Dataset | Sequence[Mapping[str, Any]]:
+    if isinstance(source, DatasetDict):
+        raise TypeError(f"got a DatasetDict with splits {list(source)}: pass one split")
+    if isinstance(source, Dataset):
+        return source
+    if isinstance(source, str | os.PathLike):
+        path = Path(source)
+        if path.suffix not in _READERS:
+            raise ValueError(f"{path}: unsupported file type; use one of {sorted(_READERS)}")
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file")
+        return _READERS[path.suffix](str(path), keep_in_memory=True)
+    if isinstance(source, Sequence):
+        return source
+    raise TypeError(f"source must be a path, a datasets.Dataset or a list of dicts, got {source!r}")
+
+
+def _keys(rows: Sequence[Any]) -> list[str]:
+    keys: dict[str, None] = {}
+    for index, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise TypeError(f"row {index}: expected a mapping of column -> value, got {row!r:.80}")
+        keys.update(dict.fromkeys(row))
+    return list(keys)
+
+
+# ---------------------------------------------------------------------- one row
+@dataclass(frozen=True)
+class _RowSpec:
+    """How to turn one source row into a `PromptRow` (the column mapping and the template)."""
+
+    prompt: str
+    ground_truth: str | None
+    template: str | None
+    system: str | None
+    chat: bool
+    keep: Sequence[str]
+
+    @functools.cached_property
+    def fields(self) -> list[str]:
+        """Columns named in the template, other than ``{prompt}`` (the prompt column)."""
+        if self.template is None:
+            return []
+        try:
+            parsed = list(string.Formatter().parse(self.template))
+        except ValueError as error:
+            raise ValueError(f"template {self.template!r}: {error}") from None
+        names = []
+        for _, field, _, _ in parsed:
+            if field is not None and (not field or field.isdigit()):
+                raise ValueError(f"template {self.template!r}: use named fields, not {{{field}}}")
+            if field is not None:
+                names.append(re.split(r"[.\[]", field)[0])
+        return [name for name in dict.fromkeys(names) if name != "prompt"]
+
+    def columns(self) -> list[str]:
+        gt = [self.ground_truth] if self.ground_truth is not None else []
+        return [self.prompt, *self.fields, *gt, *self.keep]
+
+    def build(self, index: int, row: Mapping[str, Any], data_source: str | None) -> PromptRow:
+        question = _value(row, index, self.prompt)
+        if isinstance(question, list):
+            prompt: Prompt = self._given_messages(question, index)
+        else:
+            text = _text(question, index, self.prompt)
+            if self.template is not None:
+                values = {
+                    name: _text(_value(row, index, name), index, name) for name in self.fields
+                }
+                text = self.template.format_map({**values, "prompt": text})
+            prompt = self._wrap(text)
+        truth = None
+        if self.ground_truth is not None:
+            truth = _text(_value(row, index, self.ground_truth), index, self.ground_truth)
+        source = data_source or _text(_value(row, index, "data_source"), index, "data_source")
+        metadata = {"ground_truth": truth, "data_source": source}
+        metadata.update({name: _value(row, index, name, required=False) for name in self.keep})
+        return PromptRow(prompt=prompt, ground_truth=truth, metadata=metadata, index=index)
+
+    def _wrap(self, text: str) -> Prompt:
+        if not self.chat:
+            return text
+        system = [{"role": "system", "content": self.system}] if self.system is not None else []
+        return [*system, {"role": "user", "content": text}]
+
+    def _given_messages(self, messages: list[Any], index: int) -> list[dict[str, str]]:
+        if self.template is not None:
+            raise ValueError(
+                f"row {index}, column {self.prompt!r}: holds chat messages, and template= "
+                "only formats text columns"
+            )
+        for message in messages:
+            if not (
+                isinstance(message, Mapping)
+                and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)
+            ):
+                raise ValueError(  # noqa: TRY004 -- bad data in a row is always a ValueError
+                    f"row {index}, column {self.prompt!r}: expected text or chat messages "
+                    f"with str 'role' and 'content', got {message!r:.80}"
+                )
+        out = [{"role": m["role"], "content": m["content"]} for m in messages]
+        if self.system is not None and (not out or out[0]["role"] != "system"):
+            out.insert(0, {"role": "system", "content": self.system})
+        return out
+
+
+def _value(row: Mapping[str, Any], index: int, column: str, *, required: bool = True) -> Any:
+    if column not in row:
+        raise ValueError(f"row {index}: column {column!r} is missing (row has {list(row)})")
+    value = row[column]
+    if required and (value is None or (isinstance(value, float) and math.isnan(value))):
+        raise ValueError(f"row {index}, column {column!r}: value is missing (None)")
+    return value
+
+
+def _text(value: Any, index: int, column: str) -> str:
+    """A value as text: str as it is, int and float written out; anything else is an error."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(  # noqa: TRY004 -- bad data in a row is always a ValueError
+            f"row {index}, column {column!r}: expected text, got {type(value).__name__} "
+            f"{value!r:.80}"
+        )
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = str(value)
+    if not text.strip():
+        raise ValueError(f"row {index}, column {column!r}: text is empty")
+    return text

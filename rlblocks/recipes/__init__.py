@@ -1,0 +1,6 @@
+"""Recipes: short functions built only from public blocks, meant to be read and copied."""
+
+from rlblocks.recipes.evaluate import Evaluation, evaluate
+from rlblocks.recipes.grpo import grpo
+
+__all__ = ["Evaluation", "evaluate", "grpo"]

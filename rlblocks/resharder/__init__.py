@@ -1,0 +1,5 @@
+"""Resharders move trainer weights into a rollout engine after an update."""
+
+from rlblocks.resharder.inprocess import InProcessResharder
+
+__all__ = ["InProcessResharder"]

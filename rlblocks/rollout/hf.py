@@ -1,0 +1,265 @@
+"""``HFEngine``: a rollout engine on Hugging Face ``model.generate``, in the calling process.
+
+The simplest engine: no server, the policy's own ``nn.Module`` (``engine.model`` may *be* the
+trainer's model, so syncing weights costs nothing). Slow next to vLLM, but exact and debuggable.
+
+Choices made here:
+
+* **Token in, token out.** ``response_ids`` are the sampled ids; text is decoded for rewards only.
+* **Only ``SamplingParams`` decide sampling.** The checkpoint's ``generation_config.json``
+  (Qwen's ``repetition_penalty``, ``top_k=20``, ...) is set aside during the call: a hidden
+  logits processor would sample from a distribution the rollout log-probs do not describe.
+* **Rollout log-probs** are ``log softmax(z / T)[y]`` of the model's raw logits ``z`` at the
+  sampled token ``y`` (T = 1 when greedy), *before* top-k / top-p truncation: the quantity a
+  trainer computes from a forward pass at the same temperature, so the two can be compared.
+* **A response ends** at its first EOS token (kept, counted) or at the token completing a stop
+  string (kept). Later columns are padding: response and attention masks False, log-prob 0, id
+  the padding token.
+* Results are on the CPU. Generation runs in eval mode, without grad, with the KV cache; the
+  model's train/eval mode and ``generation_config`` are restored afterwards. Not thread-safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+from transformers import GenerationConfig, StoppingCriteriaList
+
+from rlblocks.interfaces import Prompt, SamplingParams
+from rlblocks.rollout.prompts import left_pad, render_prompts
+from rlblocks.rollout.sampling import generation_config, sampled_logprobs, seeded
+from rlblocks.rollout.stopping import ResponseEnds, valid_tokens
+from rlblocks.rollouts import Rollouts
+
+DEFAULT_SAMPLING = SamplingParams()
+
+
+class HFEngine:
+    """Samples responses with ``model.generate``; implements ``RolloutEngine``.
+
+    ``model``: a causal LM (any dtype, any device); ``tokenizer``: its tokenizer.
+    ``sampling``: default ``SamplingParams`` (a ``generate`` call may pass others).
+    ``chat``: how prompts become text, see :mod:`rlblocks.rollout.prompts` (None: strings
+    verbatim, message lists through the chat template; True: strings wrapped as a user message;
+    False: strings only). ``max_batch_size``: most rows (prompts × n) per ``model.generate`` call;
+    None generates everything at once. ``progress``: a tqdm bar over decoding steps, shown once a
+    call has run for more than a second.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        *,
+        sampling: SamplingParams = DEFAULT_SAMPLING,
+        chat: bool | None = None,
+        max_batch_size: int | None = None,
+        progress: bool = True,
+    ) -> None:
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"HFEngine: max_batch_size must be >= 1 or None, got {max_batch_size}")
+        if not hasattr(model, "generate"):
+            raise TypeError(f"HFEngine needs a model with .generate, got {type(model).__name__}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.chat = chat
+        self.max_batch_size = max_batch_size
+        self.progress = progress
+        self.weights_version = 0
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, **kwargs: Any) -> HFEngine:
+        """Load with :func:`rlblocks.models.load` (a built-in such as ``"tiny"`` or a folder);
+        ``kwargs`` go to the constructor."""
+        from rlblocks.models import load
+
+        model, tokenizer = load(name_or_path)
+        return cls(model, tokenizer, **kwargs)
+
+    # ------------------------------------------------------------------ RolloutEngine
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        n: int = 1,
+        sampling: SamplingParams | None = None,
+        metadata: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Rollouts:
+        """``n`` samples for each prompt: a ``Rollouts`` of ``b = len(prompts) · n`` rows.
+
+        Rows ``i·n … i·n+n−1`` belong to prompt ``i`` and carry group id ``i``; each gets a
+        fresh (shallow) copy of ``metadata[i]`` and nothing else. ``prompts`` holds the rendered
+        prompt text, ``completions`` the decoded response (special tokens skipped).
+        ``rollout_logprobs`` (b t) float32 = log softmax(z_t / T)[y_t] at the raw logits z_t
+        (T = 1 when greedy), before top-k / top-p; 0 after a row's end. Nothing carries grad.
+        With ``sampling.seed`` set the result is reproducible and the global RNG untouched.
+        """
+        params = sampling or self.sampling
+        if n < 1:
+            raise ValueError(f"HFEngine.generate: n must be >= 1, got {n}")
+        texts, ids = render_prompts(prompts, self.tokenizer, chat=self.chat)
+        meta = _check_metadata(metadata, len(ids))
+        rows = torch.arange(len(ids)).repeat_interleave(n)  # (b) prompt index of each row
+        size = self.max_batch_size or len(rows)
+        chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
+        pad, eos = _special_ids(self.model, self.tokenizer)  # before generation_config is swapped
+        bar = tqdm(
+            total=len(chunks) * params.max_new_tokens,
+            desc=f"generate {len(rows)} rows",
+            unit="step",
+            delay=1.0,
+            leave=False,
+            disable=not self.progress,
+        )
+        with bar, _generating(self.model), seeded(params.seed, _device(self.model)):
+            parts = []
+            for k, chunk in enumerate(chunks):
+                prompt_ids = [ids[i] for i in chunk]
+                batch = self._generate_rows(prompt_ids, params, pad, eos, on_step=bar.update)
+                bar.update((k + 1) * params.max_new_tokens - bar.n)  # a chunk may end early
+                parts.append(self._rollouts(chunk, batch, texts, meta, pad))
+        return parts[0] if len(parts) == 1 else Rollouts.concat(parts)
+
+    def update_weights(self, weights: Iterable[tuple[str, Tensor]], *, version: int) -> None:
+        """Copy ``(name, tensor)`` pairs into the model, like ``load_state_dict``, then record
+        ``weights_version = version``.
+
+        Names are the model's ``state_dict`` names (Hugging Face names; tied weights answer to
+        either name). A subset is fine (weights may arrive in several calls), but an unknown
+        name or a shape mismatch raises ``ValueError`` naming it; pairs before it are already
+        copied and the version is not recorded. Values are cast to each parameter's dtype and
+        device; a tensor that already is the parameter (a shared model) is skipped.
+        """
+        targets = self.model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for name, value in weights:
+                target = targets.get(name)
+                if target is None:
+                    known = ", ".join(list(targets)[:3])
+                    raise ValueError(
+                        f"HFEngine.update_weights: the model has no weight named {name!r} "
+                        f"(its names look like {known}, ...)"
+                    )
+                if target.shape != value.shape:
+                    raise ValueError(
+                        f"HFEngine.update_weights: {name!r} has shape {tuple(value.shape)}, "
+                        f"the model's is {tuple(target.shape)}"
+                    )
+                if value is not target:
+                    target.copy_(value)
+        self.weights_version = version
+
+    # ------------------------------------------------------------------ one model.generate
+    def _generate_rows(
+        self,
+        ids: list[list[int]],
+        params: SamplingParams,
+        pad: int,
+        eos: list[int],
+        *,
+        on_step: Any,
+    ) -> dict[str, Tensor]:
+        """Run ``model.generate`` on one chunk; tensors on the model's device."""
+        device = _device(self.model)
+        input_ids, prompt_mask = (x.to(device) for x in left_pad(ids, pad_token_id=pad))
+        ends = ResponseEnds(
+            batch_size=len(ids),
+            prompt_width=input_ids.shape[1],
+            eos_token_ids=eos,
+            stop=params.stop,
+            tokenizer=self.tokenizer,
+            on_step=on_step,
+        )
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=prompt_mask.long(),
+            generation_config=generation_config(params, pad_token_id=pad, eos_token_ids=eos),
+            stopping_criteria=StoppingCriteriaList([ends]),
+        )
+        response, logits = out.sequences[:, input_ids.shape[1] :], list(out.logits)
+        del out  # the KV cache and the logits tuple: let sampled_logprobs free steps as it goes
+        valid = valid_tokens(ends.end.to(device), response.shape[1])  # (b t) bool
+        temperature = params.temperature or 1.0  # greedy: log-probs at T = 1
+        logprobs = sampled_logprobs(logits, response, temperature=temperature)
+        return {
+            "prompt_ids": input_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": torch.where(valid, response, pad),
+            "valid": valid,
+            "logprobs": torch.where(valid, logprobs, 0.0),
+        }
+
+    def _rollouts(
+        self,
+        rows: Tensor,
+        batch: dict[str, Tensor],
+        texts: list[str],
+        meta: list[Mapping],
+        pad: int,
+    ) -> Rollouts:
+        """Rows ``rows`` (prompt index of each) of the batch as a CPU ``Rollouts``."""
+        batch = {k: v.cpu() for k, v in batch.items()}
+        lengths = batch["valid"].sum(-1).tolist()
+        responses = [r[:n] for r, n in zip(batch["response_ids"].tolist(), lengths, strict=True)]
+        index = rows.tolist()
+        return Rollouts(
+            prompt_ids=batch["prompt_ids"],
+            response_ids=batch["response_ids"],
+            attention_mask=torch.cat([batch["prompt_mask"], batch["valid"]], dim=1),
+            response_mask=batch["valid"],
+            group_ids=rows.clone(),
+            rollout_logprobs=batch["logprobs"],
+            prompts=[texts[i] for i in index],
+            completions=self.tokenizer.batch_decode(responses, skip_special_tokens=True),
+            metadata=[dict(meta[i]) for i in index],
+            pad_token_id=pad,
+        )
+
+
+# ---------------------------------------------------------------------- helpers
+def _special_ids(model: nn.Module, tokenizer: Any) -> tuple[int, list[int]]:
+    """``(pad_token_id, eos_token_ids)``: EOS ids from the tokenizer and the model's generation
+    config (chat models often list several); padding falls back to the first EOS."""
+    eos: list[int] = []
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for ids in (tokenizer.eos_token_id, config_eos):
+        for i in [ids] if isinstance(ids, int) else list(ids or []):
+            if i not in eos:
+                eos.append(int(i))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or [None])[0]
+    if pad is None:
+        raise ValueError("HFEngine: the tokenizer has neither a padding token nor an EOS token")
+    return int(pad), eos
+
+
+def _check_metadata(metadata: Sequence[Mapping[str, Any]] | None, p: int) -> list[Mapping]:
+    if metadata is None:
+        return [{} for _ in range(p)]
+    if len(metadata) != p:
+        raise ValueError(f"HFEngine.generate: {len(metadata)} metadata entries for {p} prompts")
+    return list(metadata)
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@contextlib.contextmanager
+def _generating(model: nn.Module) -> Iterator[None]:
+    """Eval mode and a blank ``generation_config`` (our config is then the whole truth:
+    ``generate`` fills unset fields from ``model.generation_config``), restored afterwards."""
+    was_training, saved = model.training, model.generation_config
+    model.eval()
+    model.generation_config = GenerationConfig()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.generation_config = saved
+        model.train(was_training)

@@ -1,0 +1,103 @@
+"""Prompts to token ids: chat rendering, validation and left padding, shared by rollout engines.
+
+A prompt is raw text or a list of chat messages (``[{"role": "user", "content": "..."}]``).
+
+* Messages are rendered with ``tokenizer.apply_chat_template(..., add_generation_prompt=True)``
+  and tokenized without adding special tokens (the template already holds any BOS).
+* Raw text is used verbatim (tokenized with the tokenizer's special tokens, e.g. a BOS) unless
+  ``chat=True``, which wraps it as one user message first. We do not guess from whether the
+  tokenizer has a chat template: many base models ship one, and silently wrapping their prompts
+  would change what the policy sees. This is TRL's split between "standard" and
+  "conversational" prompts.
+* ``chat=False`` forbids message lists (an error rather than a silent choice).
+
+Padding is done here, on the left, whatever ``tokenizer.padding_side`` says: generation appends
+to the right end of every row, so the prompts must end in the same column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
+
+
+def render_prompts(
+    prompts: Sequence[Any], tokenizer: Any, *, chat: bool | None = None
+) -> tuple[list[str], list[list[int]]]:
+    """The text the model sees and its token ids, one entry per prompt.
+
+    ``prompts``: a non-empty list of strings and/or message lists. ``chat``: see the module
+    docstring (None: strings verbatim, messages templated; True: strings wrapped as a user
+    message; False: strings only). Returns ``(texts, ids)``: ``texts[i]`` the rendered prompt
+    (without special tokens the tokenizer adds around raw text), ``ids[i]`` its token ids.
+    Raises ``TypeError``/``ValueError`` naming the offending prompt.
+    """
+    if isinstance(prompts, (str, Mapping)) or not isinstance(prompts, Sequence):
+        raise TypeError(
+            f"prompts must be a list of prompts (strings or message lists), got "
+            f"{type(prompts).__name__}; wrap a single prompt in a list"
+        )
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty: give at least one prompt")
+    texts, ids = [], []
+    for i, prompt in enumerate(prompts):
+        text, templated = _render(i, prompt, tokenizer, chat)
+        tokens = list(tokenizer(text, add_special_tokens=not templated)["input_ids"])
+        if not tokens:
+            raise ValueError(f"prompt {i} is empty after tokenization: generation needs a token")
+        texts.append(text)
+        ids.append(tokens)
+    return texts, ids
+
+
+def left_pad(ids: Sequence[Sequence[int]], *, pad_token_id: int) -> tuple[Tensor, Tensor]:
+    """Left-pad ragged token lists: ``(input_ids (b tp) int64, attention_mask (b tp) bool)``."""
+    rows = [torch.as_tensor(list(x), dtype=torch.long) for x in ids]
+    input_ids = pad_sequence(
+        rows, batch_first=True, padding_value=pad_token_id, padding_side="left"
+    )
+    mask = pad_sequence(
+        [torch.ones(len(x), dtype=torch.bool) for x in rows],
+        batch_first=True,
+        padding_value=False,
+        padding_side="left",
+    )
+    return input_ids, mask
+
+
+def _render(i: int, prompt: Any, tokenizer: Any, chat: bool | None) -> tuple[str, bool]:
+    """``(text, templated)`` for prompt ``i``."""
+    if isinstance(prompt, str):
+        if not chat:
+            return prompt, False
+        messages: list[Mapping[str, Any]] = [{"role": "user", "content": prompt}]
+    else:
+        messages = _messages(i, prompt)
+        if chat is False:
+            raise ValueError(
+                f"prompt {i} is a list of chat messages but the engine was built with chat=False"
+            )
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            f"prompt {i} is a chat conversation but the tokenizer has no chat template; pass raw "
+            "strings, or set tokenizer.chat_template"
+        )
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return text, True
+
+
+def _messages(i: int, prompt: Any) -> list[Mapping[str, Any]]:
+    ok = isinstance(prompt, Sequence) and not isinstance(prompt, Mapping)
+    if ok and len(prompt) and all(isinstance(m, Mapping) and "role" in m for m in prompt):
+        return list(prompt)
+    hint = " (one conversation is a list of messages: wrap it in a list)" * isinstance(
+        prompt, Mapping
+    )
+    raise TypeError(
+        f"prompt {i} must be a string or a non-empty list of messages "
+        f'[{{"role": ..., "content": ...}}], got {type(prompt).__name__}{hint}: {prompt!r:.80}'
+    )

@@ -1,0 +1,83 @@
+"""How the engine samples: ``SamplingParams`` to a Hugging Face config, rollout log-probs, seeds.
+
+Rollout log-probs are those of the *untruncated* tempered distribution,
+
+    log π_T(y_k | x, y_<k) = log softmax(z_k / T)[y_k],   z_k the model's raw logits at step k,
+
+with T = 1 for greedy decoding, whatever top-k / top-p did to the sampling. That is what a
+trainer computes from a forward pass at the same temperature (``logits / T`` then
+``token_logprobs``, as verl's and torchtune's actors do), so the PPO ratio π_θ / π_old
+(Schulman et al. 2017, arXiv 1707.06347, eq. 6) starts at 1 when the weights agree, up to the
+rounding of cached vs uncached attention. The gap between the sampling engine and the trainer
+is left to the loss (truncated importance sampling: Yao et al. 2025, "Your Efficient RL
+Framework Secretly Brings You Off-Policy RL Training", blog post, no arXiv id).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+from transformers import GenerationConfig
+
+from rlblocks.interfaces import SamplingParams
+
+
+def generation_config(
+    params: SamplingParams, *, pad_token_id: int, eos_token_ids: list[int]
+) -> GenerationConfig:
+    """A Hugging Face ``GenerationConfig`` that says everything ``params`` say.
+
+    Temperature 0 is greedy decoding (``do_sample=False``); top_k 0 is off, as ``generate``
+    reads it. Raw logits are returned (``output_logits``) for :func:`sampled_logprobs`.
+    ``generate`` fills every field left unset from ``model.generation_config``: run it with a
+    blank one (see ``HFEngine``) so that nothing else shapes the sampling distribution.
+    """
+    greedy = params.temperature == 0
+    sample = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p}
+    return GenerationConfig(
+        max_new_tokens=params.max_new_tokens,
+        do_sample=not greedy,
+        **sample,
+        top_k=None if greedy else params.top_k,
+        num_beams=1,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_ids or None,
+        use_cache=True,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+
+
+def sampled_logprobs(logits: list[Tensor], tokens: Tensor, *, temperature: float) -> Tensor:
+    """log π(y_k) = log softmax(z_k / T)[y_k] = z_k[y_k]/T − logsumexp(z_k / T), step by step.
+
+    ``logits``: t tensors (b v), the raw logits of each decoding step (any float dtype);
+    ``tokens``: (b t) int64 sampled ids. Returns (b t) float32, no grad. One (b v) step is in
+    float32 at a time (entries of ``logits`` are released as they are used), never a (b t v).
+    """
+    if len(logits) != tokens.shape[1]:
+        raise ValueError(f"{len(logits)} logit steps for {tokens.shape[1]} sampled tokens")
+    out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
+    for k in range(len(logits)):
+        z = logits[k].to(device=tokens.device, dtype=torch.float32) / temperature
+        logits[k] = None  # type: ignore[call-overload]  # free the step once used
+        out[:, k] = z.gather(-1, tokens[:, k, None])[:, 0] - torch.logsumexp(z, dim=-1)
+    return out
+
+
+@contextlib.contextmanager
+def seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """With a seed: sample from a forked RNG (the CPU's and those of ``device``'s kind) seeded
+    with it, so two runs agree and the global RNG state is the same afterwards. Without a seed:
+    the global RNG, as is (it advances)."""
+    if seed is None:
+        yield
+        return
+    kind = device.type
+    accelerators = [] if kind == "cpu" else list(range(getattr(torch, kind).device_count()))
+    with torch.random.fork_rng(devices=accelerators, device_type="cuda" if kind == "cpu" else kind):
+        torch.manual_seed(seed)
+        yield

@@ -1,0 +1,65 @@
+"""Where each response ends: the first EOS token or the first completed stop string.
+
+``ResponseEnds`` is a Hugging Face ``StoppingCriteria``: ``generate`` calls it once per decoding
+step with the ids so far. It stops a row at a stop string and records, for every row, the step
+of its first end, because the ids alone cannot tell: once a row is finished ``generate`` fills
+it with the padding token, which some tokenizers (SmolLM2) share with EOS, and a stop string may
+span several tokens. It also ticks a progress callback once per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import StoppingCriteria
+from transformers.generation.stopping_criteria import StopStringCriteria
+
+
+class ResponseEnds(StoppingCriteria):
+    """Stops rows at stop strings; ``end`` (b) int64 is each row's first end step, −1 if none.
+
+    ``prompt_width``: columns of the (left-padded) prompt, so step k is column
+    ``prompt_width + k``. ``eos_token_ids``: tokens that end a response (counted in it).
+    ``stop``: strings that end a response, matched with transformers' ``StopStringCriteria``
+    (the token that completes the string ends the row, the string stays in the response).
+    ``on_step``: called once per decoding step (a progress bar's ``update``).
+    """
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        prompt_width: int,
+        eos_token_ids: Sequence[int],
+        stop: Sequence[str] = (),
+        tokenizer: Any = None,
+        on_step: Callable[[], object] | None = None,
+    ) -> None:
+        self.prompt_width = prompt_width
+        self.eos_token_ids = torch.tensor(list(eos_token_ids), dtype=torch.long)
+        self.stop = StopStringCriteria(tokenizer, list(stop)) if stop else None
+        self.on_step = on_step
+        self.end = torch.full((batch_size,), -1, dtype=torch.long)
+
+    def __call__(self, input_ids: Tensor, scores: Tensor | None, **kwargs: Any) -> Tensor:
+        device = input_ids.device
+        self.eos_token_ids = self.eos_token_ids.to(device)  # moved once, on the first step
+        ended = torch.isin(input_ids[:, -1], self.eos_token_ids)
+        if self.stop is not None:
+            ended = ended | self.stop(input_ids, scores).to(device)
+        step = input_ids.shape[1] - self.prompt_width - 1
+        end = self.end.to(device)
+        self.end = torch.where(ended & (end < 0), step, end)  # keep the first end of each row
+        if self.on_step is not None:
+            self.on_step()
+        return ended
+
+
+def valid_tokens(end: Tensor, width: int) -> Tensor:
+    """(b t) bool: True up to and including each row's end step; a row with ``end`` −1 (no end:
+    cut at the length limit) is True throughout. ``end`` (b) int64, ``width`` = t."""
+    steps = torch.arange(width, device=end.device)
+    return (end[:, None] < 0) | (steps[None, :] <= end[:, None])

@@ -1,0 +1,68 @@
+"""Row bookkeeping of a policy update: mini-batch order, advantage shapes, re-padding.
+
+Kept apart from the trainer so that each piece is a small pure function with its own test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rlblocks.rollouts import Rollouts
+
+
+def minibatch_rows(
+    b: int, *, size: int | None, epochs: int, seed: tuple[int, ...]
+) -> Iterator[Tensor]:
+    """Row indices of each mini-batch, epoch after epoch.
+
+    With several mini-batches per epoch (``size < b``), every epoch is a fresh permutation of
+    ``range(b)`` cut into ⌈b / size⌉ consecutive pieces (the last may be smaller). With one
+    (``size`` None or ≥ b) the rows stay in order: permuting the rows of a single mini-batch
+    would change nothing but the summation order. A call yields ``epochs · ⌈b / size⌉`` int64
+    ``(rows)`` tensors. Permutations come from a private generator seeded by ``seed`` (a tuple
+    of ints), never from the global RNG: the same seed gives the same order, whatever else
+    consumed random numbers.
+    """
+    generator = torch.Generator().manual_seed(_seed(seed))
+    for _ in range(epochs):
+        if size is None or size >= b:
+            yield torch.arange(b)
+        else:
+            yield from torch.randperm(b, generator=generator).split(size)
+
+
+def _seed(values: tuple[int, ...]) -> int:
+    # A fixed 64-bit mix (not Python's hash, which is salted for strings): splitmix64 steps.
+    state = 0x9E3779B97F4A7C15
+    mask = (1 << 64) - 1
+    for value in values:
+        state = (state ^ (value & mask)) * 0xBF58476D1CE4E5B9 & mask
+        state = (state ^ (state >> 27)) * 0x94D049BB133111EB & mask
+        state ^= state >> 31
+    return state & ((1 << 63) - 1)
+
+
+def token_advantages(advantages: Tensor | tuple[Tensor, ...], rollouts: Rollouts) -> Tensor:
+    """Advantages as ``(b t)`` float32, zero where ``response_mask`` is False, detached.
+
+    Accepts an ``Advantages`` tuple (its first field), a ``(b t)`` tensor, or a ``(b)`` tensor of
+    one advantage per sequence, broadcast to every token of the row: A_{i,k} = A_i · m_{i,k}.
+    """
+    if isinstance(advantages, tuple):
+        advantages = advantages[0]
+    b, t = rollouts.response_ids.shape
+    adv = advantages.detach().to(device=rollouts.response_ids.device, dtype=torch.float32)
+    if adv.shape == (b,):
+        adv = adv[:, None].expand(b, t)
+    if adv.shape != (b, t):
+        raise ValueError(f"advantages have shape {tuple(adv.shape)}, expected ({b}, {t}) or ({b},)")
+    return torch.where(rollouts.response_mask, adv, torch.zeros((), device=adv.device))
+
+
+def pad_columns(x: Tensor, width: int) -> Tensor:
+    """Right-pad ``(b t')`` to ``(b width)`` with zeros (undoes ``Rollouts.trim`` of responses)."""
+    return F.pad(x, (0, width - x.shape[1]))

@@ -1,0 +1,71 @@
+"""``TrainConfig``: every knob of :class:`~rlblocks.trainer.PolicyTrainer`, one dataclass.
+
+One frozen dataclass, each field with a one-line docstring (cleanrl style). Override fields with
+keywords: ``PolicyTrainer(model, lr=1e-5, epochs=2)`` is
+``PolicyTrainer(model, config=dataclasses.replace(TrainConfig(), lr=1e-5, epochs=2))``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlblocks.interfaces import Aggregation
+from rlblocks.losses.aggregate import token_mean
+from rlblocks.losses.entropy import DEFAULT_CHUNK_SIZE
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimizer, batching and numerics of a policy update."""
+
+    lr: float = 1e-6
+    """AdamW learning rate (the base; ``schedule`` multiplies it)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW moment decay rates (β1, β2)."""
+    eps: float = 1e-8
+    """AdamW denominator epsilon."""
+    schedule: Callable[[int], float] | None = None
+    """Multiplier of ``lr`` per optimizer step (see ``rlblocks.trainer.schedules``); None = 1."""
+    max_grad_norm: float | None = 1.0
+    """Clip the total gradient norm to this before each optimizer step; None = no clipping."""
+    mini_batch_size: int | None = None
+    """Rows per optimizer step; None = the whole batch is one mini-batch."""
+    epochs: int = 1
+    """PPO epochs: passes over the batch, each in a fresh shuffled mini-batch order."""
+    micro_batch_size: int | None = None
+    """Rows per forward/backward (gradient accumulation); None = the whole mini-batch."""
+    micro_batch_tokens: int | None = None
+    """Or a budget of real tokens per forward/backward (``Rollouts.split(token_budget=)``)."""
+    aggregation: Aggregation = token_mean
+    """How a per-token loss becomes a scalar (``rlblocks.losses`` modes)."""
+    temperature: float = 1.0
+    """Logits are divided by it before the log-softmax, as in the rollout engine's sampling."""
+    bf16: bool = False
+    """Run forward passes under ``torch.autocast(dtype=torch.bfloat16)``."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (``model.gradient_checkpointing_enable``)."""
+    logprob_chunk_size: int = DEFAULT_CHUNK_SIZE
+    """Tokens per chunk of the float32 log-softmax / entropy (bounds its memory)."""
+    shuffle_seed: int = 0
+    """Seed of the mini-batch shuffling; the order depends on (seed, trainer step) only."""
+
+    def __post_init__(self) -> None:
+        positive = {
+            "mini_batch_size": self.mini_batch_size,
+            "micro_batch_size": self.micro_batch_size,
+            "micro_batch_tokens": self.micro_batch_tokens,
+            "epochs": self.epochs,
+            "logprob_chunk_size": self.logprob_chunk_size,
+        }
+        for name, value in positive.items():
+            if value is not None and value < 1:
+                raise ValueError(f"TrainConfig.{name} must be >= 1 (or None), got {value}")
+        if self.temperature <= 0:
+            raise ValueError(f"TrainConfig.temperature must be > 0, got {self.temperature}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"TrainConfig.max_grad_norm must be > 0, got {self.max_grad_norm}")
+        if self.lr < 0:
+            raise ValueError(f"TrainConfig.lr must be >= 0, got {self.lr}")

@@ -1,0 +1,84 @@
+"""LoRA through peft: wrapping a model, and its merged weights under the base model's names.
+
+The rollout engine serves a plain Hugging Face model, so after a LoRA update the resharder needs
+the *merged* weights, W' = W + Δ with Δ = (α / r) · B·A (Hu et al. 2021, "LoRA", arXiv
+2106.09685, eq. 3 and sec. 4.1: "W = W0 + BA" can be merged for inference), under the base
+model's parameter names (``model.layers.0.self_attn.q_proj.weight``, not peft's
+``base_model.model.….base_layer.weight``).
+
+:func:`merged_weights` computes W + Δ into new tensors with peft's ``get_delta_weight`` and
+never mutates the model: peft's ``merge_adapter`` / ``unmerge_adapter`` would add Δ to W in
+place and subtract it again, which is not exact in floating point and would slowly drift the
+frozen base weights. DoRA and ``modules_to_save`` are not supported (an error says so).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    """True when ``model`` is a peft ``PeftModel`` (cheap: peft is not imported if unused)."""
+    if "peft" not in sys.modules:
+        return False
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def wrap_lora(model: nn.Module, config: LoraConfig) -> nn.Module:
+    """``peft.get_peft_model(model, config)``: adapters added, every base parameter frozen.
+
+    The model passed in is modified (peft injects the adapter layers into it); use the
+    returned wrapper. DoRA (``use_dora=True``) is refused because :func:`merged_weights` cannot
+    merge it without mutating the model.
+    """
+    from peft import get_peft_model
+
+    if getattr(config, "use_dora", False):
+        raise NotImplementedError("PolicyTrainer supports plain LoRA, not DoRA (use_dora=True)")
+    if getattr(config, "modules_to_save", None):
+        raise NotImplementedError("PolicyTrainer does not support LoraConfig.modules_to_save")
+    return get_peft_model(model, config)
+
+
+@torch.no_grad()
+def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """The weights of the base model with the active LoRA adapters merged in, with HF names.
+
+    For each LoRA-wrapped layer: W' = W + Σ_a scaling_a · B_a A_a over the active adapters a
+    (nothing is added when the adapter is already merged into W). Every other entry of the base
+    model's ``state_dict`` is yielded as it is (shared storage, no copy); adapter parameters are
+    not yielded. The keys are exactly those of the unwrapped model's ``state_dict()``, so
+    ``plain_model.load_state_dict(dict(merged_weights(peft_model)))`` works with ``strict=True``.
+
+    Shapes: each tensor has its parameter's shape and dtype; all are detached (no grad).
+    """
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    merged: dict[str, Tensor] = {}
+    for name, module in base.named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        if any(getattr(module, "use_dora", {}).get(a, False) for a in module.active_adapters):
+            raise NotImplementedError(f"{name}: DoRA adapters cannot be merged here")
+        weight = module.get_base_layer().weight
+        if not module.merged:
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A or adapter in module.lora_embedding_A:
+                    weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
+        merged[f"{name}.weight"] = weight
+    for key, tensor in base.state_dict().items():
+        if ".lora_" in key:  # lora_A / lora_B / lora_embedding_A / lora_embedding_B
+            continue
+        key = key.replace(".base_layer.", ".")
+        yield key, merged.get(key, tensor)

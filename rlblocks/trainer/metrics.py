@@ -1,0 +1,64 @@
+"""Accumulating the metrics of one ``PolicyTrainer.step`` without a host sync per micro-batch.
+
+Loss metrics are averaged over micro-batches weighted by their number of valid tokens; the loss
+is summed over the micro-batches of a mini-batch (that sum *is* the mini-batch loss, thanks to
+the shared normalizer) and averaged over optimizer steps. A mini-batch is first held as
+pending and only added to the totals when its optimizer step is applied: the metrics of a step
+skipped by the NaN guard are dropped (they would be NaN), and ``skipped_steps`` reports it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+from torch import Tensor
+
+
+class StepMetrics:
+    """Running sums of the metrics of one ``step`` call; :meth:`summary` turns them into floats."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float64))
+        self._tokens = torch.zeros((), dtype=torch.float64)
+        self._pending: list[tuple[dict[str, Tensor], Tensor]] = []
+        self._pending_loss = torch.zeros((), dtype=torch.float64)
+        self._losses: list[Tensor] = []
+        self._grad_norms: list[Tensor] = []
+
+    def add_micro_batch(
+        self, loss: Tensor, metrics: dict[str, Tensor], *, entropy: Tensor, tokens: Tensor
+    ) -> None:
+        """One micro-batch: its aggregated loss, its loss metrics and mean entropy, token count."""
+        values = {k: torch.as_tensor(v).detach().double() for k, v in metrics.items()}
+        values["entropy"] = entropy.detach().double()
+        self._pending.append((values, tokens.double()))
+        self._pending_loss = self._pending_loss + loss.detach().double()
+
+    def commit(self, grad_norm: Tensor) -> None:
+        """The pending mini-batch's optimizer step was applied: count its metrics."""
+        for values, tokens in self._pending:
+            for key, value in values.items():
+                self._sums[key] = self._sums[key] + value * tokens
+            self._tokens = self._tokens + tokens
+        self._losses.append(self._pending_loss)
+        self._grad_norms.append(grad_norm.detach().double())
+        self.discard()
+
+    def discard(self) -> None:
+        """The pending mini-batch's step was skipped: forget its metrics."""
+        self._pending = []
+        self._pending_loss = torch.zeros((), dtype=torch.float64)
+
+    def summary(self) -> dict[str, float]:
+        """Token-weighted loss metrics, mean loss and mean pre-clipping grad norm (NaN if none)."""
+        tokens = float(self._tokens)
+        out = {k: float(v) / tokens if tokens > 0 else math.nan for k, v in self._sums.items()}
+        out["loss"] = _mean(self._losses)
+        out["grad_norm"] = _mean(self._grad_norms)
+        return out
+
+
+def _mean(values: list[Tensor]) -> float:
+    return float(torch.stack(values).mean()) if values else math.nan

@@ -1,0 +1,409 @@
+"""``PolicyTrainer``: a causal LM and its AdamW optimizer, updated in this process.
+
+One call of :meth:`PolicyTrainer.step` is the whole PPO-style update of verl's
+``update_policy`` or OpenRLHF's ``PPOTrainer.training_step``, top to bottom:
+
+1. ``old_logprobs``: given, or ``rollouts.extras["old_logprobs"]``, or scored now, without
+   gradient, before any update. Reference log-probs likewise, only if the loss takes them.
+2. For each epoch, the rows are shuffled into mini-batches (kept in order when one
+   mini-batch holds them all); the order depends only on ``(config.shuffle_seed, number of
+   step calls so far)``, so a restored trainer repeats it.
+3. Per mini-batch: the normalizer ``config.aggregation.normalizer(mask)`` once; per
+   micro-batch (rows or a token budget): forward, per-token loss, ``aggregate`` with that
+   normalizer, backward. The micro-batch losses add up to the mini-batch loss, so gradient
+   accumulation does not change the gradient (see ``rlblocks.losses.aggregate``).
+4. Clip the gradient norm, AdamW step, scheduler step, zero the gradients.
+
+Decisions worth knowing:
+
+- **NaN guard.** If a micro-batch loss or the total gradient norm is not finite, the optimizer
+  step is skipped: gradients are zeroed, weights and optimizer state are untouched and the
+  schedule does not advance (it counts applied updates, so a bad batch does not eat warmup).
+  It is counted in ``skipped_steps`` and a ``RuntimeWarning`` is raised. One host sync per
+  mini-batch decides it, none per micro-batch.
+- **Modes.** The model is in ``train()`` mode during the update (Hugging Face gradient
+  checkpointing only runs in training mode) and in ``eval()`` mode otherwise. RL needs
+  ``π_θ = π_old`` at the first mini-batch, so use models without dropout (LLM configs have 0).
+- **dtypes.** Public log-probs are float32; inside ``step`` the loss sees log-probs in the
+  model's precision promoted to float32 (float64 for a float64 model: tests compare
+  micro-batchings at float64 tolerances that way).
+- **Shared model.** ``trainer.model`` is the (possibly peft-wrapped) module; an in-process
+  rollout engine can generate with it directly. ``named_weights()`` gives what a separate
+  engine needs, with LoRA merged.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import Tensor, nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from rlblocks.interfaces import Advantages, PolicyLoss
+from rlblocks.losses.aggregate import aggregate
+from rlblocks.masked import masked_mean
+from rlblocks.rollouts import Rollouts
+from rlblocks.trainer.batches import minibatch_rows, pad_columns, token_advantages
+from rlblocks.trainer.config import TrainConfig
+from rlblocks.trainer.forward import score_responses
+from rlblocks.trainer.lora import is_peft_model, merged_weights, wrap_lora
+from rlblocks.trainer.loss_inputs import LossInputs, loss_inputs
+from rlblocks.trainer.metrics import StepMetrics
+from rlblocks.trainer.schedules import constant
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
+
+Reference = Literal["auto", "copy"] | nn.Module | None
+
+
+class PolicyTrainer:
+    """A policy (Hugging Face causal LM, optionally with peft LoRA) and its optimizer.
+
+    ``reference``: ``"auto"`` (default) is the adapter-disabled model with LoRA and a frozen
+    copy of the initial model otherwise; ``"copy"`` always makes the frozen copy; a module is
+    used as given (frozen here); ``None`` means no reference (losses that need
+    ``ref_logprobs`` then fail unless ``rollouts.extras["ref_logprobs"]`` holds them).
+    ``lora``: a ``peft.LoraConfig``; only the adapters are trained. ``config_overrides``
+    replace fields of ``config`` (``PolicyTrainer(model, lr=1e-5)``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        config: TrainConfig | None = None,
+        reference: Reference = "auto",
+        lora: LoraConfig | None = None,
+        tokenizer: Any = None,
+        **config_overrides: Any,
+    ) -> None:
+        config = config or TrainConfig()
+        self.config = dataclasses.replace(config, **config_overrides)
+        self.tokenizer = tokenizer
+        adapter = lora is not None or is_peft_model(model)
+        self._adapter_reference = reference == "auto" and adapter
+        if reference == "auto":
+            reference = None if adapter else "copy"
+        self.reference = _frozen_reference(model, reference)
+        if self.config.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        self.model = (wrap_lora(model, lora) if lora is not None else model).eval()
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        if not trainable:
+            raise ValueError("PolicyTrainer: the model has no parameter with requires_grad")
+        c = self.config
+        self.optimizer = torch.optim.AdamW(
+            trainable, lr=c.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay
+        )
+        self.scheduler = LambdaLR(self.optimizer, c.schedule or constant())
+        self.steps = 0  # step() calls
+        self.optimizer_steps = 0  # applied updates
+        self.skipped_steps = 0  # updates refused by the NaN guard
+        self._last_lr = self.scheduler.get_last_lr()[0]  # lr of the latest update (metric)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        **kwargs: Any,
+    ) -> PolicyTrainer:
+        """Load with ``rlblocks.models.load`` (built-in name, folder or hub name) and wrap it.
+
+        The tokenizer is kept as ``trainer.tokenizer``; ``kwargs`` go to the constructor.
+        """
+        from rlblocks.models import load
+
+        model, tokenizer = load(name_or_path, dtype=dtype, device=device)
+        return cls(model, tokenizer=tokenizer, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ scoring (no grad)
+    def logprobs(
+        self, rollouts: Rollouts, *, entropy: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """log π_θ(y_k | x, y_<k) of every response token under the current weights.
+
+        Returns ``(b t)`` float32, 0 at response padding, no grad; with ``entropy=True`` also
+        the ``(b t)`` float32 entropy of each next-token distribution. Micro-batched like a
+        training step; logits are divided by ``config.temperature``.
+        """
+        lp, ent = self._score_no_grad(self.model, rollouts, entropy=entropy)
+        return (lp.float(), ent.float()) if ent is not None else lp.float()
+
+    def ref_logprobs(self, rollouts: Rollouts) -> Tensor:
+        """log π_ref of every response token: ``(b t)`` float32, 0 at padding, no grad.
+
+        π_ref is the frozen copy, the given reference module, or (LoRA) the model with its
+        adapters disabled (peft's ``disable_adapter()``), i.e. the base model.
+        """
+        return self._ref_scores(rollouts).float()
+
+    def _ref_scores(self, rollouts: Rollouts) -> Tensor:
+        if self._adapter_reference:
+            with self.model.disable_adapter():
+                return self._score_no_grad(self.model, rollouts)[0]
+        if self.reference is None:
+            raise ValueError("PolicyTrainer has no reference model (reference=None)")
+        return self._score_no_grad(self.reference, rollouts)[0]
+
+    @torch.no_grad()
+    def _score_no_grad(
+        self, model: nn.Module, rollouts: Rollouts, *, entropy: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Micro-batched scores of the whole batch, each micro-batch trimmed of unused padding."""
+        rollouts = rollouts.to(self.device)
+        b, t = rollouts.response_ids.shape
+        if b == 0:
+            empty = torch.zeros(b, t, device=self.device)
+            return empty, empty if entropy else None
+        parts = [self._score(model, p.trim(), entropy=entropy) for p in self._micro(rollouts)]
+        lp = torch.cat([pad_columns(p[0], t) for p in parts])
+        ent = torch.cat([pad_columns(p[1], t) for p in parts]) if entropy else None
+        return lp, ent
+
+    def _score(
+        self, model: nn.Module, rollouts: Rollouts, *, entropy: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        c = self.config
+        return score_responses(
+            model,
+            rollouts,
+            temperature=c.temperature,
+            bf16=c.bf16,
+            chunk_size=c.logprob_chunk_size,
+            entropy=entropy,
+        )
+
+    def _micro(self, rollouts: Rollouts) -> list[Rollouts]:
+        rows, tokens = self.config.micro_batch_size, self.config.micro_batch_tokens
+        if rows is None and tokens is None:
+            return [rollouts]
+        return rollouts.split(rows=rows, token_budget=tokens)
+
+    # ------------------------------------------------------------------ the update
+    def step(
+        self,
+        rollouts: Rollouts,
+        advantages: Tensor | Advantages,
+        *,
+        loss_fn: PolicyLoss,
+        old_logprobs: Tensor | None = None,
+    ) -> dict[str, float]:
+        """One policy update on a batch: epochs × mini-batches × micro-batches (module doc).
+
+        Per mini-batch M: θ ← AdamW(θ, clip(∇_θ Σ_{micro ⊂ M} Σ_{i,t} ℓ_{i,t} / n(M))), with
+        ℓ = ``loss_fn(...)`` per token and n(M) = ``config.aggregation.normalizer(mask_M)``.
+        PPO's K epochs over shuffled mini-batches: Schulman et al. 2017, arXiv 1707.06347,
+        Algorithm 1. AdamW: Loshchilov & Hutter 2017, arXiv 1711.05101, Algorithm 2. Gradient
+        norm clipping: Pascanu et al. 2013, arXiv 1211.5063, Algorithm 1.
+
+        ``advantages``: ``(b t)`` float32 (an ``Advantages`` tuple is unpacked; a ``(b)``
+        tensor is broadcast over each row's valid tokens); detached. ``loss_fn`` follows the
+        ``PolicyLoss`` protocol and also receives ``ref_logprobs`` (b t, detached), ``entropy``
+        (b t, with gradient) and ``rollout_logprobs`` (b t) when its signature names them.
+
+        Returns floats: ``loss`` (mean mini-batch loss), every loss metric and ``entropy``
+        averaged over micro-batches weighted by valid tokens, ``grad_norm`` (mean pre-clipping
+        norm), ``lr`` (of the last applied update), ``optimizer_steps``, ``skipped_steps``,
+        ``seconds`` and ``tokens_per_second`` (real tokens × epochs / seconds). Metrics of
+        skipped steps are left out (NaN if every step was skipped).
+        """
+        start = time.perf_counter()
+        wants = loss_inputs(loss_fn)
+        batch = self._prepare(rollouts.to(self.device), advantages, old_logprobs, wants)
+        metrics, applied, skipped = StepMetrics(), self.optimizer_steps, self.skipped_steps
+        self._last_lr = self.scheduler.get_last_lr()[0]
+        c = self.config
+        self.model.train()
+        try:
+            for rows in minibatch_rows(
+                len(batch),
+                size=c.mini_batch_size,
+                epochs=c.epochs,
+                seed=(c.shuffle_seed, self.steps),
+            ):
+                self._update(batch.select(rows), loss_fn, wants, metrics)
+        finally:
+            self.model.eval()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        seconds = time.perf_counter() - start
+        return {
+            **metrics.summary(),
+            "lr": float(self._last_lr),
+            "optimizer_steps": float(self.optimizer_steps - applied),
+            "skipped_steps": float(self.skipped_steps - skipped),
+            "seconds": seconds,
+            "tokens_per_second": batch.num_tokens * c.epochs / max(seconds, 1e-9),
+        }
+
+    def _prepare(
+        self,
+        batch: Rollouts,
+        advantages: Tensor | Advantages,
+        old_logprobs: Tensor | None,
+        wants: LossInputs,
+    ) -> Rollouts:
+        """The batch with ``advantages``, ``old_logprobs`` (and ``ref_logprobs``) as extras."""
+        if len(batch) == 0:
+            raise ValueError("PolicyTrainer.step: empty batch")
+        if "rollout_logprobs" in wants.required and batch.rollout_logprobs is None:
+            raise ValueError("the loss needs rollout_logprobs but the rollouts carry none")
+        extras = {"advantages": token_advantages(advantages, batch)}
+        if old_logprobs is None:
+            old_logprobs = batch.extras.get("old_logprobs")
+        if old_logprobs is None:
+            old_logprobs = self._score_no_grad(self.model, batch)[0]
+        extras["old_logprobs"] = old_logprobs.detach().to(self.device)
+        if "ref_logprobs" in wants.accepted:
+            ref = batch.extras.get("ref_logprobs")
+            if ref is None and (self.reference is not None or self._adapter_reference):
+                ref = self._ref_scores(batch)
+            if ref is None and "ref_logprobs" in wants.required:
+                raise ValueError("the loss needs ref_logprobs but the trainer has no reference")
+            if ref is not None:
+                extras["ref_logprobs"] = ref.detach().to(self.device)
+        return batch.with_extras(**extras)
+
+    def _update(
+        self, mini: Rollouts, loss_fn: PolicyLoss, wants: LossInputs, metrics: StepMetrics
+    ) -> None:
+        """Accumulate the gradient of one mini-batch, then apply it (or skip it if not finite)."""
+        normalizer = self.config.aggregation.normalizer(mini.response_mask)
+        finite = torch.ones((), dtype=torch.bool, device=self.device)
+        for micro in self._micro(mini):
+            loss = self._backward(micro.trim(), loss_fn, wants, normalizer, metrics)
+            finite &= torch.isfinite(loss)
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params]).to(self.device)
+        if bool(finite & torch.isfinite(grad_norm)):  # the one host sync per mini-batch
+            if self.config.max_grad_norm is not None:
+                torch.nn.utils.clip_grads_with_norm_(params, self.config.max_grad_norm, grad_norm)
+            self._last_lr = self.scheduler.get_last_lr()[0]
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer_steps += 1
+            metrics.commit(grad_norm)
+        else:
+            self.skipped_steps += 1
+            metrics.discard()
+            warnings.warn(
+                f"PolicyTrainer: non-finite loss or gradient norm ({float(grad_norm)}); "
+                "optimizer step skipped (weights, optimizer state and schedule unchanged)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _backward(
+        self,
+        micro: Rollouts,
+        loss_fn: PolicyLoss,
+        wants: LossInputs,
+        normalizer: Tensor,
+        metrics: StepMetrics,
+    ) -> Tensor:
+        """Forward, per-token loss, aggregate with the mini-batch normalizer, backward."""
+        lp, entropy = self._score(self.model, micro, entropy=True)
+        if "entropy" not in wants.accepted:
+            entropy = entropy.detach()  # only a metric: no gradient through it
+        inputs = {"entropy": entropy, "rollout_logprobs": micro.rollout_logprobs}
+        inputs["ref_logprobs"] = micro.extras.get("ref_logprobs")
+        kwargs = {k: v for k, v in inputs.items() if k in wants.accepted and v is not None}
+        mask = micro.response_mask
+        extras = micro.extras
+        per_token, loss_metrics = loss_fn(
+            lp, extras["old_logprobs"], extras["advantages"], mask, **kwargs
+        )
+        loss = aggregate(per_token, mask, mode=self.config.aggregation, normalizer=normalizer)
+        if loss.requires_grad:
+            loss.backward()
+        mean_entropy = masked_mean(entropy.detach(), mask)
+        metrics.add_micro_batch(loss, loss_metrics, entropy=mean_entropy, tokens=mask.sum())
+        return loss.detach()
+
+    # ------------------------------------------------------------------ weights and state
+    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """Full weights under the Hugging Face names of ``model.state_dict()``, for a resharder.
+
+        Without LoRA: the model's own tensors (shared storage, no copy: copy them if you keep
+        them past the next step). Tied weights appear under each of their names. With LoRA:
+        the base model's names and W + scaling · B·A for each adapted layer, computed into new
+        tensors without touching the model (``rlblocks.trainer.lora.merged_weights``).
+        """
+        if is_peft_model(self.model):
+            yield from merged_weights(self.model)
+        else:
+            yield from self.model.state_dict().items()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Trainable parameters, optimizer, scheduler, counters and RNG state (references, not
+        copies: ``copy.deepcopy`` it to keep a snapshot while training goes on)."""
+        counters = {k: getattr(self, k) for k in ("steps", "optimizer_steps", "skipped_steps")}
+        return {
+            "model": dict(_trainable(self.model)),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "counters": counters,
+            "rng": _rng_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved; the next ``step`` then matches the original."""
+        _load_trainable(self.model, state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        for name, value in state["counters"].items():
+            setattr(self, name, int(value))
+        _set_rng_state(state["rng"])
+
+
+def _frozen_reference(model: nn.Module, reference: Reference) -> nn.Module | None:
+    if reference is None:
+        return None
+    if reference == "copy":
+        reference = copy.deepcopy(model)
+    elif not isinstance(reference, nn.Module):
+        raise ValueError(f"reference must be 'auto', 'copy', a module or None, got {reference!r}")
+    return reference.requires_grad_(False).eval()
+
+
+def _trainable(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    return ((n, p.detach()) for n, p in model.named_parameters() if p.requires_grad)
+
+
+@torch.no_grad()
+def _load_trainable(model: nn.Module, values: Mapping[str, Tensor]) -> None:
+    params = dict(_trainable(model))
+    if set(params) != set(values):
+        missing, extra = sorted(set(params) - set(values)), sorted(set(values) - set(params))
+        raise KeyError(f"state dict mismatch: missing {missing}, extra {extra}")
+    for name, value in values.items():
+        params[name].copy_(value)
+
+
+def _rng_state() -> dict[str, Any]:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return {"torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

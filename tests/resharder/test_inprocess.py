@@ -1,0 +1,62 @@
+"""After an update and a sync, the engine samples with exactly the trainer's weights."""
+
+import copy
+
+import torch
+
+import rlblocks as rb
+from rlblocks.losses import clipped_surrogate
+from rlblocks.resharder import InProcessResharder
+
+PROMPTS = ["What is 2 + 3?", "Say hi", "7 times 8"]
+
+
+def make_pair(shared: bool):
+    model, tokenizer = rb.models.tiny(seed=0)
+    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None)
+    engine_model = policy.model if shared else copy.deepcopy(policy.model)
+    engine = rb.rollout.HFEngine(engine_model, tokenizer, progress=False)
+    return policy, engine
+
+
+def train_one_step(policy, engine):
+    sampling = rb.SamplingParams(max_new_tokens=6, seed=1)
+    ro = engine.generate(PROMPTS, n=2, sampling=sampling)
+    advantages = torch.linspace(-1, 1, ro.batch_size)  # (b): any non-zero signal moves the weights
+    policy.step(ro, advantages, loss_fn=clipped_surrogate)
+
+
+def engine_vs_trainer(policy, engine):
+    ro = engine.generate(PROMPTS, n=2, sampling=rb.SamplingParams(max_new_tokens=6, seed=2))
+    return ro.rollout_logprobs, policy.logprobs(ro), ro.response_mask
+
+
+def test_shared_module_sync_copies_nothing_and_matches():
+    policy, engine = make_pair(shared=True)
+    resharder = InProcessResharder()
+    train_one_step(policy, engine)
+    metrics = resharder.sync(policy, engine)
+    assert metrics["sync/bytes"] == 0.0
+    assert engine.weights_version == 1 == metrics["sync/version"]
+    engine_lp, trainer_lp, mask = engine_vs_trainer(policy, engine)
+    torch.testing.assert_close(engine_lp[mask], trainer_lp[mask])
+
+
+def test_separate_copy_is_synced_and_matches():
+    policy, engine = make_pair(shared=False)
+    resharder = InProcessResharder()
+    train_one_step(policy, engine)
+    metrics = resharder.sync(policy, engine)
+    n_bytes = sum(p.numel() * p.element_size() for p in policy.model.state_dict().values())
+    assert metrics["sync/bytes"] == n_bytes
+    engine_lp, trainer_lp, mask = engine_vs_trainer(policy, engine)
+    torch.testing.assert_close(engine_lp[mask], trainer_lp[mask])
+    assert resharder.state_dict() == {"version": 1}
+
+
+def test_without_sync_the_separate_engine_is_stale():
+    # The negative control: the same setup without sync must fail the comparison above.
+    policy, engine = make_pair(shared=False)
+    train_one_step(policy, engine)
+    engine_lp, trainer_lp, mask = engine_vs_trainer(policy, engine)
+    assert (engine_lp[mask] - trainer_lp[mask]).abs().max() > 1e-3

@@ -1,0 +1,89 @@
+"""Prompt rendering (raw text, chat messages, chat=True/False), left padding, and input errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlblocks.interfaces import SamplingParams
+from rlblocks.models import tiny_tokenizer
+from rlblocks.rollout import HFEngine, left_pad, render_prompts
+
+MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+def test_raw_text_is_verbatim_and_messages_use_the_template(tokenizer):
+    texts, ids = render_prompts(["What is 2+2?", MESSAGES], tokenizer)
+    rendered = "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"  # ChatML
+    assert texts == ["What is 2+2?", rendered]
+    assert ids[0] == tokenizer("What is 2+2?")["input_ids"]
+    # The template text is tokenized without adding special tokens (no double BOS).
+    assert ids[1] == tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    assert ids[1][0] == tokenizer.convert_tokens_to_ids("<|im_start|>")
+
+
+def test_chat_true_wraps_raw_text_as_a_user_message(tokenizer):
+    wrapped = render_prompts(["What is 2+2?"], tokenizer, chat=True)
+    assert wrapped == render_prompts([MESSAGES], tokenizer)
+
+
+def test_chat_prompts_through_the_engine(peaky):
+    sampling = SamplingParams(max_new_tokens=5, seed=0)
+    a = HFEngine(*peaky, progress=False).generate([MESSAGES], sampling=sampling)
+    b = HFEngine(*peaky, chat=True, progress=False).generate(["What is 2+2?"], sampling=sampling)
+    c = HFEngine(*peaky, progress=False).generate(["What is 2+2?"], sampling=sampling)
+    assert a.prompts == b.prompts and a.prompts[0].startswith("<|im_start|>user")
+    assert torch.equal(a.response_ids, b.response_ids)
+    assert c.prompts == ["What is 2+2?"] and c.prompt_ids.shape[1] < a.prompt_ids.shape[1]
+
+
+def test_left_pad_by_hand():
+    # [[5, 6, 7], [8]] with padding 0 -> rows end in the same column.
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_token_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[True, True, True], [False, False, True]]
+    assert ids.dtype == torch.long and mask.dtype == torch.bool
+
+
+def test_left_padding_whatever_the_tokenizer_says(peaky):
+    model, tokenizer = peaky
+    tokenizer.padding_side = "right"  # a caller's setting must not matter
+    try:
+        ro = HFEngine(model, tokenizer, progress=False).generate(
+            ["x", "Hello there"], sampling=SamplingParams(max_new_tokens=2, temperature=0)
+        )
+    finally:
+        tokenizer.padding_side = "left"
+    assert ro.prompt_mask.tolist()[0][-1] and not ro.prompt_mask.tolist()[0][0]
+
+
+def test_prompt_errors(tokenizer):
+    with pytest.raises(ValueError, match="prompts is empty"):
+        render_prompts([], tokenizer)
+    with pytest.raises(TypeError, match="wrap a single prompt in a list"):
+        render_prompts("hello", tokenizer)
+    with pytest.raises(TypeError, match="prompt 0 .* wrap it in a list"):
+        render_prompts(MESSAGES, tokenizer)  # one conversation passed without the outer list
+    with pytest.raises(TypeError, match="prompt 1 must be a string or a non-empty list"):
+        render_prompts(["ok", 42], tokenizer)
+    with pytest.raises(ValueError, match="prompt 0 is empty after tokenization"):
+        render_prompts([""], tokenizer)
+    with pytest.raises(ValueError, match="chat=False"):
+        render_prompts([MESSAGES], tokenizer, chat=False)
+
+
+def test_messages_without_a_chat_template_raise():
+    bare = tiny_tokenizer()
+    bare.chat_template = None
+    with pytest.raises(
+        ValueError, match="prompt 0 is a chat conversation but the tokenizer has no"
+    ):
+        render_prompts([MESSAGES], bare)
+    with pytest.raises(ValueError, match="no chat template"):
+        render_prompts(["hi"], bare, chat=True)
+    assert render_prompts(["hi"], bare)[0] == ["hi"]  # raw text needs no template

@@ -1,0 +1,108 @@
+"""Checkpointing the trainer, numerics options (gradient checkpointing, bf16), construction."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from rlblocks.losses import clipped_surrogate
+from rlblocks.models import tiny
+from rlblocks.trainer import PolicyTrainer, TrainConfig, cosine
+
+CONFIG = TrainConfig(lr=1e-2, mini_batch_size=3, epochs=2, schedule=cosine(warmup=2, total=20))
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_state_dict_round_trip(make_rollouts):
+    ro1, ro2 = make_rollouts(seed=0), make_rollouts(seed=1)
+    adv1, adv2 = torch.randn(8), torch.randn(8)
+    original = PolicyTrainer(tiny()[0], config=CONFIG, reference=None)
+    original.step(ro1, adv1, loss_fn=clipped_surrogate)
+    state = copy.deepcopy(original.state_dict())
+
+    restored = PolicyTrainer(tiny()[0], config=CONFIG, reference=None)
+    restored.load_state_dict(state)
+    fresh = PolicyTrainer(tiny()[0], config=CONFIG, reference=None)  # negative control
+    out_a = original.step(ro2, adv2, loss_fn=clipped_surrogate)
+    out_b = restored.step(ro2, adv2, loss_fn=clipped_surrogate)
+    fresh.step(ro2, adv2, loss_fn=clipped_surrogate)
+    assert_close(_weights(restored.model), _weights(original.model))
+    assert out_a["lr"] == out_b["lr"] and out_a["loss"] == out_b["loss"]
+    assert (original.steps, original.optimizer_steps) == (restored.steps, restored.optimizer_steps)
+    diff = [(_weights(fresh.model)[n] - w).abs().max() for n, w in _weights(original.model).items()]
+    assert max(diff) > 1e-3  # without the state the next step really differs
+
+
+def test_state_dict_rejects_other_parameters(model32):
+    trainer = PolicyTrainer(model32, reference=None)
+    state = trainer.state_dict()
+    state["model"] = {"not.a.parameter": torch.zeros(1)}
+    with pytest.raises(KeyError, match="state dict mismatch"):
+        trainer.load_state_dict(state)
+
+
+def _count_forwards(module: torch.nn.Module) -> list[int]:
+    """Count calls of ``module.forward`` (module hooks do not fire on recomputation)."""
+    calls, forward = [], module.forward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    module.forward = counted
+    return calls
+
+
+def test_gradient_checkpointing_gives_the_same_update(make_rollouts):
+    ro = make_rollouts(seed=2)
+    adv = torch.randn(8)
+    results = []
+    for checkpointing in (False, True):
+        model = tiny(dtype=torch.float64)[0]
+        trainer = PolicyTrainer(
+            model, reference=None, lr=1e-2, gradient_checkpointing=checkpointing
+        )
+        calls = _count_forwards(model.model.layers[0].mlp)
+        trainer.step(ro, adv, loss_fn=clipped_surrogate)
+        # Forwards of a layer: old log-probs, training forward, + the recomputation in backward.
+        assert len(calls) == (3 if checkpointing else 2)
+        assert not model.training  # back in eval mode after the step
+        results.append(_weights(model))
+    assert_close(results[1], results[0])  # float64: recomputation is exact up to ~1e-16
+
+
+def test_bf16_step_runs_and_logprobs_stay_float32(model32, make_rollouts):
+    ro = make_rollouts(seed=3)
+    trainer = PolicyTrainer(model32, reference=None, lr=1e-3, bf16=True, micro_batch_size=3)
+    assert trainer.logprobs(ro).dtype == torch.float32
+    out = trainer.step(ro, torch.randn(8), loss_fn=clipped_surrogate)
+    assert all(math.isfinite(v) for v in out.values())
+    assert out["optimizer_steps"] == 1 and out["skipped_steps"] == 0
+    assert next(trainer.model.parameters()).dtype == torch.float32  # master weights untouched
+
+
+def test_config_overrides_and_validation(model32):
+    trainer = PolicyTrainer(model32, config=TrainConfig(epochs=2), reference=None, lr=0.5)
+    assert trainer.config.lr == 0.5 and trainer.config.epochs == 2
+    assert trainer.optimizer.param_groups[0]["lr"] == 0.5
+    with pytest.raises(ValueError, match="epochs"):
+        TrainConfig(epochs=0)
+    with pytest.raises(ValueError, match="temperature"):
+        TrainConfig(temperature=0.0)
+    with pytest.raises(ValueError, match="reference"):
+        PolicyTrainer(model32, reference="frozen")
+
+
+def test_from_pretrained_builtin(tmp_path, monkeypatch, make_rollouts):
+    monkeypatch.setenv("RLBLOCKS_CACHE", str(tmp_path))
+    trainer = PolicyTrainer.from_pretrained("tiny", lr=1e-3, reference=None)
+    assert trainer.tokenizer is not None and trainer.config.lr == 1e-3
+    out = trainer.step(make_rollouts(seed=4), torch.randn(8), loss_fn=clipped_surrogate)
+    assert out["optimizer_steps"] == 1
