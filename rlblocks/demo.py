@@ -66,7 +66,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     advantage = rb.advantage.grpo
     loss = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))
     data = partial(
-        arithmetic_prompts, seed=args.seed, difficulty=task.difficulty, chat=True,
+        arithmetic_prompts,
+        seed=args.seed,
+        difficulty=task.difficulty,
+        chat=True,
         instruction=task.instruction,
     )
     train = data(n=2000, split="train")
