@@ -2,33 +2,14 @@ import math
 
 import pytest
 import torch
+from loss_cases import INF, NAN, leaf, policy_gradient, random_batch
 from torch.testing import assert_close
 
 from rlblocks.losses.cispo import cispo
-from rlblocks.losses.gpg import gpg_loss
 from rlblocks.losses.ppo import clipped_surrogate
 
-NAN, INF = float("nan"), float("inf")
-
-
-def _leaf(x: torch.Tensor) -> torch.Tensor:
-    return x.detach().clone().requires_grad_(True)
-
-
-def _random_batch(seed: int, b: int = 6, t: int = 7, spread: float = 0.8):
-    """Random inputs; row 0 has exactly one valid token, row 1 none; masked entries poisoned."""
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(b, t, generator=g) * 3 - 0.05
-    lp = old + spread * torch.randn(b, t, generator=g)
-    adv = torch.randn(b, t, generator=g)
-    mask = torch.rand(b, t, generator=g) < 0.7
-    mask[0] = False
-    mask[0, 3] = True
-    mask[1] = False
-    lp = torch.where(mask, lp, NAN)
-    old = torch.where(mask, old, -INF)
-    adv = torch.where(mask, adv, NAN)
-    return lp, old, adv, mask
+# scale of log r = logp - old in the random batches: wide, so many weights get clipped
+SPREAD = 0.8
 
 
 # ---------------------------------------------------------------- hand-worked values
@@ -38,7 +19,7 @@ def test_hand_worked():
     # old = -1 everywhere; clip (0.2, 0.28) -> weight clipped to [0.8, 1.28]
     old = torch.full((1, 4), -1.0)
     log_r = [math.log(0.5), math.log(2.0), math.log(1.1)]
-    lp = _leaf(torch.tensor([[-1.0 + x for x in log_r] + [NAN]]))
+    lp = leaf(torch.tensor([[-1.0 + x for x in log_r] + [NAN]]))
     adv = torch.tensor([[1.0, -1.0, 2.0, 5.0]])
     mask = torch.tensor([[True, True, True, False]])
     loss, m = cispo(lp, old, adv, mask, clip=(0.2, 0.28))
@@ -62,7 +43,7 @@ def test_hand_worked():
 def test_default_clip_has_no_lower_bound_and_caps_at_five():
     # defaults (1.0, 4.0): weight in [0, 5]. r = 0.1 keeps w = 0.1; r = 8 gets w = 5.
     # lp = 0 + log r with old = 0, A = 1: grad = -w; loss = -w * log r.
-    lp = _leaf(torch.tensor([[math.log(0.1), math.log(8.0)]]))
+    lp = leaf(torch.tensor([[math.log(0.1), math.log(8.0)]]))
     loss, m = cispo(lp, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool))
     loss.sum().backward()
     assert_close(loss, torch.tensor([[-0.1 * math.log(0.1), -5.0 * math.log(8.0)]]))
@@ -91,13 +72,13 @@ def _reference(lp, old, adv, mask, clip, clamp):
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize(("clip", "clamp"), [((1.0, 4.0), 20.0), ((0.2, 0.28), 0.5)])
 def test_matches_loop_reference(seed, clip, clamp):
-    lp, old, adv, mask = _random_batch(seed)
-    leaf = _leaf(lp)
-    loss, m = cispo(leaf, old, adv, mask, clip=clip, log_ratio_clamp=clamp)
+    lp, old, adv, mask = random_batch(seed, spread=SPREAD)
+    lp_leaf = leaf(lp)
+    loss, m = cispo(lp_leaf, old, adv, mask, clip=clip, log_ratio_clamp=clamp)
     loss.sum().backward()
     ref_loss, ref_grad = _reference(lp, old, adv, mask, clip, clamp)
     assert_close(loss, ref_loss)
-    assert_close(leaf.grad, ref_grad)
+    assert_close(lp_leaf.grad, ref_grad)
     r = torch.exp((lp - old).clamp(-clamp, clamp))[mask]
     outside = (r < 1 - clip[0]) | (r > 1 + clip[1])
     assert_close(m["clip_frac"], outside.float().mean())
@@ -108,16 +89,15 @@ def test_matches_loop_reference(seed, clip, clamp):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_ratio_one_is_plain_policy_gradient(seed):
-    _, old, adv, mask = _random_batch(seed)
+    _, old, adv, mask = random_batch(seed, spread=SPREAD)
     lp = torch.where(mask, old, NAN)
-    leaf, pg_leaf = _leaf(lp), _leaf(lp)
-    loss, m = cispo(leaf, old, adv, mask, clip=(0.2, 0.28))
-    pg, _ = gpg_loss(pg_leaf, old, adv, mask)
+    lp_leaf = leaf(lp)
+    loss, m = cispo(lp_leaf, old, adv, mask, clip=(0.2, 0.28))
+    pg, pg_grad = policy_gradient(lp, old, adv, mask)
     loss.sum().backward()
-    pg.sum().backward()
     # weight sg[clip(1)] = 1: value and gradient are those of -A*logp exactly
     assert_close(loss, pg)
-    assert_close(leaf.grad, pg_leaf.grad)
+    assert_close(lp_leaf.grad, pg_grad)
     assert_close(m["clip_frac"], torch.tensor(0.0))
 
 
@@ -126,7 +106,7 @@ def test_far_off_policy_token_keeps_gradient_unlike_ppo():
     old = torch.tensor([[-2.0]])
     lp = torch.tensor([[-1.0]])
     adv, mask = torch.ones(1, 1), torch.ones(1, 1, dtype=torch.bool)
-    ppo_leaf, cispo_leaf = _leaf(lp), _leaf(lp)
+    ppo_leaf, cispo_leaf = leaf(lp), leaf(lp)
     clipped_surrogate(ppo_leaf, old, adv, mask, clip=(0.2, 0.28))[0].sum().backward()
     cispo(cispo_leaf, old, adv, mask, clip=(0.2, 0.28))[0].sum().backward()
     assert_close(ppo_leaf.grad, torch.zeros(1, 1))
@@ -134,7 +114,7 @@ def test_far_off_policy_token_keeps_gradient_unlike_ppo():
 
 
 def test_masked_tokens_with_inf_and_nan_give_zero_loss_and_gradient():
-    lp = _leaf(torch.tensor([[-1.0, -INF, NAN, INF]]))
+    lp = leaf(torch.tensor([[-1.0, -INF, NAN, INF]]))
     old = torch.tensor([[-1.0, NAN, -INF, 0.0]])
     adv = torch.tensor([[2.0, NAN, INF, 1.0]])
     mask = torch.tensor([[True, False, False, False]])
@@ -148,9 +128,9 @@ def test_masked_tokens_with_inf_and_nan_give_zero_loss_and_gradient():
 
 
 def test_bf16_input_and_detached_metrics():
-    lp, old, adv, mask = _random_batch(3)
-    leaf = _leaf(lp.bfloat16())
-    loss, m = cispo(leaf, old, adv, mask)
+    lp, old, adv, mask = random_batch(3, spread=SPREAD)
+    lp_leaf = leaf(lp.bfloat16())
+    loss, m = cispo(lp_leaf, old, adv, mask)
     assert loss.dtype == torch.float32
     assert_close(loss, cispo(lp.bfloat16().float(), old, adv, mask)[0])
     assert all(

@@ -3,46 +3,27 @@ import struct
 
 import pytest
 import torch
+from loss_cases import INF, NAN, leaf, policy_gradient, random_batch
 from torch.testing import assert_close
 
 from rlblocks.losses.cov import clip_cov, kl_cov
-from rlblocks.losses.gpg import gpg_loss
 from rlblocks.losses.ppo import clipped_surrogate
 
-NAN, INF = float("nan"), float("inf")
-
-
-def _leaf(x: torch.Tensor) -> torch.Tensor:
-    return x.detach().clone().requires_grad_(True)
-
-
-def _random_batch(seed: int, b: int = 6, t: int = 7, spread: float = 0.3):
-    """Random inputs; row 0 has exactly one valid token, row 1 none; masked entries poisoned."""
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(b, t, generator=g) * 3 - 0.05
-    lp = old + spread * torch.randn(b, t, generator=g)
-    adv = torch.randn(b, t, generator=g)
-    mask = torch.rand(b, t, generator=g) < 0.7
-    mask[0] = False
-    mask[0, 3] = True
-    mask[1] = False
-    lp = torch.where(mask, lp, NAN)
-    old = torch.where(mask, old, -INF)
-    adv = torch.where(mask, adv, NAN)
-    return lp, old, adv, mask
+# scale of log r = logp - old in the random batches
+SPREAD = 0.3
 
 
 def _clip_cov_grad(lp, old, adv, mask, **kw):
-    leaf = _leaf(lp)
-    loss, m = clip_cov(leaf, old, adv, mask, **kw)
+    lp_leaf = leaf(lp)
+    loss, m = clip_cov(lp_leaf, old, adv, mask, **kw)
     loss.sum().backward()
-    return loss, leaf.grad, m
+    return loss, lp_leaf.grad, m
 
 
 def _picked_by_clip_cov(lp, old, adv, mask, **kw):
     """Tokens whose gradient Clip-Cov removed (PPO would have given them one)."""
     _, grad, _ = _clip_cov_grad(lp, old, adv, mask, **kw)
-    ppo_leaf = _leaf(lp)
+    ppo_leaf = leaf(lp)
     ppo_kw = {k: v for k, v in kw.items() if k in ("clip", "dual_clip", "log_ratio_clamp")}
     clipped_surrogate(ppo_leaf, old, adv, mask, dual_clip=None, **ppo_kw)[0].sum().backward()
     return (grad == 0) & (ppo_leaf.grad != 0)
@@ -107,7 +88,7 @@ def test_kl_cov_hand_worked():
     # k_fraction 0.25 -> 1 token: the top cov, token 0.
     #   token 0: -3*e^0.1 + |0.1| = -3.315513 + 0.1 = -3.215513; grad -3*e^0.1 + 1 = -2.315513
     #   others:  -A*r = r;  grad -A*r = r
-    lp = _leaf(_LP)
+    lp = leaf(_LP)
     loss, m = kl_cov(lp, old, _ADV, _MASK, k_fraction=0.25)
     loss.sum().backward()
     assert_close(loss, torch.tensor([[-3 * r[0] + 0.1, r[1], r[2], r[3], 0.0]]))
@@ -116,7 +97,7 @@ def test_kl_cov_hand_worked():
     assert_close(m["abs_kl"], torch.tensor(0.7 / 4))  # (0.1 + 0.2 + 0.1 + 0.3)/4
     # k_fraction 0.5 -> tokens 0 and 3 (cov 4.5, 1.5):
     #   token 3: e^0.3 + 0.3 = 1.649859; grad e^0.3 + 1 = 2.349859
-    lp = _leaf(_LP)
+    lp = leaf(_LP)
     loss, _ = kl_cov(lp, old, _ADV, _MASK, k_fraction=0.5, kl_coef=1.0)
     loss.sum().backward()
     assert_close(loss, torch.tensor([[-3 * r[0] + 0.1, r[1], r[2], r[3] + 0.3, 0.0]]))
@@ -202,7 +183,7 @@ def _reference_kl_cov(lp, old, adv, mask, *, k_fraction, kl_coef):
     ("clip_ratio", "cov_bounds"), [(2e-4, (1.0, 5.0)), (0.2, (0.05, 2.0)), (1.0, (-9.0, 9.0))]
 )
 def test_clip_cov_matches_loop_reference(seed, clip_ratio, cov_bounds):
-    lp, old, adv, mask = _random_batch(seed)
+    lp, old, adv, mask = random_batch(seed, spread=SPREAD)
     kw = {"clip": (0.2, 0.28), "clip_ratio": clip_ratio, "cov_bounds": cov_bounds, "seed": seed}
     loss, grad, m = _clip_cov_grad(lp, old, adv, mask, **kw)
     ref_loss, ref_grad, n_picked = _reference_clip_cov(lp, old, adv, mask, **kw)
@@ -214,15 +195,15 @@ def test_clip_cov_matches_loop_reference(seed, clip_ratio, cov_bounds):
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize(("k_fraction", "kl_coef"), [(2e-4, 1.0), (0.3, 0.5)])
 def test_kl_cov_matches_loop_reference(seed, k_fraction, kl_coef):
-    lp, old, adv, mask = _random_batch(seed)
-    leaf = _leaf(lp)
-    loss, m = kl_cov(leaf, old, adv, mask, k_fraction=k_fraction, kl_coef=kl_coef)
+    lp, old, adv, mask = random_batch(seed, spread=SPREAD)
+    lp_leaf = leaf(lp)
+    loss, m = kl_cov(lp_leaf, old, adv, mask, k_fraction=k_fraction, kl_coef=kl_coef)
     loss.sum().backward()
     ref_loss, ref_grad = _reference_kl_cov(
         lp, old, adv, mask, k_fraction=k_fraction, kl_coef=kl_coef
     )
     assert_close(loss, ref_loss)
-    assert_close(leaf.grad, ref_grad)
+    assert_close(lp_leaf.grad, ref_grad)
     n_valid = int(mask.sum())
     assert_close(m["kl_cov_frac"], torch.tensor(max(int(k_fraction * n_valid), 1) / n_valid))
 
@@ -231,7 +212,7 @@ def test_kl_cov_matches_loop_reference(seed, k_fraction, kl_coef):
 
 
 def test_clip_cov_same_seed_same_pick_regardless_of_global_rng():
-    lp, old, adv, mask = _random_batch(7)
+    lp, old, adv, mask = random_batch(7, spread=SPREAD)
     kw = {"clip_ratio": 0.3, "cov_bounds": (-9.0, 9.0), "seed": 123}
     torch.manual_seed(0)
     first = _picked_by_clip_cov(lp, old, adv, mask, **kw)
@@ -243,7 +224,7 @@ def test_clip_cov_same_seed_same_pick_regardless_of_global_rng():
 
 
 def test_clip_cov_different_seed_can_give_different_pick():
-    lp, old, adv, mask = _random_batch(7)
+    lp, old, adv, mask = random_batch(7, spread=SPREAD)
     kw = {"clip_ratio": 0.3, "cov_bounds": (-9.0, 9.0)}
     picks = [_picked_by_clip_cov(lp, old, adv, mask, seed=s, **kw) for s in range(4)]
     # the number picked is fixed by clip_ratio, but which tokens are picked changes with seed
@@ -256,21 +237,20 @@ def test_clip_cov_different_seed_can_give_different_pick():
 
 @pytest.mark.parametrize("seed", range(3))
 def test_ratio_one_is_plain_policy_gradient(seed):
-    _, old, adv, mask = _random_batch(seed)
+    _, old, adv, mask = random_batch(seed, spread=SPREAD)
     lp = torch.where(mask, old, NAN)
-    pg_leaf = _leaf(lp)
-    gpg_loss(pg_leaf, old, adv, mask)[0].sum().backward()
+    _, pg_grad = policy_gradient(lp, old, adv, mask)
     # KL-Cov: |log r| = 0 has value 0 and (sub)gradient 0, whatever tokens are selected
-    leaf = _leaf(lp)
-    loss, m = kl_cov(leaf, old, adv, mask, k_fraction=0.5)
+    lp_leaf = leaf(lp)
+    loss, m = kl_cov(lp_leaf, old, adv, mask, k_fraction=0.5)
     loss.sum().backward()
     assert_close(loss, torch.where(mask, -adv, 0.0))
-    assert_close(leaf.grad, pg_leaf.grad)
+    assert_close(lp_leaf.grad, pg_grad)
     assert_close(m["abs_kl"], torch.tensor(0.0))
     # Clip-Cov with no token in the covariance window is PPO, hence the plain gradient
     loss, grad, m = _clip_cov_grad(lp, old, adv, mask, cov_bounds=(1e9, 2e9))
     assert_close(loss, torch.where(mask, -adv, 0.0))
-    assert_close(grad, pg_leaf.grad)
+    assert_close(grad, pg_grad)
     assert_close(m["clip_cov_frac"], torch.tensor(0.0))
     assert_close(m["clip_frac"], torch.tensor(0.0))
 
@@ -292,7 +272,7 @@ def test_single_valid_token():
 
 @pytest.mark.parametrize("fn", [clip_cov, kl_cov])
 def test_masked_tokens_with_inf_and_nan_give_zero_loss_and_gradient(fn):
-    lp = _leaf(torch.tensor([[-1.0, -2.0, -INF, NAN], [NAN, INF, -INF, NAN]]))
+    lp = leaf(torch.tensor([[-1.0, -2.0, -INF, NAN], [NAN, INF, -INF, NAN]]))
     old = torch.tensor([[-1.0, -2.5, NAN, -INF], [INF, NAN, 0.0, -INF]])
     adv = torch.tensor([[1.0, -1.0, NAN, INF], [NAN, 1.0, INF, NAN]])
     mask = torch.tensor([[True, True, False, False], [False, False, False, False]])
@@ -305,7 +285,7 @@ def test_masked_tokens_with_inf_and_nan_give_zero_loss_and_gradient(fn):
 
 
 def test_no_valid_token():
-    lp = _leaf(torch.full((2, 3), NAN))
+    lp = leaf(torch.full((2, 3), NAN))
     mask = torch.zeros(2, 3, dtype=torch.bool)
     for fn in (clip_cov, kl_cov):
         loss, m = fn(lp, torch.zeros(2, 3), torch.ones(2, 3), mask)

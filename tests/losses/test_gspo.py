@@ -2,35 +2,14 @@ import math
 
 import pytest
 import torch
+from loss_cases import INF, NAN, leaf, policy_gradient, random_batch
 from torch.testing import assert_close
 
-from rlblocks.losses.gpg import gpg_loss
 from rlblocks.losses.gspo import gspo
 
-NAN, INF = float("nan"), float("inf")
-
-
-def _leaf(x: torch.Tensor) -> torch.Tensor:
-    return x.detach().clone().requires_grad_(True)
-
-
-def _random_batch(seed: int, b: int = 6, t: int = 7, spread: float = 0.05):
-    """Random inputs; row 0 has exactly one valid token, row 1 none; masked entries poisoned.
-
-    Advantages are one value per row, as GSPO is used with sequence-level rewards.
-    """
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(b, t, generator=g) * 3 - 0.05
-    lp = old + spread * torch.randn(b, t, generator=g)
-    adv = torch.randn(b, 1, generator=g).expand(b, t)
-    mask = torch.rand(b, t, generator=g) < 0.7
-    mask[0] = False
-    mask[0, 3] = True
-    mask[1] = False
-    lp = torch.where(mask, lp, NAN)
-    old = torch.where(mask, old, -INF)
-    adv = torch.where(mask, adv, NAN)
-    return lp, old, adv, mask
+# scale of log r = logp - old in the random batches: small, sequence ratios stay near 1
+# (the batches use row_advantage=True: GSPO is used with sequence-level rewards)
+SPREAD = 0.05
 
 
 # ---------------------------------------------------------------- hand-worked values
@@ -41,7 +20,7 @@ def test_hand_worked():
     old = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0], [-2.0, 0.0, 0.0]])
     lr = torch.tensor([[0.3, -0.1, 0.1], [0.2, -0.4, 0.0], [0.5, 0.0, 0.0]])
     mask = torch.tensor([[True, True, True], [True, True, False], [True, False, False]])
-    lp = _leaf(torch.where(mask, old + lr, NAN))
+    lp = leaf(torch.where(mask, old + lr, NAN))
     adv = torch.tensor([[1.0] * 3, [2.0] * 3, [-1.0] * 3])
     loss, m = gspo(lp, old, adv, mask, clip=(0.1, 0.1))
     loss.sum().backward()
@@ -68,7 +47,7 @@ def test_hand_worked_paper_defaults():
     # Defaults (3e-4, 4e-4): log s = 0.001 -> s = 1.0010005 > 1.0004, A = 1: loss -1.0004, no grad.
     # log s = -0.0002 -> s = 0.9998 inside [0.9997, 1.0004], A = 1: loss -0.9998, grad -0.9998.
     old = torch.zeros(2, 1)
-    lp = _leaf(torch.tensor([[0.001], [-0.0002]]))
+    lp = leaf(torch.tensor([[0.001], [-0.0002]]))
     loss, _ = gspo(lp, old, torch.ones(2, 1), torch.ones(2, 1, dtype=torch.bool))
     loss.sum().backward()
     s = math.exp(-0.0002)
@@ -102,13 +81,13 @@ def _reference(lp, old, adv, mask, clip, clamp):
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize(("clip", "clamp"), [((3e-4, 4e-4), 10.0), ((0.01, 0.02), 0.02)])
 def test_matches_loop_reference(seed, clip, clamp):
-    lp, old, adv, mask = _random_batch(seed)
-    leaf = _leaf(lp)
-    loss, m = gspo(leaf, old, adv, mask, clip=clip, log_ratio_clamp=clamp)
+    lp, old, adv, mask = random_batch(seed, spread=SPREAD, row_advantage=True)
+    lp_leaf = leaf(lp)
+    loss, m = gspo(lp_leaf, old, adv, mask, clip=clip, log_ratio_clamp=clamp)
     loss.sum().backward()
     ref_loss, ref_grad = _reference(lp, old, adv, mask, clip, clamp)
     assert_close(loss, ref_loss)
-    assert_close(leaf.grad, ref_grad)
+    assert_close(lp_leaf.grad, ref_grad)
     has_tokens = mask.any(-1)
     seq_s = [
         math.exp(min(max(float((lp[i] - old[i])[mask[i]].mean()), -clamp), clamp))
@@ -124,15 +103,14 @@ def test_matches_loop_reference(seed, clip, clamp):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_ratio_one_is_plain_policy_gradient(seed):
-    _, old, adv, mask = _random_batch(seed)
+    _, old, adv, mask = random_batch(seed, spread=SPREAD, row_advantage=True)
     lp = torch.where(mask, old, NAN)
-    leaf, pg_leaf = _leaf(lp), _leaf(lp)
-    loss, m = gspo(leaf, old, adv, mask)
-    pg, _ = gpg_loss(pg_leaf, old, adv, mask)
+    lp_leaf = leaf(lp)
+    loss, m = gspo(lp_leaf, old, adv, mask)
+    _, pg_grad = policy_gradient(lp, old, adv, mask)
     loss.sum().backward()
-    pg.sum().backward()
     assert_close(loss, torch.where(mask, -adv, 0.0))  # -A*s with s = 1
-    assert_close(leaf.grad, pg_leaf.grad)
+    assert_close(lp_leaf.grad, pg_grad)
     assert_close(m["clip_frac"], torch.tensor(0.0))
     assert_close(m["seq_ratio_mean"], torch.tensor(1.0))
 
@@ -141,26 +119,26 @@ def test_ratio_one_is_plain_policy_gradient(seed):
 def test_token_form_has_the_gradient_of_sequence_form(seed):
     # GSPO proper: loss_i = max(-A_i s_i, -A_i clip(s_i)) with s_i differentiable, averaged over
     # rows. GSPO-token aggregated seq-mean-token-mean must give the same gradient.
-    lp, old, adv, mask = _random_batch(seed)
+    lp, old, adv, mask = random_batch(seed, spread=SPREAD, row_advantage=True)
     clip = (0.01, 0.01)
-    leaf = _leaf(lp)
-    loss, _ = gspo(leaf, old, adv, mask, clip=clip)
+    lp_leaf = leaf(lp)
+    loss, _ = gspo(lp_leaf, old, adv, mask, clip=clip)
     rows = mask.any(-1)
     per_row = torch.where(mask, loss, 0.0).sum(-1) / mask.sum(-1).clamp(min=1)
     per_row[rows].mean().backward()
 
-    seq_leaf = _leaf(lp)
+    seq_leaf = leaf(lp)
     total = torch.zeros(())
     for i in rows.nonzero().flatten().tolist():
         s = torch.exp((seq_leaf[i] - old[i])[mask[i]].mean())
         a = adv[i][mask[i]][0]
         total = total + torch.maximum(-a * s, -a * s.clamp(1 - clip[0], 1 + clip[1]))
     (total / rows.sum()).backward()
-    assert_close(leaf.grad, torch.nan_to_num(seq_leaf.grad, nan=0.0))
+    assert_close(lp_leaf.grad, torch.nan_to_num(seq_leaf.grad, nan=0.0))
 
 
 def test_masked_tokens_with_inf_and_nan_give_zero_loss_and_gradient():
-    lp = _leaf(torch.tensor([[-1.0, -INF, NAN], [NAN, INF, -INF]]))
+    lp = leaf(torch.tensor([[-1.0, -INF, NAN], [NAN, INF, -INF]]))
     old = torch.tensor([[-1.0, NAN, INF], [-INF, 0.0, NAN]])
     adv = torch.tensor([[3.0, NAN, INF], [NAN, 1.0, 1.0]])
     mask = torch.tensor([[True, False, False], [False, False, False]])
@@ -172,7 +150,7 @@ def test_masked_tokens_with_inf_and_nan_give_zero_loss_and_gradient():
 
 
 def test_is_weights_and_dtypes():
-    lp, old, adv, mask = _random_batch(2)
+    lp, old, adv, mask = random_batch(2, spread=SPREAD, row_advantage=True)
     w = torch.where(mask, 0.5, NAN)
     half, _ = gspo(lp, old, adv, mask, is_weights=w)
     full, m = gspo(lp.bfloat16(), old, adv, mask)

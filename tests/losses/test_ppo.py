@@ -2,32 +2,13 @@ import math
 
 import pytest
 import torch
+from loss_cases import INF, NAN, leaf, policy_gradient, random_batch
 from torch.testing import assert_close
 
-from rlblocks.losses.gpg import gpg_loss
 from rlblocks.losses.ppo import clipped_surrogate
 
-NAN, INF = float("nan"), float("inf")
-
-
-def _leaf(x: torch.Tensor) -> torch.Tensor:
-    return x.detach().clone().requires_grad_(True)
-
-
-def _random_batch(seed: int, b: int = 6, t: int = 7, spread: float = 0.5):
-    """Random inputs; row 0 has exactly one valid token, row 1 none; masked entries poisoned."""
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(b, t, generator=g) * 3 - 0.05
-    lp = old + spread * torch.randn(b, t, generator=g)
-    adv = torch.randn(b, t, generator=g)
-    mask = torch.rand(b, t, generator=g) < 0.7
-    mask[0] = False
-    mask[0, 3] = True
-    mask[1] = False
-    lp = torch.where(mask, lp, NAN)
-    old = torch.where(mask, old, -INF)
-    adv = torch.where(mask, adv, NAN)
-    return lp, old, adv, mask
+# scale of log r = logp - old in the random batches
+SPREAD = 0.5
 
 
 # ---------------------------------------------------------------- hand-worked values
@@ -36,7 +17,7 @@ def _random_batch(seed: int, b: int = 6, t: int = 7, spread: float = 0.5):
 def test_hand_worked_clip_and_dual_clip():
     # old = 0, so logprobs = log r. clip = (0.2, 0.2), dual clip c = 3.
     ratios = [1.5, 0.5, 1.1, 5.0, 1.0]
-    lp = _leaf(torch.tensor([[math.log(r) for r in ratios[:4]] + [NAN]]))
+    lp = leaf(torch.tensor([[math.log(r) for r in ratios[:4]] + [NAN]]))
     old = torch.zeros(1, 5)
     adv = torch.tensor([[2.0, -1.0, 1.0, -0.5, 7.0]])
     mask = torch.tensor([[True, True, True, True, False]])
@@ -64,7 +45,7 @@ def test_hand_worked_clip_and_dual_clip():
 
 def test_hand_worked_without_dual_clip():
     # A = -0.5, r = 5: max(-A*r, -A*clip(r)) = max(2.5, 0.6) = 2.5, grad -A*r = 2.5
-    lp = _leaf(torch.tensor([[math.log(5.0)]]))
+    lp = leaf(torch.tensor([[math.log(5.0)]]))
     loss, m = clipped_surrogate(
         lp,
         torch.zeros(1, 1),
@@ -84,14 +65,14 @@ def test_clip_higher():
     old = torch.tensor([[-1.0]])
     adv = torch.tensor([[1.0]])
     mask = torch.tensor([[True]])
-    lp = _leaf(old + math.log(1.25))
+    lp = leaf(old + math.log(1.25))
     loss, m = clipped_surrogate(lp, old, adv, mask, clip=(0.2, 0.28))
     loss.sum().backward()
     assert_close(loss, torch.tensor([[-1.25]]))
     assert_close(lp.grad, torch.tensor([[-1.25]]))
     assert_close(m["clip_frac"], torch.tensor(0.0))
 
-    lp = _leaf(old + math.log(1.25))
+    lp = leaf(old + math.log(1.25))
     loss, m = clipped_surrogate(lp, old, adv, mask, clip=(0.2, 0.2))
     loss.sum().backward()
     assert_close(loss, torch.tensor([[-1.2]]))
@@ -102,7 +83,7 @@ def test_clip_higher():
 def test_is_weights_multiply_loss_and_gradient():
     # r = 1 (lp == old): loss = -A = [-2, 3]; weights [0.5, 2] -> [-1, 6]; grads -A*w = [-1, 6].
     # The masked weight is NaN and must not leak.
-    lp = _leaf(torch.tensor([[-1.0, -2.0, NAN]]))
+    lp = leaf(torch.tensor([[-1.0, -2.0, NAN]]))
     old = torch.tensor([[-1.0, -2.0, 0.0]])
     adv = torch.tensor([[2.0, -3.0, 1.0]])
     mask = torch.tensor([[True, True, False]])
@@ -144,15 +125,15 @@ def _reference(lp, old, adv, mask, clip, dual_clip, clamp):
     ("clip", "dual_clip", "clamp"), [((0.2, 0.2), 3.0, 20.0), ((0.2, 0.28), None, 1.0)]
 )
 def test_matches_loop_reference(seed, clip, dual_clip, clamp):
-    lp, old, adv, mask = _random_batch(seed, spread=0.8)
-    leaf = _leaf(lp)
+    lp, old, adv, mask = random_batch(seed, spread=0.8)
+    lp_leaf = leaf(lp)
     loss, m = clipped_surrogate(
-        leaf, old, adv, mask, clip=clip, dual_clip=dual_clip, log_ratio_clamp=clamp
+        lp_leaf, old, adv, mask, clip=clip, dual_clip=dual_clip, log_ratio_clamp=clamp
     )
     loss.sum().backward()
     ref_loss, ref_grad, clipped, dual = _reference(lp, old, adv, mask, clip, dual_clip, clamp)
     assert_close(loss, ref_loss)
-    assert_close(leaf.grad, ref_grad)
+    assert_close(lp_leaf.grad, ref_grad)
     n = mask.sum()
     assert_close(m["clip_frac"], clipped.sum() / n)
     assert_close(m["dual_clip_frac"], dual.sum() / n)
@@ -170,16 +151,15 @@ def test_matches_loop_reference(seed, clip, dual_clip, clamp):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_ratio_one_is_plain_policy_gradient(seed):
-    _, old, adv, mask = _random_batch(seed)
+    _, old, adv, mask = random_batch(seed, spread=SPREAD)
     lp = torch.where(mask, old, NAN)  # logprobs == old_logprobs on valid tokens
-    leaf, pg_leaf = _leaf(lp), _leaf(lp)
-    loss, m = clipped_surrogate(leaf, old, adv, mask, clip=(0.2, 0.28))
-    pg, _ = gpg_loss(pg_leaf, old, adv, mask)
+    lp_leaf = leaf(lp)
+    loss, m = clipped_surrogate(lp_leaf, old, adv, mask, clip=(0.2, 0.28))
+    _, pg_grad = policy_gradient(lp, old, adv, mask)
     loss.sum().backward()
-    pg.sum().backward()
     # value: -A*r with r = 1 is -A; gradient: -A*r*∇logp = -A*∇logp, that of -A*logp
     assert_close(loss, torch.where(mask, -adv, 0.0))
-    assert_close(leaf.grad, pg_leaf.grad)
+    assert_close(lp_leaf.grad, pg_grad)
     for key in ("clip_frac", "clip_frac_low", "clip_frac_high", "dual_clip_frac", "approx_kl"):
         assert_close(m[key], torch.tensor(0.0))
     assert_close(m["ratio_mean"], torch.tensor(1.0))
@@ -188,7 +168,7 @@ def test_ratio_one_is_plain_policy_gradient(seed):
 def test_dual_clip_caps_huge_ratio_with_zero_gradient():
     # A = -2: cap -A*c = 6. log r = 15 (r ≈ 3.3e6) and 30 (beyond the clamp) both give 6, no grad.
     # A = +2, log r = 15: PPO clip, -A*(1+0.2) = -2.4, no grad.
-    lp = _leaf(torch.tensor([[15.0, 30.0, 15.0]]))
+    lp = leaf(torch.tensor([[15.0, 30.0, 15.0]]))
     loss, m = clipped_surrogate(
         lp, torch.zeros(1, 3), torch.tensor([[-2.0, -2.0, 2.0]]), torch.ones(1, 3, dtype=torch.bool)
     )
@@ -200,7 +180,7 @@ def test_dual_clip_caps_huge_ratio_with_zero_gradient():
 
 
 def test_masked_tokens_with_inf_and_nan_give_zero_loss_and_gradient():
-    lp = _leaf(torch.tensor([[-1.0, -INF, NAN, INF]]))
+    lp = leaf(torch.tensor([[-1.0, -INF, NAN, INF]]))
     old = torch.tensor([[-1.5, NAN, -INF, 0.0]])
     adv = torch.tensor([[1.0, NAN, INF, 2.0]])
     mask = torch.tensor([[True, False, False, False]])
@@ -213,7 +193,7 @@ def test_masked_tokens_with_inf_and_nan_give_zero_loss_and_gradient():
 
 
 def test_no_valid_token_gives_zero_loss_and_metrics():
-    lp = _leaf(torch.full((2, 3), NAN))
+    lp = leaf(torch.full((2, 3), NAN))
     mask = torch.zeros(2, 3, dtype=torch.bool)
     loss, m = clipped_surrogate(lp, torch.zeros(2, 3), torch.ones(2, 3), mask)
     loss.sum().backward()
@@ -224,8 +204,8 @@ def test_no_valid_token_gives_zero_loss_and_metrics():
 
 
 def test_bf16_input_is_computed_in_float32():
-    lp, old, adv, mask = _random_batch(0)
-    lp16 = _leaf(lp.bfloat16())
+    lp, old, adv, mask = random_batch(0, spread=SPREAD)
+    lp16 = leaf(lp.bfloat16())
     loss, m = clipped_surrogate(lp16, old, adv, mask)
     assert loss.dtype == torch.float32
     ref, _ = clipped_surrogate(lp16.detach().float(), old, adv, mask)
@@ -238,9 +218,9 @@ def test_bf16_input_is_computed_in_float32():
 
 
 def test_old_logprobs_and_advantages_are_detached():
-    lp, old, adv, mask = _random_batch(1)
-    old, adv = _leaf(old), _leaf(adv)
-    loss, _ = clipped_surrogate(_leaf(lp), old, adv, mask)
+    lp, old, adv, mask = random_batch(1, spread=SPREAD)
+    old, adv = leaf(old), leaf(adv)
+    loss, _ = clipped_surrogate(leaf(lp), old, adv, mask)
     loss.sum().backward()
     assert old.grad is None and adv.grad is None
 
