@@ -17,34 +17,59 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 import rlblocks as rb
-from rlblocks.data import PromptBatches, arithmetic_prompts
+from rlblocks.data import Difficulty, PromptBatches, arithmetic_prompts
 
 
 @dataclass(frozen=True)
 class Task:
-    """A built-in task: the data, its instruction, and the reward that checks answers."""
+    """A built-in task: the problems' difficulty and the instruction appended to each."""
 
-    difficulty: int
+    difficulty: int | Difficulty
     instruction: str
 
 
 TASKS = {  # the edge of the program: names for the command line
-    "arithmetic": Task(difficulty=1, instruction="Give the final answer as a number after ####."),
-    "arithmetic-hard": Task(difficulty=2, instruction="Give the final answer after ####."),
+    # Sums of two numbers up to 10: SmolLM2-135M gets ~48% greedy but only ~15% when sampling
+    # at temperature 1, so GRPO has signal from the first step and room to improve.
+    "arithmetic": Task(
+        difficulty=Difficulty(operands=2, max_operand=10, operators="+"),
+        instruction="Answer with just the number.",
+    ),
+    "arithmetic-hard": Task(difficulty=1, instruction="Give the final answer after ####."),
 }
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    /,
+    *,
+    ref_logprobs: torch.Tensor,
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """DAPO's clip-higher surrogate plus β·k3 KL to the initial policy (β = 0: KL only logged)."""
+    pg, metrics = rb.losses.clipped_surrogate(
+        logprobs, old_logprobs, advantages, mask, clip=(0.2, 0.28)
+    )
+    kl, kl_metrics = rb.losses.kl_loss(logprobs, ref_logprobs, mask, estimator=rb.losses.k3)
+    return pg + kl_coef * kl, {**metrics, **kl_metrics}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m rlblocks.demo", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m", help="built-in name or model folder")
     p.add_argument("--task", default="arithmetic", choices=sorted(TASKS))
-    p.add_argument("--steps", type=int, default=24, help="GRPO steps")
+    p.add_argument("--steps", type=int, default=12, help="GRPO steps")
     p.add_argument("--prompts-per-step", type=int, default=8)
     p.add_argument("--group-size", type=int, default=6, help="samples per prompt (G)")
-    p.add_argument("--max-new-tokens", type=int, default=40)
-    p.add_argument("--lr", type=float, default=2e-5)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-5)
+    p.add_argument("--kl-coef", type=float, default=0.0, help="β of the k3 KL term (0: log only)")
     p.add_argument("--eval-size", type=int, default=64, help="held-out problems")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/demo"))
@@ -59,12 +84,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     # The blocks, one line each.
     policy = rb.trainer.PolicyTrainer.from_pretrained(
-        args.model, lr=args.lr, micro_batch_size=8, reference=None, max_grad_norm=1.0
+        args.model, lr=args.lr, micro_batch_size=8, reference="copy", max_grad_norm=1.0
     )
     engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)
     reward = rb.rewards.math_answer
     advantage = rb.advantage.grpo
-    loss = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))
+    loss = partial(grpo_loss, kl_coef=args.kl_coef)
     data = partial(
         arithmetic_prompts,
         seed=args.seed,
@@ -92,11 +117,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     def on_step(step: int, metrics: dict, rollouts: rb.Rollouts) -> None:
         record = log.log(step, {**metrics, "accuracy": metrics["reward/mean"]})
-        print(
+        tqdm.write(
             f"step {step:3d}  reward {record['reward/mean']:.3f}  "
-            f"length {record['response_length']:.1f}  kl {record.get('approx_kl', 0.0):.4f}  "
+            f"length {record['response_length']:.1f}  kl {record['kl']:.4f}  "
             f"entropy {record.get('entropy', 0.0):.3f}  {record['step_seconds']:.1f}s",
-            flush=True,
         )
 
     start = time.perf_counter()
@@ -111,6 +135,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         advantage=advantage,
         loss_fn=loss,
         on_step=on_step,
+        reuse_rollout_logprobs=True,  # the engine shares the trainer's model: no extra forward
     )
     minutes = (time.perf_counter() - start) / 60
     print(f"held-out accuracy after {args.steps} steps ({minutes:.1f} min of training):")

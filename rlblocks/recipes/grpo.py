@@ -54,9 +54,15 @@ def grpo(
     loss_fn: PolicyLoss = PPO_CLIP,
     resharder: Resharder | None = None,
     on_step: StepCallback | None = None,
+    reuse_rollout_logprobs: bool = False,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` GRPO steps; returns one metrics dict per step.
+
+    ``reuse_rollout_logprobs`` takes the engine's sampling log-probs as π_old instead of
+    recomputing them with the trainer: one forward pass less per step, exact only when the
+    engine samples with the trainer's current weights at the trainer's temperature (the
+    in-process HF engine sharing the model does).
 
     ``batches`` yields prompt batches with ``.prompts`` and ``.metadata`` (see
     :mod:`rlblocks.data`). ``on_step(step, metrics, rollouts)`` is called after every step:
@@ -72,6 +78,8 @@ def grpo(
         )
         rewards, reward_metrics = reward_fn(rollouts)  # 2. one scalar per response
         advantages, _ = advantage(rewards, rollouts.response_mask, rollouts.group_ids)  # 3.
+        if reuse_rollout_logprobs:
+            rollouts = rollouts.with_extras(old_logprobs=rollouts.rollout_logprobs)
         train_metrics = policy.step(rollouts, advantages, loss_fn=loss_fn)  # 4.
         sync_metrics = resharder.sync(policy, engine)  # 5.
         metrics = {
