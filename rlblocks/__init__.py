@@ -8,7 +8,7 @@ Subpackages: ``advantage`` (estimators), ``losses`` (per-token losses and ``aggr
 ``rewards`` (rule-based rewards), ``placement`` (where blocks run), ``models`` (loading, the
 tiny and built-in models), ``rollout`` (engines), ``trainer`` (``PolicyTrainer``), ``resharder``,
 ``data`` (prompt datasets, the built-in arithmetic task), ``recipes`` (GRPO...), ``runlog``
-(metrics JSONL and plots). ``interfaces`` holds the block contracts, ``Rollouts`` the batch type.
+(metrics JSONL), ``notebook`` (the live ``Dashboard``); ``rb.plot`` draws a run's curves. ``interfaces`` holds the block contracts, ``Rollouts`` the batch type.
 
 The subpackages that pull in transformers or datasets are imported on first use, so that
 ``import rlblocks`` stays fast.
@@ -23,7 +23,7 @@ from rlblocks.rollouts import Rollouts
 
 __version__ = "0.1.0"
 
-_LAZY = ("data", "models", "recipes", "resharder", "rollout", "runlog", "trainer")
+_LAZY = ("data", "models", "notebook", "recipes", "resharder", "rollout", "runlog", "trainer")
 
 __all__ = [
     "Advantages",
@@ -35,7 +35,9 @@ __all__ = [
     "interfaces",
     "losses",
     "models",
+    "notebook",
     "placement",
+    "plot",
     "recipes",
     "resharder",
     "rewards",
@@ -46,6 +48,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "plot":  # rb.plot(metrics_jsonl, "curves.png"): the dashboard's curves, as a PNG
+        from rlblocks.notebook import plot
+
+        return plot
     if name in _LAZY:
         module = importlib.import_module(f"rlblocks.{name}")
         globals()[name] = module
@@ -54,4 +60,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | {"plot"})

@@ -7,7 +7,6 @@ loses nothing already logged; ``plot_metrics(path, "curves.png")`` draws the cur
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,41 +53,16 @@ def plot_metrics(
     *,
     curves: Iterable[tuple[str, str]] = DEFAULT_CURVES,
 ) -> Path:
-    """Draw each available curve against ``step`` into one PNG; returns its path."""
-    import matplotlib
+    """Draw each available curve against ``step`` into one PNG; returns its path.
 
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    The same figure as the notebook dashboard's (:func:`rlblocks.notebook.plot`).
+    """
+    from rlblocks.notebook.figure import plot
 
-    if isinstance(records, (str, Path)):
-        records = read_metrics(records)
-    present = [(k, t) for k, t in curves if any(_finite(r.get(k)) for r in records)]
-    if not present:
-        raise ValueError("none of the curves to plot appears in the metrics")
-    cols = min(3, len(present))
-    rows = math.ceil(len(present) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
-    for ax, (key, title) in zip(axes.flat, present, strict=False):
-        points = [(r["step"], r[key]) for r in records if _finite(r.get(key))]
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(present) :]:
-        ax.axis("off")
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return plot(records, out, curves=curves)
 
 
 def _plain(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     return value
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)

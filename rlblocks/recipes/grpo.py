@@ -77,6 +77,7 @@ def grpo(
             batch.prompts, n=group_size, sampling=sampling, metadata=batch.metadata
         )
         rewards, reward_metrics = reward_fn(rollouts)  # 2. one scalar per response
+        rollouts = rollouts.with_extras(rewards=rewards)  # kept with the rows (dashboards read it)
         advantages, _ = advantage(rewards, rollouts.response_mask, rollouts.group_ids)  # 3.
         if reuse_rollout_logprobs:
             rollouts = rollouts.with_extras(old_logprobs=rollouts.rollout_logprobs)

@@ -1,0 +1,125 @@
+# %% [markdown]
+# # 01 · GRPO quickstart
+#
+# Group Relative Policy Optimization (Shao et al. 2024, DeepSeekMath) trains a language model
+# with a verifiable reward and **no critic**. For each prompt it samples a group of $G$
+# responses, scores them, and uses the reward standardized *within the group* as the advantage
+# of every token of a response:
+#
+# $$A_i = \frac{r_i - \operatorname{mean}(r_1,\dots,r_G)}{\operatorname{std}(r_1,\dots,r_G) + \varepsilon}$$
+#
+# The policy is then updated with PPO's clipped surrogate, per token, with the ratio
+# $\rho_{i,t} = \pi_\theta(y_{i,t}\mid\cdot)/\pi_{\text{old}}(y_{i,t}\mid\cdot)$:
+#
+# $$\mathcal{L} = \frac{1}{N_{\text{tokens}}}\sum_{i,t} \max\big(-A_i\,\rho_{i,t},\; -A_i\,\operatorname{clip}(\rho_{i,t}, 1-\varepsilon_{\text{low}}, 1+\varepsilon_{\text{high}})\big)$$
+#
+# This notebook composes the blocks by hand, one line each, on the built-in model
+# (SmolLM2-135M-Instruct) and the built-in arithmetic task, then looks inside one batch.
+
+# %% parameters
+import os
+
+SMOKE = os.environ.get("RLBLOCKS_SMOKE") == "1"  # CI runs every notebook on the tiny model
+MODEL = "tiny" if SMOKE else "smollm2-135m"
+STEPS = 2 if SMOKE else 12
+PROMPTS_PER_STEP, GROUP_SIZE = (2, 2) if SMOKE else (8, 6)
+MAX_NEW_TOKENS = 8 if SMOKE else 32
+EVAL_SIZE = 4 if SMOKE else 64
+
+# %%
+from functools import partial
+
+import torch
+
+import rlblocks as rb
+from rlblocks.data import Difficulty, PromptBatches, arithmetic_prompts
+
+torch.manual_seed(0)
+
+# %% [markdown]
+# ## The blocks
+#
+# The engine shares the trainer's model, so the in-process resharder has nothing to copy: it
+# only records the weight version. Sums of two numbers up to 10 keep the task within reach of
+# a 135M model, so that GRPO has a learning signal from the first step.
+
+# %%
+policy = rb.trainer.PolicyTrainer.from_pretrained(MODEL, lr=3e-5, micro_batch_size=8, reference=None)
+engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)
+resharder = rb.resharder.InProcessResharder()
+reward = rb.rewards.math_answer                                   # 1 if the last number is right
+advantage = rb.advantage.grpo                                     # group-standardized reward
+loss = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))    # DAPO's clip-higher
+sampling = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
+
+task = partial(arithmetic_prompts, difficulty=Difficulty(operands=2, max_operand=10, operators="+"),
+               chat=True, instruction="Answer with just the number.")
+train, held_out = task(n=2000, split="train"), task(n=EVAL_SIZE, split="test")
+batches = PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0)
+
+# %% [markdown]
+# ## Inside one batch
+#
+# `engine.generate` returns a `Rollouts`: left-padded prompt ids, right-padded response ids, a
+# boolean `response_mask` (True = the token counts in the loss), group ids, and the log-probs
+# the engine sampled with. Rewards are one number per response; advantages are per token.
+
+# %%
+batch = next(iter(PromptBatches(train, prompts_per_step=2, seed=1)))
+ro = engine.generate(batch.prompts, n=4, sampling=sampling, metadata=batch.metadata)
+rewards, _ = reward(ro)
+adv, _ = advantage(rewards, ro.response_mask, ro.group_ids)
+print("response_ids", tuple(ro.response_ids.shape), " group_ids", ro.group_ids.tolist())
+print("rewards     ", rewards.tolist())
+print("advantages  ", [round(a, 3) for a in adv[:, 0].tolist()], "(first token of each row)")
+for i in range(2):
+    print(f"\nrow {i}: {ro.completions[i]!r}  (truth {ro.metadata[i]['ground_truth']})")
+    print("  mask   ", ro.response_mask[i].int().tolist())
+
+# %% [markdown]
+# Per-token log-probs: the engine's (at sampling time) and the trainer's (a fresh forward pass)
+# must agree, since they come from the same weights. Their gap is the cheapest staleness check.
+
+# %%
+trainer_lp = policy.logprobs(ro)
+mask = ro.response_mask
+gap = (ro.rollout_logprobs - trainer_lp)[mask].abs().max().item()
+tokens = policy.tokenizer.convert_ids_to_tokens(ro.response_ids[0][mask[0]].tolist())
+for token, lp in list(zip(tokens, trainer_lp[0][mask[0]].tolist()))[:8]:
+    print(f"{token!r:>12} {lp:8.3f}")
+print(f"max |engine - trainer| log-prob over the batch: {gap:.2e}")
+
+# %% [markdown]
+# ## Accuracy before training (greedy, held-out problems)
+
+# %%
+greedy = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=0.0)
+before = rb.recipes.evaluate(engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy)
+print(f"held-out accuracy before: {before.score:.3f}")
+
+# %% [markdown]
+# ## Train: one line per block
+#
+# The dashboard shows the curves live; re-run the cell to train more.
+
+# %%
+dash = rb.notebook.Dashboard(total_steps=STEPS)
+for step, batch in zip(range(STEPS), batches):
+    ro = engine.generate(batch.prompts, n=GROUP_SIZE, sampling=sampling, metadata=batch.metadata)
+    rewards, reward_metrics = reward(ro)
+    adv, _ = advantage(rewards, ro.response_mask, ro.group_ids)
+    metrics = policy.step(ro, adv, loss_fn=loss)
+    metrics |= resharder.sync(policy, engine)
+    metrics |= reward_metrics | {"accuracy": reward_metrics["reward/mean"],
+                                 "response_length": ro.response_lengths.float().mean().item()}
+    dash.update(step, metrics, ro.with_extras(rewards=rewards))
+dash.close()
+
+# %% [markdown]
+# ## Accuracy after training
+
+# %%
+after = rb.recipes.evaluate(engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy)
+print(f"held-out accuracy: before {before.score:.3f} -> after {after.score:.3f}")
+for prompt, completion, score in after.samples(3):
+    print(f"[{score:.0f}] {completion.strip()[:80]!r}")

@@ -1,0 +1,26 @@
+"""Watching a run: a live dashboard for notebooks (text in a terminal), and its curves as a PNG.
+
+    dash = rb.notebook.Dashboard(total_steps=30)        # widgets in Jupyter, tqdm elsewhere
+    rb.recipes.grpo(..., steps=30, on_step=dash, progress=False)
+    rb.notebook.plot("runs/demo/metrics.jsonl", "curves.png")
+
+matplotlib, ipywidgets and IPython are imported only when a dashboard or a plot is made.
+"""
+
+from rlblocks.notebook.dashboard import Dashboard, in_notebook
+from rlblocks.notebook.figure import CURVES, curves_figure, plot
+from rlblocks.notebook.samples import Sample, pick_samples, row_rewards, samples_html
+from rlblocks.notebook.views import Status
+
+__all__ = [
+    "CURVES",
+    "Dashboard",
+    "Sample",
+    "Status",
+    "curves_figure",
+    "in_notebook",
+    "pick_samples",
+    "plot",
+    "row_rewards",
+    "samples_html",
+]
