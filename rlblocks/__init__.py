@@ -6,7 +6,7 @@
 
 Subpackages: ``advantage`` (estimators), ``losses`` (per-token losses and ``aggregate``),
 ``rewards`` (rule-based rewards), ``placement`` (where blocks run), ``models`` (loading, the
-tiny and built-in models), ``rollout`` (engines), ``trainer`` (``PolicyTrainer``), ``resharder``,
+tiny and built-in models), ``rollout`` (engines), ``trainer`` (``PolicyTrainer``), ``critic`` (value model), ``resharder``,
 ``data`` (prompt datasets, the built-in arithmetic task), ``recipes`` (GRPO...), ``runlog``
 (metrics JSONL), ``notebook`` (the live ``Dashboard``); ``rb.plot`` draws a run's curves. ``interfaces`` holds the block contracts, ``Rollouts`` the batch type.
 
@@ -23,7 +23,7 @@ from rlblocks.rollouts import Rollouts
 
 __version__ = "0.1.0"
 
-_LAZY = ("data", "models", "notebook", "recipes", "resharder", "rollout", "runlog", "trainer")
+_LAZY = ("critic", "data", "models", "notebook", "recipes", "resharder", "rollout", "runlog", "trainer")
 
 __all__ = [
     "Advantages",
@@ -31,6 +31,7 @@ __all__ = [
     "Rollouts",
     "SamplingParams",
     "advantage",
+    "critic",
     "data",
     "interfaces",
     "losses",

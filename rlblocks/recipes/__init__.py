@@ -2,5 +2,6 @@
 
 from rlblocks.recipes.evaluate import Evaluation, evaluate
 from rlblocks.recipes.grpo import grpo
+from rlblocks.recipes.ppo import kl_regularized, ppo
 
-__all__ = ["Evaluation", "evaluate", "grpo"]
+__all__ = ["Evaluation", "evaluate", "grpo", "kl_regularized", "ppo"]

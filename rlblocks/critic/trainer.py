@@ -1,0 +1,254 @@
+"""``CriticTrainer``: a :class:`ValueModel` and its AdamW optimizer, regressed on returns.
+
+One :meth:`CriticTrainer.step` is the critic half of a PPO update (verl's ``update_critic``,
+OpenRLHF's ``CriticPPOTrainer.training_step``), batched exactly like
+:class:`~rlblocks.trainer.PolicyTrainer` and configured by the same
+:class:`~rlblocks.trainer.TrainConfig` (``temperature`` and ``logprob_chunk_size`` do not apply):
+
+1. ``old_values``: given, or ``rollouts.extras["old_values"]``, or scored now without gradient,
+   before any update (the values the advantages were computed with).
+2. Epochs × shuffled mini-batches (``rlblocks.trainer.batches.minibatch_rows``, seeded by
+   ``(config.shuffle_seed, number of step calls)``); per mini-batch the normalizer
+   ``config.aggregation.normalizer(mask)`` once, per micro-batch forward, per-token
+   :func:`rlblocks.losses.value_loss`, ``aggregate`` with that normalizer, backward.
+3. Clip the gradient norm, AdamW step, scheduler step. A non-finite loss or gradient norm skips
+   the update (weights, optimizer state and schedule untouched) with a ``RuntimeWarning``.
+
+The value model trains in ``train()`` mode and scores in ``eval()`` mode (no dropout in LLMs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from rlblocks.critic.value_model import ValueModel
+from rlblocks.interfaces import Advantages
+from rlblocks.losses.aggregate import aggregate
+from rlblocks.losses.value import value_loss
+from rlblocks.rollouts import Rollouts
+from rlblocks.trainer.batches import minibatch_rows, pad_columns, token_advantages
+from rlblocks.trainer.config import TrainConfig
+from rlblocks.trainer.metrics import StepMetrics
+from rlblocks.trainer.schedules import constant
+
+
+class CriticTrainer:
+    """A value model and its optimizer; ``step`` fits V to the returns with PPO's value loss.
+
+    ``model``: a :class:`ValueModel`, or a causal LM (a policy's or reward model's) that is
+    wrapped as ``ValueModel(model)``: backbone copied, zero-initialised head. ``config`` and
+    ``config_overrides`` as for ``PolicyTrainer`` (``CriticTrainer(model, lr=1e-5)``).
+    """
+
+    def __init__(
+        self, model: nn.Module, *, config: TrainConfig | None = None, **config_overrides: Any
+    ) -> None:
+        self.config = dataclasses.replace(config or TrainConfig(), **config_overrides)
+        if not isinstance(model, ValueModel):
+            model = ValueModel(model)
+        if self.config.gradient_checkpointing:
+            model.backbone.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        self.model = model.eval()
+        c = self.config
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=c.lr,
+            betas=c.betas,
+            eps=c.eps,
+            weight_decay=c.weight_decay,
+        )
+        self.scheduler = LambdaLR(self.optimizer, c.schedule or constant())
+        self.steps = 0  # step() calls
+        self.optimizer_steps = 0  # applied updates
+        self.skipped_steps = 0  # updates refused by the NaN guard
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        init_std: float = 0.0,
+        **kwargs: Any,
+    ) -> CriticTrainer:
+        """A critic on the backbone of a checkpoint loaded by ``rlblocks.models.load``."""
+        model = ValueModel.from_pretrained(
+            name_or_path, dtype=dtype, device=device, init_std=init_std
+        )
+        return cls(model, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ scoring (no grad)
+    @torch.no_grad()
+    def values(self, rollouts: Rollouts) -> Tensor:
+        """V(s_k) of every response token (see :class:`ValueModel`) under the current weights.
+
+        Returns ``(b t)`` float32, 0 where ``response_mask`` is False, no grad. Micro-batched
+        like a training step, each micro-batch trimmed of unused padding.
+        """
+        rollouts = rollouts.to(self.device)
+        b, t = rollouts.response_ids.shape
+        if b == 0:
+            return torch.zeros(b, t, device=self.device)
+        parts = [self._forward(p.trim()) for p in self._micro(rollouts)]
+        return torch.cat([pad_columns(p, t) for p in parts]).float()
+
+    def _forward(self, rollouts: Rollouts) -> Tensor:
+        return self.model(rollouts, bf16=self.config.bf16)
+
+    def _micro(self, rollouts: Rollouts) -> list[Rollouts]:
+        rows, tokens = self.config.micro_batch_size, self.config.micro_batch_tokens
+        if rows is None and tokens is None:
+            return [rollouts]
+        return rollouts.split(rows=rows, token_budget=tokens)
+
+    # ------------------------------------------------------------------ the update
+    def step(
+        self,
+        rollouts: Rollouts,
+        returns: Tensor | Advantages,
+        *,
+        old_values: Tensor | None = None,
+        clip: float | None = 0.2,
+    ) -> dict[str, float]:
+        """One critic update: epochs × mini-batches × micro-batches (module docstring).
+
+        Per mini-batch M: φ ← AdamW(φ, clip(∇_φ Σ_{micro ⊂ M} Σ_{i,k} L_{i,k} / n(M))) with
+        L_{i,k} = ½ max((V_φ − R)², (clip(V_φ, V_old − ε, V_old + ε) − R)²) from
+        :func:`rlblocks.losses.value_loss` (ε = ``clip``; ``None`` = plain ½ (V − R)²) and
+        n(M) = ``config.aggregation.normalizer(mask_M)``. PPO's value loss: Schulman et al.
+        2017, arXiv 1707.06347, eq. 9; value clipping as in the OpenAI baselines PPO2 code.
+
+        ``returns``: ``(b t)`` (or ``(b)``, broadcast over each row's valid tokens) regression
+        targets, or an ``Advantages`` tuple whose ``returns`` are used; detached.
+        ``old_values``: ``(b t)`` detached; see the module docstring for the default.
+
+        Returns floats: ``vf_loss`` (mean mini-batch loss), ``vf_clip_frac`` and ``values_mean``
+        (token-weighted over micro-batches), ``vf_explained_var`` (1 − Var(R − V_old) / Var(R)
+        over the whole batch, before the update: how well the critic predicted these returns;
+        NaN for constant returns), ``vf_grad_norm`` (mean pre-clipping norm), ``vf_lr``,
+        ``vf_optimizer_steps``, ``vf_skipped_steps`` and ``vf_seconds``. Metrics of skipped
+        updates are left out (NaN if every update was skipped).
+        """
+        start = time.perf_counter()
+        batch = self._prepare(rollouts.to(self.device), returns, old_values)
+        extras, mask = batch.extras, batch.response_mask
+        _, before = value_loss(extras["old_values"], extras["old_values"], extras["returns"], mask)
+        metrics, applied, skipped = StepMetrics(), self.optimizer_steps, self.skipped_steps
+        last_lr = self.scheduler.get_last_lr()[0]
+        c = self.config
+        self.model.train()
+        try:
+            seed = (c.shuffle_seed, self.steps)
+            for rows in minibatch_rows(
+                len(batch), size=c.mini_batch_size, epochs=c.epochs, seed=seed
+            ):
+                lr = self.scheduler.get_last_lr()[0]
+                if self._update(batch.select(rows), clip, metrics):
+                    last_lr = lr
+        finally:
+            self.model.eval()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        summary = metrics.summary()
+        return {
+            "vf_loss": summary["loss"],
+            "vf_clip_frac": summary.get("vf_clip_frac", float("nan")),
+            "vf_explained_var": float(before["vf_explained_var"]),
+            "values_mean": summary.get("values_mean", float("nan")),
+            "vf_grad_norm": summary["grad_norm"],
+            "vf_lr": float(last_lr),
+            "vf_optimizer_steps": float(self.optimizer_steps - applied),
+            "vf_skipped_steps": float(self.skipped_steps - skipped),
+            "vf_seconds": time.perf_counter() - start,
+        }
+
+    def _prepare(
+        self, batch: Rollouts, returns: Tensor | Advantages, old_values: Tensor | None
+    ) -> Rollouts:
+        """The batch carrying ``returns`` and ``old_values`` as ``(b t)`` extras."""
+        if len(batch) == 0:
+            raise ValueError("CriticTrainer.step: empty batch")
+        if isinstance(returns, Advantages):
+            returns = returns.returns
+        # token_advantages does the (b) / (b t) shape handling, masking and detaching we need.
+        targets = token_advantages(returns, batch)
+        if old_values is None:
+            old_values = batch.extras.get("old_values")
+        if old_values is None:
+            old_values = self.values(batch)
+        return batch.with_extras(returns=targets, old_values=old_values.detach().to(self.device))
+
+    def _update(self, mini: Rollouts, clip: float | None, metrics: StepMetrics) -> bool:
+        """Accumulate one mini-batch's gradient, then apply it (True) or skip it (False)."""
+        normalizer = self.config.aggregation.normalizer(mini.response_mask)
+        finite = torch.ones((), dtype=torch.bool, device=self.device)
+        for micro in self._micro(mini):
+            micro = micro.trim()
+            mask, extras = micro.response_mask, micro.extras
+            per_token, loss_metrics = value_loss(
+                self._forward(micro), extras["old_values"], extras["returns"], mask, clip=clip
+            )
+            loss = aggregate(per_token, mask, mode=self.config.aggregation, normalizer=normalizer)
+            loss.backward()
+            # Explained variance is reported once per batch (in step), not per micro-batch.
+            loss_metrics.pop("vf_explained_var")
+            zero = torch.zeros(())  # StepMetrics tracks a policy entropy; a critic has none
+            metrics.add_micro_batch(loss, loss_metrics, entropy=zero, tokens=mask.sum())
+            finite &= torch.isfinite(loss.detach())
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params]).to(self.device)
+        ok = bool(finite & torch.isfinite(grad_norm))  # the one host sync per mini-batch
+        if ok:
+            if self.config.max_grad_norm is not None:
+                torch.nn.utils.clip_grads_with_norm_(params, self.config.max_grad_norm, grad_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer_steps += 1
+            metrics.commit(grad_norm)
+        else:
+            self.skipped_steps += 1
+            metrics.discard()
+            warnings.warn(
+                f"CriticTrainer: non-finite value loss or gradient norm ({float(grad_norm)}); "
+                "optimizer step skipped (weights, optimizer state and schedule unchanged)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        return ok
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Value model (backbone and head), optimizer, scheduler and counters (references, not
+        copies: ``copy.deepcopy`` it to keep a snapshot while training goes on)."""
+        counters = {k: getattr(self, k) for k in ("steps", "optimizer_steps", "skipped_steps")}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "counters": counters,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved; the next ``step`` then matches the original."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        for name, value in state["counters"].items():
+            setattr(self, name, int(value))

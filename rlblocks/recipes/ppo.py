@@ -1,0 +1,193 @@
+"""PPO with a learned critic, written only with public blocks: read it, copy it, change it.
+
+One step (Schulman et al. 2017, arXiv 1707.06347, Algorithm 1, as applied to language models by
+Ziegler et al. 2019, arXiv 1909.08593, sec. 2.2, and InstructGPT, Ouyang et al. 2022, arXiv
+2203.02155, sec. 3.5):
+
+1. sample responses with the current policy (``samples_per_prompt`` per prompt);
+2. score them with the reward function (one scalar per response);
+3. before any update: log π_old and log π_ref of every response token, and the critic's V;
+4. the KL to the reference, either as a per-token reward penalty r_t = −β·k_t (default,
+   Ziegler et al.) or as a loss term β·k_t (``kl_in_reward=False``, as GRPO does); β comes from
+   a KL controller, updated with the measured KL after it is used;
+5. GAE advantages and λ-returns from the per-token rewards and V; advantages whitened over
+   the batch;
+6. a critic update towards the returns (clipped value loss);
+7. a policy update with the clipped surrogate, skipped during the first
+   ``critic_warmup_steps`` steps (only the critic trains while it learns the values of the
+   initial policy);
+8. push the new policy weights into the rollout engine.
+
+Simplifications: every step draws fresh prompts; the critic and the policy are updated from the
+same batch one after the other (not interleaved per mini-batch); the reward is an outcome
+reward put on each response's last token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from rlblocks.advantage import gae, whiten
+from rlblocks.critic import CriticTrainer
+from rlblocks.interfaces import (
+    PolicyLoss,
+    PolicyTrainer,
+    Resharder,
+    RewardFn,
+    RolloutEngine,
+    SamplingParams,
+)
+from rlblocks.losses import (
+    AdaptiveKLController,
+    FixedKLController,
+    KLEstimator,
+    k1,
+    k3,
+    kl_loss,
+    kl_penalty_rewards,
+)
+from rlblocks.masked import masked_mean
+from rlblocks.recipes.grpo import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
+from rlblocks.resharder import InProcessResharder
+from rlblocks.trainer.loss_inputs import loss_inputs
+
+
+def ppo(
+    policy: PolicyTrainer,
+    critic: CriticTrainer,
+    engine: RolloutEngine,
+    reward_fn: RewardFn,
+    batches: Iterable[Any],
+    *,
+    steps: int,
+    samples_per_prompt: int = 1,
+    sampling: SamplingParams = DEFAULT_SAMPLING,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    kl_coef: float = 0.05,
+    kl_controller: FixedKLController | AdaptiveKLController | None = None,
+    kl_in_reward: bool = True,
+    kl_estimator: KLEstimator | None = None,
+    value_clip: float | None = 0.2,
+    critic_warmup_steps: int = 0,
+    loss_fn: PolicyLoss = PPO_CLIP,
+    resharder: Resharder | None = None,
+    on_step: StepCallback | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Run ``steps`` PPO steps (module docstring); returns one metrics dict per step.
+
+    ``policy`` needs a reference model (``PolicyTrainer``'s default ``reference="auto"``).
+    ``kl_controller``: a ``FixedKLController`` or ``AdaptiveKLController`` (anything with
+    ``.value`` and ``.update(kl, n_steps)``); None means ``FixedKLController(kl_coef)``. It is
+    updated once per step with the mean per-sequence KL Σ_t k_t (the ``kl_per_seq`` metric of
+    ``kl_penalty_rewards``, Ziegler et al.'s unit) over ``n_steps`` = the number of responses.
+    ``kl_estimator``: the per-token estimate k_t of KL(π_θ ‖ π_ref); None means ``k1`` in the
+    reward (its sum over a response is exactly the sequence log-ratio) and ``k3`` in the loss
+    (GRPO's; ``k1``'s gradient as a loss is zero in expectation). ``value_clip``: ε of the
+    clipped value loss, in units of the returns (None: no clipping). GAE: ``gamma`` (γ),
+    ``lam`` (λ).
+
+    Metrics: the reward function's, ``kl/token``, ``kl/seq`` and ``kl/coef`` (the β used this
+    step), ``returns_mean``, the critic's ``vf_*`` and ``values_mean``, the policy's (absent
+    during warm-up), the resharder's, ``critic_warmup`` (1 during warm-up), ``response_length``
+    and ``step_seconds``. ``batches`` and ``on_step`` work as in :func:`~rlblocks.recipes.grpo`.
+    """
+    resharder = resharder or InProcessResharder()
+    controller = kl_controller or FixedKLController(kl_coef)
+    estimator = kl_estimator or (k1 if kl_in_reward else k3)
+    history: list[dict[str, Any]] = []
+    bar = tqdm(total=steps, desc="PPO", disable=not progress, unit="step")
+    for step, batch in zip(range(steps), batches, strict=False):
+        start = time.perf_counter()
+        rollouts = engine.generate(  # 1.
+            batch.prompts, n=samples_per_prompt, sampling=sampling, metadata=batch.metadata
+        )
+        rewards, reward_metrics = reward_fn(rollouts)  # 2. one scalar per response
+        mask = rollouts.response_mask
+        old_logprobs = policy.logprobs(rollouts)  # 3. all before any update
+        ref_logprobs = policy.ref_logprobs(rollouts)
+        values = critic.values(rollouts)
+        beta = controller.value  # 4. KL penalty with the current β, then adapt β
+        penalized, kl = kl_penalty_rewards(
+            rewards, old_logprobs, ref_logprobs, mask, coef=beta, estimator=estimator
+        )
+        controller.update(kl["kl_per_seq"], n_steps=len(rollouts))
+        token_rewards = penalized if kl_in_reward else rewards
+        advantages, returns = gae(  # 5.
+            token_rewards, mask, rollouts.group_ids, values=values, gamma=gamma, lam=lam
+        )
+        advantages = whiten(advantages, mask)
+        critic_metrics = critic.step(rollouts, returns, old_values=values, clip=value_clip)  # 6.
+        policy_metrics: dict[str, float] = {}
+        warmup = step < critic_warmup_steps
+        if not warmup:  # 7. and 8.
+            policy_loss = (
+                loss_fn if kl_in_reward else kl_regularized(loss_fn, coef=beta, estimator=estimator)
+            )
+            policy_metrics = policy.step(
+                rollouts.with_extras(ref_logprobs=ref_logprobs),
+                advantages,
+                loss_fn=policy_loss,
+                old_logprobs=old_logprobs,
+            )
+            policy_metrics.update(resharder.sync(policy, engine))
+        metrics = {
+            **reward_metrics,
+            "kl/token": float(kl["kl"]),
+            "kl/seq": float(kl["kl_per_seq"]),
+            "kl/coef": beta,
+            "returns_mean": float(masked_mean(returns, mask)),
+            **critic_metrics,
+            **policy_metrics,
+            "critic_warmup": float(warmup),
+            "response_length": rollouts.response_lengths.float().mean().item(),
+            "step_seconds": time.perf_counter() - start,
+        }
+        history.append(metrics)
+        bar.update()
+        bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}")
+        if on_step is not None:
+            try:
+                on_step(step, metrics, rollouts)
+            except StopIteration:
+                break
+    bar.close()
+    return history
+
+
+def kl_regularized(loss_fn: PolicyLoss, *, coef: float, estimator: KLEstimator = k3) -> PolicyLoss:
+    """``loss_fn`` plus a KL loss term: ℓ_t = ℓ^policy_t + β · k(log π_θ(y_t), log π_ref(y_t)).
+
+    The KL-as-loss form of GRPO (Shao et al. 2024, arXiv 2402.03300, eq. 3) with the per-token
+    :func:`rlblocks.losses.kl_loss` (see its docstring for what each estimator's gradient is).
+    β = ``coef``. The returned loss follows the ``PolicyLoss`` protocol: ``(logprobs,
+    old_logprobs, advantages, mask, /, *, ref_logprobs, ...) -> (loss (b t), metrics)``; it
+    requires ``ref_logprobs`` ``(b t)`` (detached) and forwards ``entropy`` /
+    ``rollout_logprobs`` / ``ref_logprobs`` to ``loss_fn`` when ``loss_fn`` takes them. Metrics:
+    those of ``loss_fn`` and ``kl_loss`` (the mean k over valid tokens, detached).
+    """
+    wanted = loss_inputs(loss_fn).accepted
+
+    def loss(
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        /,
+        *,
+        ref_logprobs: Tensor,
+        **inputs: Tensor,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        inputs["ref_logprobs"] = ref_logprobs
+        kwargs = {k: v for k, v in inputs.items() if k in wanted}
+        per_token, metrics = loss_fn(logprobs, old_logprobs, advantages, mask, **kwargs)
+        kl, kl_metrics = kl_loss(logprobs, ref_logprobs, mask, estimator=estimator)
+        return per_token + coef * kl, {**metrics, "kl_loss": kl_metrics["kl"]}
+
+    return loss
