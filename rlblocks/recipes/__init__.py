@@ -1,7 +1,20 @@
 """Recipes: short functions built only from public blocks, meant to be read and copied."""
 
+from rlblocks.recipes.dapo import InformativeGroups, dapo, sample_informative_groups
 from rlblocks.recipes.evaluate import Evaluation, evaluate
 from rlblocks.recipes.grpo import grpo
 from rlblocks.recipes.ppo import kl_regularized, ppo
+from rlblocks.recipes.variants import greedy_baseline_rewards, remax
 
-__all__ = ["Evaluation", "evaluate", "grpo", "kl_regularized", "ppo"]
+__all__ = [
+    "Evaluation",
+    "InformativeGroups",
+    "dapo",
+    "evaluate",
+    "greedy_baseline_rewards",
+    "grpo",
+    "kl_regularized",
+    "ppo",
+    "remax",
+    "sample_informative_groups",
+]

@@ -1,0 +1,328 @@
+"""DAPO, written only with public blocks: GRPO plus four changes, each one visible line.
+
+Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+arXiv 2503.14476. One step:
+
+1. **Dynamic sampling** (§3.2, eq. 11): sample G responses for a batch of prompts, score them,
+   drop the groups whose *accuracy* rewards are all equal (all right or all wrong: zero
+   group-relative advantage, no gradient), and draw more prompt batches until the step has
+   its number of groups (`sample_informative_groups`);
+2. **Overlong reward shaping** (§3.4, eq. 13): the training reward is the task reward plus
+   a length penalty that ramps from 0 to −1 over the last ``cache_length`` tokens before
+   ``max_length`` (`rlblocks.rewards.overlong`, added with `rlblocks.rewards.combine`);
+3. advantage = the shaped reward standardized within its group (GRPO's, no critic);
+4. **Clip-higher** (§3.1): the clipped surrogate with (ε_low, ε_high) = (0.2, 0.28), reduced
+   with the **token-level mean** (§3.3, the trainer's ``TrainConfig.aggregation``);
+5. push the new weights into the rollout engine.
+
+Choices made here:
+
+- The filter looks at the task reward, never the shaped total, as verl's
+  ``filter_groups.metric=acc`` does: a group of G wrong answers of different lengths has a
+  spread of shaped rewards but teaches nothing about correctness. The task reward is scored once
+  per row: the shaped reward and the filter share one call (`_scored_once`).
+- When ``max_rounds`` rounds do not collect enough groups, a ``RuntimeWarning`` says how many
+  were collected; the step trains on what was collected, or, if nothing was, is **skipped** (no
+  update, no sync; its metrics say ``sampling/skipped = 1``) and still counts as a step. verl
+  raises instead; a warning keeps a long run alive through a hard stretch of the data.
+- More groups than needed: the first ``groups_needed`` (whole groups) are kept, the others are
+  thrown away, as verl does; they are not carried over to the next step (they would be stale).
+- Like the GRPO recipe, no KL term by default (DAPO drops it, §2.3).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from rlblocks.advantage import grpo as grpo_advantage
+from rlblocks.interfaces import (
+    AdvantageEstimator,
+    PolicyTrainer,
+    Resharder,
+    RewardFn,
+    RewardOutput,
+    RolloutEngine,
+    Rollouts,
+    SamplingParams,
+)
+from rlblocks.losses import TokenMean, clipped_surrogate
+from rlblocks.resharder import InProcessResharder
+from rlblocks.rewards import combine, keep_informative_groups, overlong
+
+DapoStepCallback = Callable[[int, dict[str, Any], Rollouts | None], None]
+
+DEFAULT_SAMPLING = SamplingParams(max_new_tokens=128)
+
+
+class InformativeGroups(NamedTuple):
+    """What `sample_informative_groups` collected.
+
+    ``rollouts``: the kept rows, whole groups, group ids unique across rounds (None when no
+    group was collected); ``rewards``: (b) float32 training rewards of those rows (``reward_fn``'s,
+    the shaped total in DAPO); ``metrics``: floats, see `sample_informative_groups`.
+    """
+
+    rollouts: Rollouts | None
+    rewards: Tensor
+    metrics: dict[str, float]
+
+
+def sample_informative_groups(
+    engine: RolloutEngine,
+    reward_fn: RewardFn,
+    batches: Iterator[Any],
+    *,
+    groups_needed: int | None = None,
+    group_size: int,
+    sampling: SamplingParams | None = None,
+    max_rounds: int = 8,
+    accuracy_fn: RewardFn | None = None,
+) -> InformativeGroups:
+    """DAPO dynamic sampling (Yu et al. 2025, arXiv 2503.14476, §3.2, eq. 11): generate until
+    ``groups_needed`` groups have accuracy rewards that are not all equal.
+
+        keep group G  ⇔  0 < |{oᵢ ∈ G : oᵢ correct}| < |G|      (eq. 11, 0/1 accuracy)
+                      ⇔  max_{i∈G} accᵢ − min_{i∈G} accᵢ > 1e-6   (any accuracy scale)
+
+    Each round draws the next batch from ``batches`` (an iterator: objects with ``.prompts``
+    and ``.metadata``, e.g. `rlblocks.data.PromptBatches`; what is drawn is consumed), generates
+    ``group_size`` samples per prompt, scores them with ``reward_fn`` (the training reward) and
+    filters on ``accuracy_fn`` (None: on ``reward_fn`` itself) with
+    `rlblocks.rewards.keep_informative_groups`. Group ids are renumbered ``0, 1, 2, …`` in
+    the order the groups were generated, so they stay unique after concatenating rounds (an
+    engine may number every call from 0). Rounds stop when enough groups are collected, after
+    ``max_rounds`` rounds, or when ``batches`` runs out; then exactly ``groups_needed`` whole
+    groups are kept (the first collected), or all of them with a ``RuntimeWarning`` saying how
+    many were collected out of how many wanted after how many rounds.
+
+    ``groups_needed``: None means the number of prompts in the first batch drawn.
+    Returns `InformativeGroups(rollouts (b …) or None, rewards (b) float32, metrics)`; nothing
+    carries a gradient. Metrics: ``sampling/rounds``, ``sampling/groups_generated``,
+    ``sampling/groups_filtered`` (uninformative), ``sampling/groups_collected`` (informative),
+    ``sampling/groups_kept`` (returned), ``sampling/groups_wanted``, ``sampling/accuracy_mean``
+    (over every generated row), ``sampling/short`` (1.0 when fewer than wanted were kept), and
+    ``reward_fn``'s own metrics averaged over the rounds (rounds of equal size: a mean stays the
+    mean over all generated rows, a count becomes a count per round).
+    """
+    if group_size < 2:
+        raise ValueError(f"dynamic sampling needs group_size >= 2 to compare, got {group_size}")
+    if max_rounds < 1 or (groups_needed is not None and groups_needed < 1):
+        raise ValueError(
+            f"need max_rounds >= 1 and groups_needed >= 1 (or None), got max_rounds={max_rounds}, "
+            f"groups_needed={groups_needed}"
+        )
+    parts: list[tuple[Rollouts, Tensor]] = []
+    rounds: list[dict[str, Any]] = []
+    generated = collected = 0
+    while len(rounds) < max_rounds and (groups_needed is None or collected < groups_needed):
+        batch = next(batches, None)
+        if batch is None:
+            break
+        groups_needed = groups_needed or len(batch.prompts)
+        rollouts = engine.generate(
+            batch.prompts, n=group_size, sampling=sampling, metadata=batch.metadata
+        )
+        rollouts = _renumber_groups(rollouts, start=generated)  # unique across rounds
+        rewards, reward_metrics = reward_fn(rollouts)  # the training reward (shaped)
+        accuracy = rewards if accuracy_fn is None else accuracy_fn(rollouts).rewards
+        keep, counts = keep_informative_groups(accuracy, rollouts.group_ids)  # eq. 11
+        generated += int(counts["filter/groups_kept"] + counts["filter/groups_filtered"])
+        collected += int(counts["filter/groups_kept"])
+        rounds.append({"metrics": reward_metrics, "accuracy": accuracy.float()})
+        if keep.any():
+            parts.append((rollouts.select(keep), rewards[keep].float()))
+    return _first_groups(parts, rounds, groups_needed or 0, generated, collected, max_rounds)
+
+
+def dapo(
+    policy: PolicyTrainer,
+    engine: RolloutEngine,
+    reward_fn: RewardFn,
+    batches: Iterable[Any],
+    *,
+    steps: int,
+    group_size: int = 8,
+    groups_per_step: int | None = None,
+    sampling: SamplingParams = DEFAULT_SAMPLING,
+    clip: tuple[float, float] = (0.2, 0.28),
+    max_length: int | None = None,
+    cache_length: int | None = None,
+    overlong_factor: float = 1.0,
+    max_rounds: int = 8,
+    advantage: AdvantageEstimator = grpo_advantage,
+    resharder: Resharder | None = None,
+    on_step: DapoStepCallback | None = None,
+    reuse_rollout_logprobs: bool = False,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Run ``steps`` DAPO steps (module docstring); returns one metrics dict per step.
+
+    ``reward_fn`` is the **task** reward (accuracy): dynamic sampling filters on it, and the
+    training reward is ``combine([("accuracy", reward_fn, 1), ("overlong", overlong(…),
+    overlong_factor)])``, i.e. rᵢ = accᵢ + overlong_factor · R_length(|yᵢ|) (eq. 13), with
+    L_max = ``max_length`` (None: ``sampling.max_new_tokens``) and L_cache = ``cache_length``
+    (None: L_max // 5, DAPO's 4096 of 20480). ``overlong_factor=0`` turns the shaping off.
+    ``clip`` is (ε_low, ε_high) of the clipped surrogate. ``groups_per_step``: groups trained on
+    per step (None: the prompts of one batch); ``max_rounds``: generation rounds per step at
+    most. The policy should aggregate with token-mean (DAPO §3.3); a ``UserWarning`` says so
+    when its ``config.aggregation`` is something else.
+
+    Metrics: those of `sample_informative_groups` (``sampling/…``, ``accuracy/mean``,
+    ``overlong/mean``, ``reward/mean`` = the shaped total), the trainer's, the resharder's,
+    ``response_length`` and ``step_seconds``; ``sampling/skipped`` is 1.0 for a step with no
+    informative group (no update). ``on_step(step, metrics, rollouts)`` gets the trained rows
+    (None for a skipped step); raise ``StopIteration`` in it to end early. The run also ends
+    when ``batches`` runs out. ``reuse_rollout_logprobs``: see `rlblocks.recipes.grpo`.
+    """
+    _warn_unless_token_mean(policy)
+    resharder = resharder or InProcessResharder()
+    loss_fn = partial(clipped_surrogate, clip=clip)  # clip-higher, §3.1
+    task = _scored_once(reward_fn)  # scored once, read by the shaped reward and the filter
+    shaped = _shaped_reward(task, sampling, max_length, cache_length, overlong_factor)
+    prompts = iter(batches)
+    history: list[dict[str, Any]] = []
+    bar = tqdm(total=steps, desc="DAPO", disable=not progress, unit="step")
+    for step in range(steps):
+        start = time.perf_counter()
+        sampled = sample_informative_groups(  # 1.-2. dynamic sampling, shaped reward
+            engine,
+            shaped,
+            prompts,
+            groups_needed=groups_per_step,
+            group_size=group_size,
+            sampling=sampling,
+            max_rounds=max_rounds,
+            accuracy_fn=task,
+        )
+        if sampled.metrics["sampling/rounds"] == 0:
+            break  # the prompt batches ran out
+        metrics = {**sampled.metrics, "sampling/skipped": float(sampled.rollouts is None)}
+        if sampled.rollouts is not None:
+            rollouts = sampled.rollouts
+            advantages, _ = advantage(sampled.rewards, rollouts.response_mask, rollouts.group_ids)
+            if reuse_rollout_logprobs:
+                rollouts = rollouts.with_extras(old_logprobs=rollouts.rollout_logprobs)
+            metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)  # 3.-4.
+            metrics |= resharder.sync(policy, engine)  # 5.
+            metrics["response_length"] = rollouts.response_lengths.float().mean().item()
+        metrics["step_seconds"] = time.perf_counter() - start
+        history.append(metrics)
+        bar.update()
+        bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}")
+        if on_step is not None:
+            try:
+                on_step(step, metrics, sampled.rollouts)
+            except StopIteration:
+                break
+    bar.close()
+    return history
+
+
+# ---------------------------------------------------------------------- helpers
+def _renumber_groups(rollouts: Rollouts, *, start: int) -> Rollouts:
+    """Group ids replaced by ``start, start + 1, …`` (same grouping, sorted by old id)."""
+    _, dense = torch.unique(rollouts.group_ids, return_inverse=True)
+    return rollouts.replace(group_ids=dense.to(rollouts.group_ids.dtype) + start)
+
+
+def _first_groups(
+    parts: list[tuple[Rollouts, Tensor]],
+    rounds: list[dict[str, Any]],
+    needed: int,
+    generated: int,
+    collected: int,
+    max_rounds: int,
+) -> InformativeGroups:
+    """Concatenate the kept rows, cut to the first ``needed`` groups, warn if short; metrics."""
+    if collected < needed:
+        why = f"max_rounds={max_rounds}" if len(rounds) == max_rounds else "batches ran out"
+        what = "returning them" if collected else "nothing to train on"
+        warnings.warn(
+            f"dynamic sampling collected {collected} of {needed} informative groups after "
+            f"{len(rounds)} rounds ({why}); {what}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    rollouts, rewards = None, torch.zeros(0)
+    if parts:
+        rollouts, rewards = Rollouts.concat([r for r, _ in parts]), torch.cat([w for _, w in parts])
+        first = torch.unique(rollouts.group_ids)[:needed]  # ids grow in generation order
+        rows = torch.isin(rollouts.group_ids, first)
+        rollouts, rewards = rollouts.select(rows), rewards[rows]
+    return InformativeGroups(rollouts, rewards, _metrics(rounds, needed, generated, collected))
+
+
+def _metrics(
+    rounds: list[dict[str, Any]], needed: int, generated: int, collected: int
+) -> dict[str, float]:
+    """Counts of the sampling loop, plus the reward metrics averaged over the rounds."""
+    accuracy = torch.cat([r["accuracy"] for r in rounds]) if rounds else torch.zeros(0)
+    metrics = {
+        "sampling/rounds": float(len(rounds)),
+        "sampling/groups_generated": float(generated),
+        "sampling/groups_filtered": float(generated - collected),
+        "sampling/groups_collected": float(collected),
+        "sampling/groups_kept": float(min(collected, needed)),
+        "sampling/groups_wanted": float(needed),
+        "sampling/accuracy_mean": float(accuracy.mean()) if len(accuracy) else float("nan"),
+        "sampling/short": float(collected < needed),
+    }
+    keys = {k for r in rounds for k in r["metrics"]}
+    for k in sorted(keys):
+        values = [float(r["metrics"][k]) for r in rounds if k in r["metrics"]]
+        metrics[k] = sum(values) / len(values)
+    return metrics
+
+
+def _scored_once(reward_fn: RewardFn) -> RewardFn:
+    """``reward_fn`` remembering its latest answer: called twice on the same `Rollouts` object
+    (by the shaped reward and by the filter), it scores the rows only once."""
+    last: list[Any] = [None, None]
+
+    def scored_once(rollouts: Rollouts, /) -> RewardOutput:
+        if last[0] is not rollouts:
+            last[:] = [rollouts, reward_fn(rollouts)]
+        return last[1]
+
+    return scored_once
+
+
+def _shaped_reward(
+    task: RewardFn,
+    sampling: SamplingParams,
+    max_length: int | None,
+    cache_length: int | None,
+    factor: float,
+) -> RewardFn:
+    """task + factor · overlong (DAPO eq. 13) with ``combine``; the task alone if factor is 0."""
+    max_length = max_length or sampling.max_new_tokens
+    cache_length = cache_length or max(1, max_length // 5)
+    length = overlong(max_length=max_length, cache_length=cache_length)
+    components = [("accuracy", task, 1.0)]
+    if factor != 0:
+        components.append(("overlong", length, factor))
+    return combine(components)
+
+
+def _warn_unless_token_mean(policy: PolicyTrainer) -> None:
+    """DAPO's token-level loss (§3.3) is the trainer's aggregation; say so if it is not."""
+    config = getattr(policy, "config", None)
+    aggregation = getattr(config, "aggregation", None)
+    if aggregation is not None and not isinstance(aggregation, TokenMean):
+        warnings.warn(
+            f"DAPO uses token-mean loss aggregation (arXiv 2503.14476, §3.3) but the policy "
+            f"aggregates with {aggregation!r}; build it with aggregation=rb.losses.token_mean",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+__all__ = ["InformativeGroups", "dapo", "sample_informative_groups"]
