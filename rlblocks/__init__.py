@@ -23,7 +23,17 @@ from rlblocks.rollouts import Rollouts
 
 __version__ = "0.1.0"
 
-_LAZY = ("critic", "data", "models", "notebook", "recipes", "resharder", "rollout", "runlog", "trainer")
+_LAZY = (
+    "critic",
+    "data",
+    "models",
+    "notebook",
+    "recipes",
+    "resharder",
+    "rollout",
+    "runlog",
+    "trainer",
+)
 
 __all__ = [
     "Advantages",
