@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from rlblocks.losses.value import value_loss
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.batches import minibatch_rows, pad_columns, token_advantages
 from rlblocks.trainer.config import TrainConfig
+from rlblocks.trainer.guard import guarded_step
 from rlblocks.trainer.metrics import StepMetrics
 from rlblocks.trainer.schedules import constant
 
@@ -211,26 +211,19 @@ class CriticTrainer:
             zero = torch.zeros(())  # StepMetrics tracks a policy entropy; a critic has none
             metrics.add_micro_batch(loss, loss_metrics, entropy=zero, tokens=mask.sum())
             finite &= torch.isfinite(loss.detach())
-        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params]).to(self.device)
-        ok = bool(finite & torch.isfinite(grad_norm))  # the one host sync per mini-batch
+        ok, grad_norm = guarded_step(
+            self.optimizer,
+            self.scheduler,
+            finite=finite,
+            max_grad_norm=self.config.max_grad_norm,
+            owner="CriticTrainer",
+        )
         if ok:
-            if self.config.max_grad_norm is not None:
-                torch.nn.utils.clip_grads_with_norm_(params, self.config.max_grad_norm, grad_norm)
-            self.optimizer.step()
-            self.scheduler.step()
             self.optimizer_steps += 1
             metrics.commit(grad_norm)
         else:
             self.skipped_steps += 1
             metrics.discard()
-            warnings.warn(
-                f"CriticTrainer: non-finite value loss or gradient norm ({float(grad_norm)}); "
-                "optimizer step skipped (weights, optimizer state and schedule unchanged)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        self.optimizer.zero_grad(set_to_none=True)
         return ok
 
     # ------------------------------------------------------------------ state

@@ -37,7 +37,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -53,6 +52,7 @@ from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.batches import minibatch_rows, pad_columns, token_advantages
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.forward import score_responses
+from rlblocks.trainer.guard import guarded_step
 from rlblocks.trainer.lora import is_peft_model, merged_weights, wrap_lora
 from rlblocks.trainer.loss_inputs import LossInputs, loss_inputs
 from rlblocks.trainer.metrics import StepMetrics
@@ -290,26 +290,21 @@ class PolicyTrainer:
         for micro in self._micro(mini):
             loss = self._backward(micro.trim(), loss_fn, wants, normalizer, metrics)
             finite &= torch.isfinite(loss)
-        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params]).to(self.device)
-        if bool(finite & torch.isfinite(grad_norm)):  # the one host sync per mini-batch
-            if self.config.max_grad_norm is not None:
-                torch.nn.utils.clip_grads_with_norm_(params, self.config.max_grad_norm, grad_norm)
-            self._last_lr = self.scheduler.get_last_lr()[0]
-            self.optimizer.step()
-            self.scheduler.step()
+        lr = self.scheduler.get_last_lr()[0]
+        applied, grad_norm = guarded_step(
+            self.optimizer,
+            self.scheduler,
+            finite=finite,
+            max_grad_norm=self.config.max_grad_norm,
+            owner="PolicyTrainer",
+        )
+        if applied:
+            self._last_lr = lr
             self.optimizer_steps += 1
             metrics.commit(grad_norm)
         else:
             self.skipped_steps += 1
             metrics.discard()
-            warnings.warn(
-                f"PolicyTrainer: non-finite loss or gradient norm ({float(grad_norm)}); "
-                "optimizer step skipped (weights, optimizer state and schedule unchanged)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        self.optimizer.zero_grad(set_to_none=True)
 
     def _backward(
         self,
