@@ -17,6 +17,7 @@ DEFAULT_CURVES: tuple[tuple[str, str], ...] = (
     ("accuracy", "accuracy"),
     ("response_length", "response length (tokens)"),
     ("kl", "KL to reference"),
+    ("kl/token", "KL to reference (per token)"),  # the PPO recipe's name
     ("entropy", "entropy"),
     ("clip_frac", "clip fraction"),
     ("grad_norm", "gradient norm"),
