@@ -90,8 +90,11 @@ for h in dapo_history:
 # %% [markdown]
 # ## What changed
 #
-# Sampled accuracy per step, and the share of tokens clipped above $1+\varepsilon$ (clip-higher
-# makes that bound looser, so fewer positive-advantage tokens are cut off).
+# Sampled accuracy per step, and the share of tokens clipped above $1+\varepsilon$. Clip-higher
+# loosens that bound, so fewer positive-advantage tokens lose their gradient, but clipping can
+# only happen once the policy has moved since sampling: with one update per batch (these
+# defaults) the ratio is exactly 1 and both curves stay at 0. Build the trainers with
+# `mini_batch_size=16` (three updates per batch) to see the bounds act.
 
 # %%
 fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))
