@@ -34,7 +34,7 @@ from rlblocks.interfaces import Advantages
 from rlblocks.losses.aggregate import aggregate
 from rlblocks.losses.value import value_loss
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer.batches import minibatch_rows, pad_columns, token_advantages
+from rlblocks.trainer.batches import micro_batches, minibatch_rows, pad_columns, token_advantages
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.guard import guarded_step
 from rlblocks.trainer.metrics import StepMetrics
@@ -112,10 +112,7 @@ class CriticTrainer:
         return self.model(rollouts, bf16=self.config.bf16)
 
     def _micro(self, rollouts: Rollouts) -> list[Rollouts]:
-        rows, tokens = self.config.micro_batch_size, self.config.micro_batch_tokens
-        if rows is None and tokens is None:
-            return [rollouts]
-        return rollouts.split(rows=rows, token_budget=tokens)
+        return micro_batches(rollouts, self.config)
 
     # ------------------------------------------------------------------ the update
     def step(

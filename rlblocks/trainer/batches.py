@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rlblocks.rollouts import Rollouts
+from rlblocks.trainer.config import TrainConfig
 
 
 def minibatch_rows(
@@ -66,3 +67,12 @@ def token_advantages(advantages: Tensor | tuple[Tensor, ...], rollouts: Rollouts
 def pad_columns(x: Tensor, width: int) -> Tensor:
     """Right-pad ``(b t')`` to ``(b width)`` with zeros (undoes ``Rollouts.trim`` of responses)."""
     return F.pad(x, (0, width - x.shape[1]))
+
+
+def micro_batches(rollouts: Rollouts, config: TrainConfig) -> list[Rollouts]:
+    """The forward/backward pieces of a batch: by ``micro_batch_size`` rows and/or
+    ``micro_batch_tokens`` real tokens, in order; the whole batch when neither is set."""
+    rows, tokens = config.micro_batch_size, config.micro_batch_tokens
+    if rows is None and tokens is None:
+        return [rollouts]
+    return rollouts.split(rows=rows, token_budget=tokens)

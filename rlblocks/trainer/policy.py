@@ -49,7 +49,7 @@ from rlblocks.interfaces import Advantages, PolicyLoss
 from rlblocks.losses.aggregate import aggregate
 from rlblocks.masked import masked_mean
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer.batches import minibatch_rows, pad_columns, token_advantages
+from rlblocks.trainer.batches import micro_batches, minibatch_rows, pad_columns, token_advantages
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.guard import guarded_step
@@ -191,10 +191,7 @@ class PolicyTrainer:
         )
 
     def _micro(self, rollouts: Rollouts) -> list[Rollouts]:
-        rows, tokens = self.config.micro_batch_size, self.config.micro_batch_tokens
-        if rows is None and tokens is None:
-            return [rollouts]
-        return rollouts.split(rows=rows, token_budget=tokens)
+        return micro_batches(rollouts, self.config)
 
     # ------------------------------------------------------------------ the update
     def step(
