@@ -46,7 +46,7 @@ torch.manual_seed(0)
 # %%
 policy = rb.trainer.PolicyTrainer.from_pretrained(MODEL, lr=3e-5, micro_batch_size=8, reference=None)
 engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)
-resharder = rb.resharder.InProcessResharder()
+resharder = rb.resharder.Resharder()
 reward = rb.rewards.math_answer                                   # 1 if the last number is right
 advantage = rb.advantage.grpo                                     # group-standardized reward
 loss = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))    # DAPO's clip-higher

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
-from rlblocks.models.tiny import save_tiny
+from rlblocks.models.tiny import save_on_any_rank, save_tiny
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class GGUFModel:
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.hf_quantizer = None
-        model.save_pretrained(target)
+        save_on_any_rank(model, target)
         tokenizer.save_pretrained(target)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 
@@ -124,6 +124,20 @@ def save_tiny(path: str | Path, *, seed: int = 0, **config_overrides: object) ->
     """Write a tiny model and tokenizer to ``path`` (``save_pretrained``); returns the path."""
     path = Path(path)
     model, tokenizer = tiny(seed=seed, **config_overrides)
-    model.save_pretrained(path)
+    save_on_any_rank(model, path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def save_on_any_rank(model: PreTrainedModel, path: str | Path) -> None:
+    """``model.save_pretrained(path)``, even on a non-zero rank of a process group.
+
+    Once ``torch.distributed`` is initialized, transformers writes model files only on rank 0
+    (``should_save_on_this_rank``); a built-in model converted into the cache by rank 1 of a
+    worker group would then lack its ``config.json``. Here the process saves whatever its rank.
+    """
+    model.should_save_on_this_rank = lambda is_main_process: True  # this instance only
+    try:
+        model.save_pretrained(path)
+    finally:
+        del model.should_save_on_this_rank

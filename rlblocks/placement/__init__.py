@@ -1,5 +1,28 @@
-"""Where blocks run: ``Local()`` today; a Ray cluster placement arrives with the scaling work."""
+"""Where blocks run: ``Local()`` (this process) or ``Ray(...)`` (worker processes on a cluster).
 
+``Ray``, ``Pool`` and ``WorkerGroup`` import Ray on first use, so ``Local()`` stays cheap.
+"""
+
+from rlblocks.placement.errors import PoolBroken, WorkerDied, WorkerError
 from rlblocks.placement.local import ROLES, Local
 
-__all__ = ["ROLES", "Local"]
+__all__ = [
+    "ROLES",
+    "Local",
+    "Pool",
+    "PoolBroken",
+    "Ray",
+    "WorkerDied",
+    "WorkerError",
+    "WorkerGroup",
+]
+
+_FROM_RAY = ("Pool", "Ray", "WorkerGroup")
+
+
+def __getattr__(name: str):
+    if name in _FROM_RAY:
+        from rlblocks.placement import ray as _ray
+
+        return getattr(_ray, name)
+    raise AttributeError(f"module 'rlblocks.placement' has no attribute {name!r}")

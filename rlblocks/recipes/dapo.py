@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from rlblocks import resharder as resharders
 from rlblocks.advantage import grpo as grpo_advantage
 from rlblocks.interfaces import (
     AdvantageEstimator,
@@ -54,7 +55,6 @@ from rlblocks.interfaces import (
     SamplingParams,
 )
 from rlblocks.losses import TokenMean, clipped_surrogate
-from rlblocks.resharder import InProcessResharder
 from rlblocks.rewards import combine, keep_informative_groups, overlong
 
 DapoStepCallback = Callable[[int, dict[str, Any], Rollouts | None], None]
@@ -183,7 +183,7 @@ def dapo(
     when ``batches`` runs out. ``reuse_rollout_logprobs``: see `rlblocks.recipes.grpo`.
     """
     _warn_unless_token_mean(policy)
-    resharder = resharder or InProcessResharder()
+    resharder = resharder or resharders.Resharder()
     loss_fn = partial(clipped_surrogate, clip=clip)  # clip-higher, §3.1
     task = _scored_once(reward_fn)  # scored once, read by the shaped reward and the filter
     shaped = _shaped_reward(task, sampling, max_length, cache_length, overlong_factor)

@@ -21,6 +21,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from rlblocks import resharder as resharders
 from rlblocks.advantage import grpo as grpo_advantage
 from rlblocks.interfaces import (
     AdvantageEstimator,
@@ -33,7 +34,6 @@ from rlblocks.interfaces import (
     SamplingParams,
 )
 from rlblocks.losses import clipped_surrogate
-from rlblocks.resharder import InProcessResharder
 
 StepCallback = Callable[[int, dict[str, Any], Rollouts], None]
 
@@ -68,7 +68,7 @@ def grpo(
     :mod:`rlblocks.data`). ``on_step(step, metrics, rollouts)`` is called after every step:
     log, plot, checkpoint or stop there (raise ``StopIteration`` to end early).
     """
-    resharder = resharder or InProcessResharder()
+    resharder = resharder or resharders.Resharder()
     history: list[dict[str, Any]] = []
     bar = tqdm(total=steps, desc="GRPO", disable=not progress, unit="step")
     for step, batch in zip(range(steps), batches, strict=False):

@@ -32,6 +32,7 @@ from typing import Any
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from rlblocks import resharder as resharders
 from rlblocks.advantage import gae, whiten
 from rlblocks.critic import CriticTrainer
 from rlblocks.interfaces import (
@@ -53,7 +54,6 @@ from rlblocks.losses import (
 )
 from rlblocks.masked import masked_mean
 from rlblocks.recipes.grpo import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
-from rlblocks.resharder import InProcessResharder
 from rlblocks.trainer.loss_inputs import loss_inputs
 
 
@@ -98,7 +98,7 @@ def ppo(
     during warm-up), the resharder's, ``critic_warmup`` (1 during warm-up), ``response_length``
     and ``step_seconds``. ``batches`` and ``on_step`` work as in :func:`~rlblocks.recipes.grpo`.
     """
-    resharder = resharder or InProcessResharder()
+    resharder = resharder or resharders.Resharder()
     controller = kl_controller or FixedKLController(kl_coef)
     estimator = kl_estimator or (k1 if kl_in_reward else k3)
     history: list[dict[str, Any]] = []

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from rlblocks import resharder as resharders
 from rlblocks.advantage import remax as remax_advantage
 from rlblocks.interfaces import (
     PolicyLoss,
@@ -37,7 +38,6 @@ from rlblocks.interfaces import (
     SamplingParams,
 )
 from rlblocks.recipes.grpo import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
-from rlblocks.resharder import InProcessResharder
 
 
 def greedy_baseline_rewards(
@@ -100,7 +100,7 @@ def remax(
     answers'), the trainer's, the resharder's, ``response_length`` and ``step_seconds``.
     ``on_step``: as in `rlblocks.recipes.grpo`.
     """
-    resharder = resharder or InProcessResharder()
+    resharder = resharder or resharders.Resharder()
     history: list[dict[str, Any]] = []
     bar = tqdm(total=steps, desc="ReMax", disable=not progress, unit="step")
     for step, batch in zip(range(steps), batches, strict=False):

@@ -1,5 +1,5 @@
 """Resharders move trainer weights into a rollout engine after an update."""
 
-from rlblocks.resharder.inprocess import InProcessResharder
+from rlblocks.resharder.bucketed import Resharder, buckets
 
-__all__ = ["InProcessResharder"]
+__all__ = ["Resharder", "buckets"]

@@ -7,6 +7,7 @@ logs = trainer.step(rollouts, advantages, loss_fn=partial(clipped_surrogate, cli
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.forward import position_ids, response_logits, score_responses
 from rlblocks.trainer.lora import merged_weights
+from rlblocks.trainer.parallel import FSDP
 from rlblocks.trainer.policy import PolicyTrainer
 from rlblocks.trainer.schedules import (
     Constant,
@@ -18,6 +19,7 @@ from rlblocks.trainer.schedules import (
 )
 
 __all__ = [
+    "FSDP",
     "Constant",
     "Cosine",
     "PolicyTrainer",

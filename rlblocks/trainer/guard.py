@@ -11,6 +11,7 @@ import warnings
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 
 def guarded_step(
@@ -28,7 +29,10 @@ def guarded_step(
     step raises a ``RuntimeWarning`` naming ``owner``.
     """
     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params]).to(finite.device)
+    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if isinstance(grad_norm, DTensor):  # FSDP shards: the norm over all ranks (a collective)
+        grad_norm = grad_norm.full_tensor()
+    grad_norm = grad_norm.to(finite.device)
     applied = bool(finite & torch.isfinite(grad_norm))  # the one host sync per mini-batch
     if applied:
         if max_grad_norm is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -51,10 +52,22 @@ class StepMetrics:
         self._pending = []
         self._pending_loss = torch.zeros((), dtype=torch.float64)
 
-    def summary(self) -> dict[str, float]:
-        """Token-weighted loss metrics, mean loss and mean pre-clipping grad norm (NaN if none)."""
+    def summary(self, reduce: Callable[[Tensor], Tensor] | None = None) -> dict[str, float]:
+        """Token-weighted loss metrics, mean loss and mean pre-clipping grad norm (NaN if none).
+
+        ``reduce``: a sum over data-parallel ranks (``DataParallel.all_sum``), applied to the
+        token-weighted sums, the token count and each mini-batch's loss (the ranks' shares of
+        a mini-batch loss add up to it). Every rank must hold the same metric names.
+        """
+        keys = sorted(self._sums)
+        if reduce is not None:
+            flat = torch.stack([self._sums[k] for k in keys] + [self._tokens, *self._losses])
+            flat = reduce(flat)
+            self._sums = dict(zip(keys, flat[: len(keys)], strict=True))
+            self._tokens = flat[len(keys)]
+            self._losses = list(flat[len(keys) + 1 :])
         tokens = float(self._tokens)
-        out = {k: float(v) / tokens if tokens > 0 else math.nan for k, v in self._sums.items()}
+        out = {k: float(self._sums[k]) / tokens if tokens > 0 else math.nan for k in keys}
         out["loss"] = _mean(self._losses)
         out["grad_norm"] = _mean(self._grad_norms)
         return out

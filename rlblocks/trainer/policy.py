@@ -37,7 +37,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections.abc import Iterator, Mapping
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -56,6 +57,7 @@ from rlblocks.trainer.guard import guarded_step
 from rlblocks.trainer.lora import is_peft_model, merged_weights, wrap_lora
 from rlblocks.trainer.loss_inputs import LossInputs, loss_inputs
 from rlblocks.trainer.metrics import StepMetrics
+from rlblocks.trainer.parallel import DataParallel, full_tensor
 from rlblocks.trainer.schedules import constant
 
 if TYPE_CHECKING:
@@ -98,6 +100,14 @@ class PolicyTrainer:
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self.model = (wrap_lora(model, lora) if lora is not None else model).eval()
+        self.dp: DataParallel | None = None  # set by rlblocks.trainer.parallel.shard
+        self.steps = 0  # step() calls
+        self.optimizer_steps = 0  # applied updates
+        self.skipped_steps = 0  # updates refused by the NaN guard
+        self.rebuild_optimizer()
+
+    def rebuild_optimizer(self) -> None:
+        """A fresh AdamW and schedule on the current trainable parameters (after sharding)."""
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         if not trainable:
             raise ValueError("PolicyTrainer: the model has no parameter with requires_grad")
@@ -106,9 +116,6 @@ class PolicyTrainer:
             trainable, lr=c.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay
         )
         self.scheduler = LambdaLR(self.optimizer, c.schedule or constant())
-        self.steps = 0  # step() calls
-        self.optimizer_steps = 0  # applied updates
-        self.skipped_steps = 0  # updates refused by the NaN guard
         self._last_lr = self.scheduler.get_last_lr()[0]  # lr of the latest update (metric)
 
     @classmethod
@@ -169,10 +176,16 @@ class PolicyTrainer:
         """Micro-batched scores of the whole batch, each micro-batch trimmed of unused padding."""
         rollouts = rollouts.to(self.device)
         b, t = rollouts.response_ids.shape
+        if b == 0 and self.dp is not None:
+            raise ValueError("PolicyTrainer: every data-parallel rank needs at least one row")
         if b == 0:
             empty = torch.zeros(b, t, device=self.device)
             return empty, empty if entropy else None
-        parts = [self._score(model, p.trim(), entropy=entropy) for p in self._micro(rollouts)]
+        parts = []
+        for micro, real in self._micro(rollouts):
+            scores = self._score(model, micro.trim(), entropy=entropy)
+            if real:  # padding micro-batches only keep FSDP's collectives in step
+                parts.append(scores)
         lp = torch.cat([pad_columns(p[0], t) for p in parts])
         ent = torch.cat([pad_columns(p[1], t) for p in parts]) if entropy else None
         return lp, ent
@@ -190,8 +203,13 @@ class PolicyTrainer:
             entropy=entropy,
         )
 
-    def _micro(self, rollouts: Rollouts) -> list[Rollouts]:
-        return micro_batches(rollouts, self.config)
+    def _micro(self, rollouts: Rollouts) -> list[tuple[Rollouts, bool]]:
+        """``(micro_batch, real)`` pairs; data-parallel ranks pad to the same count with
+        ``real=False`` copies of the first row (see ``rlblocks.trainer.parallel``)."""
+        parts = micro_batches(rollouts, self.config)
+        if self.dp is None:
+            return [(p, True) for p in parts]
+        return self.dp.aligned(parts, filler=rollouts.select([0]))
 
     # ------------------------------------------------------------------ the update
     def step(
@@ -201,6 +219,7 @@ class PolicyTrainer:
         *,
         loss_fn: PolicyLoss,
         old_logprobs: Tensor | None = None,
+        minibatches: Sequence[Tensor] | None = None,
     ) -> dict[str, float]:
         """One policy update on a batch: epochs × mini-batches × micro-batches (module doc).
 
@@ -220,6 +239,11 @@ class PolicyTrainer:
         norm), ``lr`` (of the last applied update), ``optimizer_steps``, ``skipped_steps``,
         ``seconds`` and ``tokens_per_second`` (real tokens × epochs / seconds). Metrics of
         skipped steps are left out (NaN if every step was skipped).
+
+        ``minibatches``: the row indices of each optimizer step, in order, instead of the ones
+        ``mini_batch_size``, ``epochs`` and ``shuffle_seed`` would draw. A worker group passes
+        each data-parallel rank its share of every global mini-batch this way; in a
+        data-parallel group loss, metrics and ``grad_norm`` are those of the whole group.
         """
         start = time.perf_counter()
         wants = loss_inputs(loss_fn)
@@ -229,12 +253,17 @@ class PolicyTrainer:
         c = self.config
         self.model.train()
         try:
-            for rows in minibatch_rows(
-                len(batch),
-                size=c.mini_batch_size,
-                epochs=c.epochs,
-                seed=(c.shuffle_seed, self.steps),
-            ):
+            plan = (
+                minibatches
+                if minibatches is not None
+                else minibatch_rows(
+                    len(batch),
+                    size=c.mini_batch_size,
+                    epochs=c.epochs,
+                    seed=(c.shuffle_seed, self.steps),
+                )
+            )
+            for rows in plan:
                 self._update(batch.select(rows), loss_fn, wants, metrics)
         finally:
             self.model.eval()
@@ -242,7 +271,7 @@ class PolicyTrainer:
         self.steps += 1
         seconds = time.perf_counter() - start
         return {
-            **metrics.summary(),
+            **metrics.summary(reduce=None if self.dp is None else self.dp.all_sum),
             "lr": float(self._last_lr),
             "optimizer_steps": float(self.optimizer_steps - applied),
             "skipped_steps": float(self.skipped_steps - skipped),
@@ -283,10 +312,14 @@ class PolicyTrainer:
     ) -> None:
         """Accumulate the gradient of one mini-batch, then apply it (or skip it if not finite)."""
         normalizer = self.config.aggregation.normalizer(mini.response_mask)
+        if self.dp is not None:  # one normalizer for the rows of all ranks
+            normalizer = self.dp.all_sum(normalizer)
         finite = torch.ones((), dtype=torch.bool, device=self.device)
-        for micro in self._micro(mini):
-            loss = self._backward(micro.trim(), loss_fn, wants, normalizer, metrics)
+        for micro, real in self._micro(mini):
+            loss = self._backward(micro.trim(), loss_fn, wants, normalizer, metrics, weight=real)
             finite &= torch.isfinite(loss)
+        if self.dp is not None:  # every rank applies the step or none does
+            finite = self.dp.all_true(finite)
         lr = self.scheduler.get_last_lr()[0]
         applied, grad_norm = guarded_step(
             self.optimizer,
@@ -310,8 +343,14 @@ class PolicyTrainer:
         wants: LossInputs,
         normalizer: Tensor,
         metrics: StepMetrics,
+        *,
+        weight: bool = True,
     ) -> Tensor:
-        """Forward, per-token loss, aggregate with the mini-batch normalizer, backward."""
+        """Forward, per-token loss, aggregate with the mini-batch normalizer, backward.
+
+        ``weight=False``: a padding micro-batch of a data-parallel rank; it runs forward and
+        backward with the loss times zero (FSDP's collectives must match) and adds nothing.
+        """
         lp, entropy = self._score(self.model, micro, entropy=True)
         if "entropy" not in wants.accepted:
             entropy = entropy.detach()  # only a metric: no gradient through it
@@ -324,8 +363,12 @@ class PolicyTrainer:
             lp, extras["old_logprobs"], extras["advantages"], mask, **kwargs
         )
         loss = aggregate(per_token, mask, mode=self.config.aggregation, normalizer=normalizer)
+        if not weight:
+            loss = loss * 0.0
         if loss.requires_grad:
             loss.backward()
+        if not weight:
+            return loss.detach()
         mean_entropy = masked_mean(entropy.detach(), mask)
         metrics.add_micro_batch(loss, loss_metrics, entropy=mean_entropy, tokens=mask.sum())
         return loss.detach()
@@ -341,16 +384,37 @@ class PolicyTrainer:
         """
         if is_peft_model(self.model):
             yield from merged_weights(self.model)
-        else:
+        elif self.dp is None:
             yield from self.model.state_dict().items()
+        else:  # FSDP shards: all-gather one tensor at a time (every rank must iterate along)
+            tensors = self.model.state_dict(keep_vars=True)
+            shared = Counter(id(v) for v in tensors.values())
+            gathered: dict[int, Tensor] = {}  # tied weights are gathered once
+            for name, value in tensors.items():
+                full = gathered.get(id(value))
+                if full is None:
+                    full = full_tensor(value.detach())
+                    if shared[id(value)] > 1:
+                        gathered[id(value)] = full
+                yield name, full
 
     def state_dict(self) -> dict[str, Any]:
         """Trainable parameters, optimizer, scheduler, counters and RNG state (references, not
-        copies: ``copy.deepcopy`` it to keep a snapshot while training goes on)."""
+        copies: ``copy.deepcopy`` it to keep a snapshot while training goes on).
+
+        Sharded (data-parallel) trainers return the full, unsharded state on every rank, with
+        the optimizer state keyed by parameter name; it loads into a group of any size.
+        """
         counters = {k: getattr(self, k) for k in ("steps", "optimizer_steps", "skipped_steps")}
+        if self.dp is not None:
+            from rlblocks.trainer.parallel import full_state
+
+            model, optimizer = full_state(self.model, self.optimizer)
+        else:
+            model, optimizer = dict(_trainable(self.model)), self.optimizer.state_dict()
         return {
-            "model": dict(_trainable(self.model)),
-            "optimizer": self.optimizer.state_dict(),
+            "model": model,
+            "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "counters": counters,
             "rng": _rng_state(),
@@ -358,8 +422,13 @@ class PolicyTrainer:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved; the next ``step`` then matches the original."""
-        _load_trainable(self.model, state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.dp is not None:
+            from rlblocks.trainer.parallel import load_full_state
+
+            load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+        else:
+            _load_trainable(self.model, state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         for name, value in state["counters"].items():
             setattr(self, name, int(value))

@@ -6,7 +6,7 @@ import torch
 
 import rlblocks as rb
 from rlblocks.losses import clipped_surrogate
-from rlblocks.resharder import InProcessResharder
+from rlblocks.resharder import Resharder
 
 PROMPTS = ["What is 2 + 3?", "Say hi", "7 times 8"]
 
@@ -33,7 +33,7 @@ def engine_vs_trainer(policy, engine):
 
 def test_shared_module_sync_copies_nothing_and_matches():
     policy, engine = make_pair(shared=True)
-    resharder = InProcessResharder()
+    resharder = Resharder()
     train_one_step(policy, engine)
     metrics = resharder.sync(policy, engine)
     assert metrics["sync/bytes"] == 0.0
@@ -44,7 +44,7 @@ def test_shared_module_sync_copies_nothing_and_matches():
 
 def test_separate_copy_is_synced_and_matches():
     policy, engine = make_pair(shared=False)
-    resharder = InProcessResharder()
+    resharder = Resharder()
     train_one_step(policy, engine)
     metrics = resharder.sync(policy, engine)
     n_bytes = sum(p.numel() * p.element_size() for p in policy.model.state_dict().values())
@@ -60,3 +60,23 @@ def test_without_sync_the_separate_engine_is_stale():
     train_one_step(policy, engine)
     engine_lp, trainer_lp, mask = engine_vs_trainer(policy, engine)
     assert (engine_lp[mask] - trainer_lp[mask]).abs().max() > 1e-3
+
+
+def test_buckets_keep_order_and_respect_the_budget():
+    # 4-byte float32 scalars of sizes 3, 3, 5, 1 elements with a 32-byte budget:
+    # 12 + 12 = 24 <= 32, + 20 = 44 > 32 -> cut; 20 + 4 = 24 -> one more bucket.
+    weights = [(name, torch.zeros(n)) for name, n in [("a", 3), ("b", 3), ("c", 5), ("d", 1)]]
+    got = [[name for name, _ in bucket] for bucket in rb.resharder.buckets(weights, 32)]
+    assert got == [["a", "b"], ["c", "d"]]
+    # A tensor over the budget is a bucket of its own.
+    got = [[name for name, _ in b] for b in rb.resharder.buckets(weights, 8)]
+    assert got == [["a"], ["b"], ["c"], ["d"]]
+
+
+def test_small_buckets_give_the_same_engine_weights():
+    policy, engine = make_pair(shared=False)
+    train_one_step(policy, engine)
+    metrics = Resharder(bucket_mb=0.01).sync(policy, engine)  # ~10 KB: many buckets
+    assert metrics["sync/buckets"] > 5
+    for name, value in policy.model.state_dict().items():
+        assert torch.equal(engine.model.state_dict()[name], value), name

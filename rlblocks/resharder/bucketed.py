@@ -1,0 +1,97 @@
+"""``Resharder``: after each update, the trainer's weights go into the rollout engine in buckets.
+
+One object for every placement, picked by looking at the trainer and the engine:
+
+- **Shared module** (``HFEngine(policy.model, ...)`` in one process): the engine already sees
+  every update; only the weight version is recorded.
+- **Separate copy, same process**: ``trainer.named_weights()`` is streamed into
+  ``engine.update_weights`` in buckets of about ``bucket_mb`` megabytes (one call per bucket).
+  For a sharded (FSDP) trainer each tensor is all-gathered just before it joins a bucket and
+  dropped once the bucket is loaded, so a worker holds its shards, the engine's copy and one
+  bucket, never a second full model.
+- **Worker groups** (``rlblocks.placement.Ray``): the trainer handle's ``sync_weights_with``
+  runs :meth:`Resharder.push` inside each colocated worker, or moves the buckets through Ray's
+  object store when the engine has its own pool. This module knows nothing of Ray.
+
+Metrics: ``sync/seconds``, ``sync/bytes`` (bytes written into engines, summed over workers),
+``sync/version``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from torch import Tensor
+
+from rlblocks.interfaces import PolicyTrainer, RolloutEngine
+
+Weights = Iterable[tuple[str, Tensor]]
+
+
+def buckets(weights: Weights, bucket_bytes: int) -> Iterator[list[tuple[str, Tensor]]]:
+    """``(name, tensor)`` pairs grouped into lists of at most ``bucket_bytes`` bytes each.
+
+    A tensor larger than the budget forms its own bucket. Order is kept.
+    """
+    if bucket_bytes < 1:
+        raise ValueError(f"buckets: bucket_bytes must be >= 1, got {bucket_bytes}")
+    bucket: list[tuple[str, Tensor]] = []
+    size = 0
+    for name, tensor in weights:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+class Resharder:
+    """Pushes a trainer's weights into a rollout engine; tracks the weight version."""
+
+    def __init__(self, *, bucket_mb: float = 256.0) -> None:
+        if bucket_mb <= 0:
+            raise ValueError(f"Resharder: bucket_mb must be > 0, got {bucket_mb}")
+        self.bucket_bytes = int(bucket_mb * 2**20)
+        self.version = 0
+
+    def sync(self, trainer: PolicyTrainer, engine: RolloutEngine) -> dict[str, float]:
+        """Give ``engine`` the trainer's current weights; metrics back (module docstring)."""
+        self.version += 1
+        across = getattr(trainer, "sync_weights_with", None)
+        if across is not None:  # a worker-group handle moves the weights between its workers
+            return across(engine, self)
+        return self.push(trainer, engine, version=self.version)
+
+    def push(self, trainer: Any, engine: Any, *, version: int) -> dict[str, float]:
+        """Copy the weights of ``trainer`` into ``engine`` in this process, bucket by bucket."""
+        start = time.perf_counter()
+        moved, count = 0, 0
+        if _shares_module(trainer, engine):
+            engine.update_weights((), version=version)
+        else:
+            for bucket in buckets(trainer.named_weights(), self.bucket_bytes):
+                engine.update_weights(bucket, version=version)
+                moved += sum(t.numel() * t.element_size() for _, t in bucket)
+                count += 1
+        return {
+            "sync/seconds": time.perf_counter() - start,
+            "sync/bytes": float(moved),
+            "sync/buckets": float(count),
+            "sync/version": float(version),
+        }
+
+    def state_dict(self) -> dict[str, int]:
+        return {"version": self.version}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.version = int(state["version"])
+
+
+def _shares_module(trainer: object, engine: object) -> bool:
+    model = getattr(trainer, "model", None)
+    return model is not None and getattr(engine, "model", None) is model

@@ -1,0 +1,209 @@
+"""Data parallelism for the trainers: FSDP2 sharding and the collectives a policy update needs.
+
+A ``PolicyTrainer`` built inside a worker of a data-parallel group (``rlblocks.placement.Ray``
+does it) is sharded with :func:`shard`: every decoder layer and then the whole model become
+FSDP2 units (``torch.distributed.fsdp.fully_shard``), the optimizer is rebuilt on the sharded
+parameters, and the trainer gets a :class:`DataParallel` that does three things:
+
+- **One normalizer for the whole mini-batch.** Each rank holds part of every mini-batch; the
+  aggregation normalizer (token count, sequence count, ...) is summed over the ranks, and the
+  gradients are *summed* (not averaged) by FSDP's reduce-scatter. Rank r's loss is
+  Σ_{its tokens} ℓ / n(M) with the global n(M), so the sum over ranks is the single-process loss
+  of M and the gradient does not depend on the data-parallel size.
+- **The same number of forward passes on every rank.** FSDP all-gathers each layer during the
+  forward and reduce-scatters its gradient during the backward: a rank that ran one micro-batch
+  less would leave the others waiting forever. :meth:`DataParallel.aligned` pads a rank's list
+  of micro-batches to the largest count with zero-weight copies of its first row.
+- **One decision for the NaN guard**, and metrics reduced over the ranks.
+
+Gloo serves CPUs, NCCL GPUs; every collective has the process group's timeout, so a dead peer
+ends in an error, not a hang.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class FSDP:
+    """How a trainer is sharded inside a data-parallel worker group."""
+
+    param_dtype: torch.dtype | None = None
+    """Dtype of the all-gathered parameters used in forward/backward (``torch.bfloat16`` for
+    mixed precision); the sharded master weights and the optimizer stay in their own dtype."""
+    reduce_dtype: torch.dtype | None = None
+    """Dtype of the gradient reduce-scatter; None: ``param_dtype``'s (float32 advised)."""
+    cpu_offload: bool = False
+    """Keep sharded parameters, gradients and optimizer state on the CPU between uses."""
+    reshard_after_forward: bool = True
+    """Free the gathered parameters after each forward (ZeRO-3); False keeps them (ZeRO-2)."""
+
+
+class DataParallel:
+    """This process's place in the data-parallel group, and the few collectives a step needs."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+
+    def all_sum(self, x: Tensor) -> Tensor:
+        """Σ over ranks of ``x`` (a new tensor, float64 kept as is)."""
+        out = x.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
+        return out
+
+    def all_max(self, value: int) -> int:
+        x = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
+        return int(x)
+
+    def all_true(self, flag: Tensor) -> Tensor:
+        """True on every rank iff ``flag`` is True on every rank (the NaN guard's decision)."""
+        bad = (~flag).to(torch.int64).reshape(1).cpu()
+        dist.all_reduce(bad, op=dist.ReduceOp.SUM, group=self.group)
+        return (bad == 0).reshape(()).to(flag.device)
+
+    def aligned(self, parts: Sequence[Any], *, filler: Any) -> list[tuple[Any, bool]]:
+        """``parts`` padded to the longest list over the ranks with ``(filler, False)`` entries.
+
+        Returns ``(part, real)`` pairs; a padded entry must be run (so that FSDP's collectives
+        match) with its result thrown away and a loss weight of zero.
+        """
+        count = self.all_max(len(parts))
+        return [(p, True) for p in parts] + [(filler, False)] * (count - len(parts))
+
+
+def shard(trainer: Any, dp: DataParallel, config: FSDP) -> None:
+    """Shard ``trainer.model`` (and a separate ``trainer.reference``) with FSDP2 over ``dp``.
+
+    Must run before the first update: the optimizer and the schedule are rebuilt on the sharded
+    parameters. Every module whose class is named in the model's ``_no_split_modules``
+    (Hugging Face's list of decoder-layer classes) becomes its own FSDP unit, then the root.
+    """
+    if getattr(trainer, "optimizer_steps", 0):
+        raise RuntimeError("shard: the trainer has already taken optimizer steps")
+    if getattr(trainer, "dp", None) is not None:
+        raise RuntimeError("shard: the trainer is already sharded")
+    from rlblocks.trainer.lora import is_peft_model
+
+    if is_peft_model(trainer.model):
+        raise NotImplementedError(
+            "LoRA policies are not sharded with FSDP yet: use one worker per pool with LoRA, "
+            "or full fine-tuning with several workers"
+        )
+    _fully_shard(trainer.model, dp, config, trainable=True)
+    if trainer.reference is not None:
+        _fully_shard(trainer.reference, dp, config, trainable=False)
+    trainer.dp = dp
+    trainer.rebuild_optimizer()
+
+
+def _fully_shard(model: nn.Module, dp: DataParallel, config: FSDP, *, trainable: bool) -> None:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        FSDPModule,
+        MixedPrecisionPolicy,
+        fully_shard,
+    )
+
+    device = next(model.parameters()).device
+    mesh = DeviceMesh.from_group(dp.group or dist.group.WORLD, device_type=device.type)
+    kwargs: dict[str, Any] = {
+        "mesh": mesh,
+        "reshard_after_forward": config.reshard_after_forward,
+        "mp_policy": MixedPrecisionPolicy(
+            param_dtype=config.param_dtype, reduce_dtype=config.reduce_dtype
+        ),
+    }
+    if config.cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    layers = set(_layer_classes(model))
+    if not layers:
+        raise ValueError(
+            f"shard: {type(model).__name__} names no decoder-layer class in _no_split_modules; "
+            "FSDP needs to know which modules to shard"
+        )
+    for module in list(model.modules()):
+        if type(module).__name__ in layers:
+            fully_shard(module, **kwargs)
+    fully_shard(model, **kwargs)
+    if trainable:
+        # Sum, don't average, the gradients over ranks: each rank's loss already carries the
+        # global normalizer. Gloo has no pre-multiplied sum, hence the forced plain sum. Both
+        # settings are per FSDP unit.
+        for unit in model.modules():
+            if isinstance(unit, FSDPModule):
+                unit.set_gradient_divide_factor(1.0)
+                unit.set_force_sum_reduction_for_comms(True)
+
+
+def _layer_classes(model: nn.Module) -> Iterator[str]:
+    for module in model.modules():
+        yield from getattr(module, "_no_split_modules", None) or ()
+
+
+def full_tensor(x: Tensor) -> Tensor:
+    """The whole tensor behind a DTensor shard (a collective: every rank must call it, in the
+    same order); a plain tensor is returned as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return x.full_tensor() if isinstance(x, DTensor) else x
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """The full (unsharded) trainable parameters and optimizer state, on the CPU, on every rank.
+
+    ``torch.distributed.checkpoint.state_dict`` gathers them; the optimizer state is keyed by
+    parameter name, so it loads into any data-parallel size. (Classic FSDP segfaults gathering
+    a full state dict with CPU offload; FSDP2's path here does not.)
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=False)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    weights = get_model_state_dict(model, options=options)
+    weights = {k: v.detach().cpu() for k, v in weights.items() if k in trainable}
+    optim = get_optimizer_state_dict(model, optimizer, options=options)
+    return weights, _to_cpu(optim)
+
+
+def load_full_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict, optim: dict
+) -> None:
+    """Load what :func:`full_state` returned into a sharded model and its optimizer."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, strict=False)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    if set(weights) != trainable:
+        missing, extra = sorted(trainable - set(weights)), sorted(set(weights) - trainable)
+        raise KeyError(f"state dict mismatch: missing {missing}, extra {extra}")
+    set_model_state_dict(model, weights, options=options)
+    set_optimizer_state_dict(model, optimizer, optim, options=options)
+
+
+def _to_cpu(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return x.detach().cpu()
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_to_cpu(v) for v in x]
+    return x

@@ -1,0 +1,133 @@
+"""``Ray(...)`` against ``Local()``: the same GRPO steps give the same numbers on 2 FSDP2 workers.
+
+One local Ray instance and one pool of two workers serve the module (starting them costs
+~10 s on 2 cores); tests that break a pool or need another layout build their own.
+"""
+
+import re
+
+import pytest
+import torch
+from ray_helpers import LOSS, PROMPTS, grpo_batch, local_blocks, policy_factory
+
+import rlblocks as rb
+from rlblocks.placement import WorkerError
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def placement():
+    placement = rb.placement.Ray(workers=2)
+    yield placement
+    placement.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_blocks(placement):
+    policy = placement.build("actor", policy_factory())
+    engine = placement.build("rollout", rb.rollout.HFEngine.from_pretrained, "tiny", progress=False)
+    return policy, engine
+
+
+def test_grpo_steps_match_local_and_the_engine_gets_identical_weights(ray_blocks):
+    # The model is float64 on both sides; the only difference is the order of additions (two
+    # partial sums all-reduced instead of one sum), ~1e-16 relative per operation, so the
+    # gradient norm and the weights after three AdamW steps agree to 1e-9, while a real error
+    # (a normalizer per rank instead of one for the group, averaged instead of summed
+    # gradients) moves the gradient norm by >10%. The PPO loss and its metrics are computed in
+    # float32 by design (rlblocks.losses.ppo): they agree to float32 rounding, which the
+    # cancelling ± advantage terms of a near-zero loss amplify to ~1e-5 relative, hence an
+    # absolute 1e-7 on the loss. ratio_max is a per-micro-batch maximum averaged over
+    # micro-batches, which depend on the split, so it is not compared.
+    ray_policy, ray_engine = ray_blocks
+    policy, engine = local_blocks()
+    resharder, ray_resharder = rb.resharder.Resharder(), rb.resharder.Resharder(bucket_mb=0.05)
+    for step in range(3):
+        ro, advantages = grpo_batch(engine, step)  # the local policy samples both batches
+        local = policy.step(ro, advantages, loss_fn=LOSS)
+        remote = ray_policy.step(ro, advantages, loss_fn=LOSS)
+        assert local["optimizer_steps"] == remote["optimizer_steps"] == 3  # 12 rows / 4
+        assert remote["grad_norm"] == pytest.approx(local["grad_norm"], rel=1e-9)
+        assert remote["loss"] == pytest.approx(local["loss"], abs=1e-7)
+        for key in ("clip_frac", "entropy", "ratio_mean", "approx_kl"):
+            assert remote[key] == pytest.approx(local[key], rel=1e-5, abs=1e-7), key
+        resharder.sync(policy, engine)
+        metrics = ray_resharder.sync(ray_policy, ray_engine)
+        assert metrics["sync/version"] == step + 1
+    remote_weights = dict(ray_policy.named_weights())
+    for name, value in policy.named_weights():
+        torch.testing.assert_close(remote_weights[name], value, rtol=1e-9, atol=1e-12)
+    engine_weights = ray_engine.model.state_dict()  # rank 0's engine, float32
+    for name, value in remote_weights.items():
+        assert torch.equal(engine_weights[name], value.float()), name
+    # Each of the 2 workers is handed every float64 tensor (8 bytes an element) of the model.
+    assert metrics["sync/bytes"] == 2 * 8 * sum(v.numel() for v in engine_weights.values())
+
+
+def test_engine_and_trainer_agree_after_sync_and_not_before(placement):
+    policy = placement.build("actor", policy_factory(torch.float32))
+    engine = placement.build("rollout", rb.rollout.HFEngine.from_pretrained, "tiny", progress=False)
+    sampling = rb.SamplingParams(max_new_tokens=8, seed=3)
+    ro = engine.generate(PROMPTS, n=2, sampling=sampling)
+    policy.step(ro, torch.linspace(-1, 1, len(ro)), loss_fn=LOSS)
+    stale = engine.generate(PROMPTS, n=2, sampling=sampling)
+    gap = (stale.rollout_logprobs - policy.logprobs(stale))[stale.response_mask].abs().max()
+    assert gap > 1e-3  # the negative control: without a sync the engine is behind
+    rb.resharder.Resharder().sync(policy, engine)
+    fresh = engine.generate(PROMPTS, n=2, sampling=sampling)
+    gap = (fresh.rollout_logprobs - policy.logprobs(fresh))[fresh.response_mask].abs().max()
+    assert gap < 1e-5
+
+
+def test_generate_keeps_prompt_order_groups_and_metadata(ray_blocks):
+    _, engine = ray_blocks
+    metadata = [{"i": i} for i in range(len(PROMPTS))]
+    ro = engine.generate(
+        PROMPTS, n=3, metadata=metadata, sampling=rb.SamplingParams(max_new_tokens=4)
+    )
+    assert ro.prompts == [p for p in PROMPTS for _ in range(3)]  # 3 prompts on rank 0, 2 on rank 1
+    assert ro.group_ids.tolist() == [i for i in range(5) for _ in range(3)]
+    assert [m["i"] for m in ro.metadata] == ro.group_ids.tolist()
+
+
+def test_logprobs_come_back_in_row_order(ray_blocks):
+    policy, engine = ray_blocks
+    ro = engine.generate(PROMPTS, n=2, sampling=rb.SamplingParams(max_new_tokens=8, seed=5))
+    lengths = ro.attention_mask.sum(-1).tolist()
+    assert len(set(lengths)) > 2  # rows of different lengths: the balanced split reorders them
+    model, _ = rb.models.load("tiny", dtype=torch.float64)
+    model.load_state_dict(dict(policy.named_weights()))
+    local = rb.trainer.PolicyTrainer(model, reference=None)  # the same weights, in this process
+    # Public log-probs are float32: both sides round the same float64 numbers (up to padding
+    # width), so they agree to an ulp; a row out of place would be off by ~1.
+    torch.testing.assert_close(policy.logprobs(ro), local.logprobs(ro), rtol=1e-6, atol=1e-6)
+    one_row = ro.select([3])  # fewer rows than workers: rank 1 scores a padding copy
+    torch.testing.assert_close(
+        policy.logprobs(one_row), local.logprobs(one_row), rtol=1e-6, atol=1e-6
+    )
+
+
+def test_an_error_in_a_worker_names_role_rank_and_traceback(ray_blocks):
+    _, engine = ray_blocks
+    with pytest.raises(WorkerError) as info:
+        engine.generate(["only one prompt: rank 0 gets it"], n=0)
+    error = info.value
+    assert (error.role, error.rank) == ("rollout", 0)
+    assert "n must be >= 1" in str(error)
+    assert re.search(r"File \".*rollout/hf.py\", line \d+, in generate", error.remote_traceback)
+    assert engine.generate(["still usable"], n=1, sampling=rb.SamplingParams(max_new_tokens=2))
+
+
+def test_state_dict_restores_the_next_step_exactly(ray_blocks):
+    policy, _ = ray_blocks
+    ro, advantages = grpo_batch(rb.rollout.HFEngine.from_pretrained("tiny", progress=False), 7)
+    saved = policy.state_dict()
+    assert set(saved["model"]) == {n for n, _ in policy.named_weights()} - {"lm_head.weight"}
+    first = policy.step(ro, advantages, loss_fn=LOSS)
+    after_first = dict(policy.named_weights())
+    policy.load_state_dict(saved)
+    again = policy.step(ro, advantages, loss_fn=LOSS)
+    assert again["loss"] == first["loss"] and again["grad_norm"] == first["grad_norm"]
+    for name, value in policy.named_weights():
+        assert torch.equal(value, after_first[name]), name

@@ -1,0 +1,60 @@
+"""Failures of Ray workers: a killed worker is reported within seconds, nothing is left running."""
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+from ray_helpers import LOSS, grpo_batch, policy_factory
+
+import rlblocks as rb
+from rlblocks.placement import PoolBroken, WorkerDied
+
+pytestmark = pytest.mark.ray
+
+
+def test_a_killed_worker_fails_fast_and_shutdown_leaves_no_process():
+    placement = rb.placement.Ray(workers=2)
+    policy = placement.build("actor", policy_factory(torch.float32))
+    pids = policy.pids()
+    ro, advantages = grpo_batch(rb.rollout.HFEngine.from_pretrained("tiny", progress=False), 0)
+    ro = ro.repeat(40)  # 480 rows in micro-batches of 3: a step of many seconds
+    outcome = {}
+
+    def step():
+        start = time.perf_counter()
+        try:
+            policy.step(ro, advantages.repeat_interleave(40, dim=0), loss_fn=LOSS)
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            outcome["error"] = e
+        outcome["seconds"] = time.perf_counter() - start
+
+    thread = threading.Thread(target=step)
+    thread.start()
+    time.sleep(2.0)  # the step is running on both ranks
+    os.kill(pids[1], signal.SIGKILL)
+    thread.join(timeout=90)
+    assert not thread.is_alive()
+    error = outcome["error"]
+    assert isinstance(error, WorkerDied), error
+    assert (error.role, error.rank) == ("actor", 1)
+    assert outcome["seconds"] < 60
+    with pytest.raises(PoolBroken, match="actor rank 1 died in step. Build its blocks again"):
+        policy.logprobs(ro.select([0]))
+    rebuilt = placement.build("actor", policy_factory(torch.float32))  # a fresh pool
+    assert rebuilt.logprobs(ro.select([0, 1])).shape == (2, ro.response_ids.shape[1])
+    workers = rebuilt.pids()
+    placement.shutdown()
+    deadline = time.time() + 30
+    while time.time() < deadline and any(psutil.pid_exists(p) for p in workers + pids):
+        time.sleep(0.5)
+    assert not any(psutil.pid_exists(p) for p in workers + pids)
+    ray_processes = [
+        p.info["name"]
+        for p in psutil.process_iter(["name", "cmdline"])
+        if any("raylet" in part or "gcs_server" in part for part in p.info["cmdline"] or [])
+    ]
+    assert ray_processes == []

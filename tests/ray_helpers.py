@@ -1,0 +1,35 @@
+"""Shared set-up of the Ray placement tests: the tiny policy, a seeded GRPO batch, the loss."""
+
+from functools import partial
+
+import torch
+
+import rlblocks as rb
+
+PROMPTS = ["What is 2 + 3?", "Say hi", "7 times 8", "Tom has 3 apples.", "one two"]
+LOSS = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))
+TRAIN = {"lr": 1e-3, "mini_batch_size": 4, "micro_batch_size": 3, "reference": None}
+
+
+def digit_fraction(completion: str, **row) -> float:
+    return sum(c.isdigit() for c in completion) / max(len(completion), 1)
+
+
+def policy_factory(dtype=torch.float64):
+    return partial(rb.trainer.PolicyTrainer.from_pretrained, "tiny", dtype=dtype, **TRAIN)
+
+
+def local_blocks():
+    policy = policy_factory()()
+    engine = rb.rollout.HFEngine.from_pretrained("tiny", progress=False)
+    return policy, engine
+
+
+def grpo_batch(engine, step):
+    sampling = rb.SamplingParams(max_new_tokens=8, seed=step)
+    ro = engine.generate(PROMPTS[:3], n=4, sampling=sampling)
+    rewards, _ = rb.rewards.per_sample(digit_fraction)(ro)
+    advantages, _ = rb.advantage.grpo(
+        rewards + 0.1 * torch.arange(len(ro)), ro.response_mask, ro.group_ids
+    )
+    return ro, advantages
