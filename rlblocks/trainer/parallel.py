@@ -125,7 +125,8 @@ def _fully_shard(model: nn.Module, dp: DataParallel, config: FSDP, *, trainable:
         ),
     }
     if config.cpu_offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+        # Pinned host memory speeds up copies to a GPU; without one it cannot be allocated.
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     layers = set(_layer_classes(model))
     if not layers:
         raise ValueError(

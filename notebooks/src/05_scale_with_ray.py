@@ -1,0 +1,222 @@
+# %% [markdown]
+# # 05 · Scale out with Ray
+#
+# The GRPO loop of notebook 01, same task and same blocks, with the policy and the rollout
+# engine living in **two worker processes** instead of this kernel. One line picks where the
+# blocks run:
+#
+# ```python
+# placement = rb.placement.Ray(workers=2)   # two Ray workers on this machine
+# placement = rb.placement.Local()          # or: everything in this process
+# ```
+#
+# `placement.build(role, factory, *args, **kwargs)` calls `factory(*args, **kwargs)` where the
+# role runs. With `Ray`, each worker builds its own copy and you get back a handle with the
+# block's methods: `generate` splits the prompts over the workers, `step` splits each
+# mini-batch over them and trains one model sharded with FSDP2. With `Local()`, `build` simply
+# returns the block, and the engine is a **separate copy** of the model in this process (not
+# the trainer's own module as in notebook 01): after each step the `Resharder` streams the
+# trainer's `named_weights()` into `engine.update_weights` in buckets of 256 MB. The training
+# cells run unchanged either way; only the three cells that look at the worker processes (the
+# handles, the `WorkerError` demo and `shutdown()`: `Local` has no workers) are Ray-specific.
+
+# %% parameters
+import os
+
+SMOKE = os.environ.get("RLBLOCKS_SMOKE") == "1"  # CI runs every notebook on the tiny model
+MODEL = "tiny" if SMOKE else "smollm2-135m"
+STEPS = 2 if SMOKE else 12
+PROMPTS_PER_STEP, GROUP_SIZE = (2, 2) if SMOKE else (8, 6)
+MAX_NEW_TOKENS = 8 if SMOKE else 32
+EVAL_SIZE = 4 if SMOKE else 64
+WORKERS = 2
+
+# %%
+from functools import partial
+
+import torch
+
+import rlblocks as rb
+from rlblocks.data import Difficulty, PromptBatches, arithmetic_prompts
+from rlblocks.placement.balance import balanced_partition
+
+torch.manual_seed(0)
+
+# %% [markdown]
+# ## The blocks, built where the placement says
+#
+# Starting the workers takes a few seconds: each one loads the model, joins a
+# `torch.distributed` process group (gloo on CPUs, NCCL on GPUs) and shards its trainer.
+
+# %%
+placement = rb.placement.Ray(workers=WORKERS)  # <- the one line: rb.placement.Local() also works
+policy = placement.build(
+    "actor",
+    rb.trainer.PolicyTrainer.from_pretrained,
+    MODEL,
+    lr=3e-5,
+    micro_batch_size=8,
+    reference=None,
+)
+engine = placement.build(
+    "rollout", rb.rollout.HFEngine.from_pretrained, MODEL, chat=True, progress=False
+)
+resharder = rb.resharder.Resharder()
+reward = rb.rewards.math_answer  # 1 if the last number is right
+advantage = rb.advantage.grpo  # group-standardized reward
+loss = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))  # DAPO's clip-higher
+sampling = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
+
+task = partial(
+    arithmetic_prompts,
+    difficulty=Difficulty(operands=2, max_operand=10, operators="+"),
+    chat=True,
+    instruction="Answer with just the number.",
+)
+train, held_out = task(n=2000, split="train"), task(n=EVAL_SIZE, split="test")
+batches = PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0)
+
+# %% [markdown]
+# ## The handles
+#
+# `policy` and `engine` are `WorkerGroup` handles, not the blocks. Both roles sit on the
+# same pool, so they share the same two processes (the colocated layout, verl's "hybrid
+# engine"): each worker holds one FSDP shard of the trainer and a full copy of the engine.
+# Plain attributes such as `policy.config` are read from rank 0.
+
+# %%
+print(repr(placement))
+print(repr(policy))
+print(repr(engine))
+print("world size:", policy.world_size, "| this kernel's pid:", os.getpid())
+print("worker pids, actor:", policy.pids(), " rollout:", engine.pids())
+print("lr on rank 0:", policy.config.lr)
+
+# %%
+greedy = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=0.0)
+evaluate = partial(rb.recipes.evaluate, metadata=held_out.metadata, sampling=greedy)
+before = evaluate(engine, held_out.prompts, reward)
+print(f"held-out accuracy before: {before.score:.3f}")
+
+# %% [markdown]
+# ## Train: the quickstart loop, unchanged
+#
+# Every line is the same as in notebook 01. The only new thing is what the sync does: it now
+# copies weights, so its metrics are worth a look. Each worker is handed the whole model, so
+# `sync/bytes` is the number of workers times the model's size (one model's size with
+# `Local()`, where the one engine copy lives in this process).
+
+# %%
+dash = rb.notebook.Dashboard(
+    total_steps=STEPS, metrics=[*rb.notebook.CURVES, ("sync/seconds", "weight sync (s)")]
+)
+for step, batch in zip(range(STEPS), batches):
+    ro = engine.generate(batch.prompts, n=GROUP_SIZE, sampling=sampling, metadata=batch.metadata)
+    rewards, reward_metrics = reward(ro)
+    adv, _ = advantage(rewards, ro.response_mask, ro.group_ids)
+    metrics = policy.step(ro, adv, loss_fn=loss)
+    metrics |= resharder.sync(policy, engine)
+    metrics |= reward_metrics | {
+        "accuracy": reward_metrics["reward/mean"],
+        "response_length": ro.response_lengths.float().mean().item(),
+    }
+    dash.update(step, metrics, ro.with_extras(rewards=rewards))
+dash.close()
+
+# %%
+model_bytes = sum(t.numel() * t.element_size() for _, t in policy.named_weights())
+print(f"model: {model_bytes / 2**20:.2f} MiB in float32")
+for h in dash.history:
+    print(
+        f"step {h['step']}: sync/seconds {h['sync/seconds']:.3f}  "
+        f"sync/bytes {h['sync/bytes'] / 2**20:.2f} MiB  version {h['sync/version']:.0f}"
+    )
+
+# %% [markdown]
+# ## Did the engine get the new weights?
+#
+# Sample a fresh batch with the engine's copies, then score the same tokens with the sharded
+# trainer. After a sync both hold the same weights, so the per-token log-probs agree to float32
+# rounding; a missed or partial sync would show up here as a gap of order 1e-3 or more.
+
+# %%
+ro = engine.generate(held_out.prompts[:4], n=2, sampling=sampling, metadata=held_out.metadata[:4])
+gap = (ro.rollout_logprobs - policy.logprobs(ro))[ro.response_mask].abs().max().item()
+print(f"engine version {resharder.version}; max |engine - trainer| log-prob: {gap:.2e}")
+
+# %%
+after = evaluate(engine, held_out.prompts, reward)
+print(f"held-out accuracy: before {before.score:.3f} -> after {after.score:.3f}")
+
+# %% [markdown]
+# ## How a step is split
+#
+# - **Rollouts.** `engine.generate` cuts the prompts into contiguous pieces, one per worker;
+#   each samples its piece with its own engine copy, and the handle concatenates the `Rollouts`
+#   in prompt order, group ids renumbered.
+# - **Mini-batches.** The driver draws the mini-batches exactly as one process would (same
+#   shuffle seed), then splits *each mini-batch* over the ranks **balanced by tokens**: rows
+#   longest first, each to the rank with the fewest tokens so far. The cost of a forward pass
+#   follows the real tokens, not the row count.
+# - **Normalizer.** The loss normalizer (the token count for token-mean) is **summed over the
+#   ranks**, and FSDP's reduce-scatter sums the gradients, so each rank contributes
+#   $\sum_{\text{its tokens}} \ell_t \,/\, N_{\text{global}}$ and the update is the one-process update
+#   (`tests/placement/test_ray.py` checks it against `Local()` to 1e-9 in float64).
+# - **FSDP2 shards.** Every decoder layer, then the whole model, is a `fully_shard` unit: a rank
+#   keeps 1/N of the parameters, gradients and AdamW state, all-gathers a layer just before its
+#   forward and frees it afterwards. `rb.placement.Ray(..., fsdp=rb.trainer.FSDP(...))` sets
+#   mixed precision (`param_dtype=torch.bfloat16`), CPU offload or ZeRO-2.
+# - **Sync.** Each worker all-gathers the trainer's tensors one at a time into buckets and loads
+#   every bucket into its own engine copy, so it never holds a second full copy of the trainer.
+#
+# How the batch above would be split over the two ranks (row indices, then tokens per rank):
+
+# %%
+lengths = ro.attention_mask.sum(-1).tolist()
+split = balanced_partition(lengths, WORKERS)
+print(split, [sum(lengths[i] for i in rows) for rows in split])
+
+# %% [markdown]
+# ## Going multi-node
+#
+# Start Ray on every machine (same Python environment and model cache on each), then point the
+# placement at the cluster:
+#
+# ```bash
+# ray start --head --port=6379                 # on the head node
+# ray start --address=<head-ip>:6379           # on each of the other nodes
+# ```
+#
+# ```python
+# placement = rb.placement.Ray(
+#     address="auto",
+#     pools={"default": rb.placement.Pool(nodes=2, workers_per_node=8, gpus_per_worker=1)},
+# )
+# ```
+#
+# A pool's workers are spread one bundle per node (Ray's `STRICT_SPREAD`) and talk over NCCL
+# when they have GPUs. To give generation its own machines, name two pools and map the role:
+# `pools={"train": ..., "gen": ...}, roles={"rollout": "gen"}`; the Resharder then moves the
+# weight buckets through Ray's object store. The cells above stay as they are.
+#
+# ## Debugging
+#
+# To step through a reward or a loss with `breakpoint()`, switch to `rb.placement.Local()`:
+# nothing is wrapped, so the debugger stops in this kernel. With `Ray`, an exception in a
+# worker comes back as `rb.placement.WorkerError`, naming the role, the rank, the node and the
+# call, with the worker's own traceback in `remote_traceback`:
+
+# %%
+try:
+    engine.generate(["one prompt, so only rank 0 runs"], n=0)
+except rb.placement.WorkerError as error:
+    print(f"role={error.role} rank={error.rank} node={error.node} call={error.call}")
+    print(error.remote_traceback.strip().splitlines()[-1])
+
+# %% [markdown]
+# A worker killed outright (out of memory, `kill -9`) surfaces as `rb.placement.WorkerDied`;
+# the pool is then stopped (`PoolBroken`) and `placement.build(...)` starts it again.
+# Finally, stop the workers and the Ray instance this placement started:
+
+# %%
+placement.shutdown()

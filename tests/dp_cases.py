@@ -1,0 +1,141 @@
+"""Data-parallel cases run in ``torch.multiprocessing`` workers by tests/trainer/test_parallel.py.
+
+Spawned processes import this module by name (tests/ is on sys.path), so everything they run
+lives here, not in the test file. Each case returns what rank 0 saw; the test compares it
+with the same update in one process.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+import rlblocks as rb
+from rlblocks.rollouts import Rollouts
+
+LOSS = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.2))
+
+
+def make_trainer(dtype=torch.float64, **overrides):
+    model, _ = rb.models.tiny(seed=0)
+    settings = {"lr": 1e-3, "reference": None, **overrides}
+    return rb.trainer.PolicyTrainer(model.to(dtype), **settings)
+
+
+def make_batch(b: int = 8, nan_rows: tuple[int, ...] = ()) -> tuple[Rollouts, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    tp, t = 5, 7
+    lengths = torch.randint(1, t + 1, (b,), generator=g)
+    response_mask = torch.arange(t)[None] < lengths[:, None]
+    ro = Rollouts(
+        prompt_ids=torch.randint(0, 300, (b, tp), generator=g),
+        response_ids=torch.randint(0, 300, (b, t), generator=g),
+        attention_mask=torch.cat([torch.ones(b, tp, dtype=torch.bool), response_mask], 1),
+        response_mask=response_mask,
+        group_ids=torch.arange(b) // 4,
+        prompts=[""] * b,
+        completions=[""] * b,
+        metadata=[{} for _ in range(b)],
+        pad_token_id=0,
+    )
+    advantages = torch.randn(b, generator=g)
+    advantages[list(nan_rows)] = float("nan")
+    return ro, advantages
+
+
+def step_locally(trainer, rows_of_rank, ro, advantages, rank):
+    """Rank ``rank``'s share: one mini-batch made of the rows ``rows_of_rank[rank]``."""
+    mine = rows_of_rank[rank]
+    plan = [torch.arange(len(mine))]
+    return trainer.step(ro.select(mine), advantages[mine], loss_fn=LOSS, minibatches=plan)
+
+
+def worker(rank: int, world: int, port: int, case: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
+    try:
+        result = CASES[case](rank)
+        if rank == 0:
+            torch.save(result, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def sharded(config=None, dtype=torch.float64, **overrides):
+    from rlblocks.trainer.parallel import DataParallel, shard
+
+    trainer = make_trainer(dtype, **overrides)
+    shard(trainer, DataParallel(), config or rb.trainer.FSDP())
+    return trainer
+
+
+# Rank 0 gets 3 rows, rank 1 one row: with one row per micro-batch rank 1 runs two padding
+# micro-batches so that both ranks run three forward/backward passes.
+UNEVEN = [[0, 2, 5], [3]]
+
+
+def uneven_micro_batches(rank: int) -> dict:
+    trainer = sharded(micro_batch_size=1)
+    ro, advantages = make_batch()
+    metrics = step_locally(trainer, UNEVEN, ro, advantages, rank)
+    return {"metrics": metrics, "weights": dict(trainer.named_weights())}
+
+
+def cpu_offload(rank: int) -> dict:
+    trainer = sharded(rb.trainer.FSDP(cpu_offload=True))
+    ro, advantages = make_batch()
+    metrics = step_locally(trainer, UNEVEN, ro, advantages, rank)
+    return {"metrics": metrics, "weights": dict(trainer.named_weights())}
+
+
+def bf16_params(rank: int) -> dict:
+    config = rb.trainer.FSDP(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    trainer = sharded(config, dtype=torch.float32)
+    ro, advantages = make_batch()
+    metrics = step_locally(trainer, UNEVEN, ro, advantages, rank)
+    return {"metrics": metrics, "weights": dict(trainer.named_weights())}
+
+
+def nan_on_one_rank(rank: int) -> dict:
+    import warnings
+
+    trainer = sharded()
+    before = {k: v.clone() for k, v in trainer.named_weights()}
+    ro, advantages = make_batch(nan_rows=(3,))  # row 3 is rank 1's
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        metrics = step_locally(trainer, UNEVEN, ro, advantages, rank)
+    unchanged = all(torch.equal(v, before[k]) for k, v in trainer.named_weights())
+    return {"metrics": metrics, "unchanged": unchanged, "rank": rank}
+
+
+CASES = {
+    "uneven_micro_batches": uneven_micro_batches,
+    "cpu_offload": cpu_offload,
+    "bf16_params": bf16_params,
+    "nan_on_one_rank": nan_on_one_rank,
+}
+
+
+def run(case: str, out: str, world: int = 2) -> dict:
+    """Spawn ``world`` processes on ``case``; rank 0's result."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(worker, args=(world, port, case, out), nprocs=world, join=True)
+    return torch.load(out, weights_only=False)

@@ -1,0 +1,61 @@
+"""FSDP2 data parallelism inside PolicyTrainer, in two spawned processes (no Ray).
+
+Every case compares rank 0's view of one update with the same update on the same rows in
+one process: rows {0, 2, 5} on rank 0 and {3} on rank 1 make one mini-batch of four rows.
+"""
+
+import pytest
+import torch
+from dp_cases import LOSS, UNEVEN, make_batch, make_trainer, run
+
+
+def one_process(dtype=torch.float64, **overrides):
+    trainer = make_trainer(dtype, **overrides)
+    ro, advantages = make_batch()
+    rows = sorted(r for rows in UNEVEN for r in rows)
+    metrics = trainer.step(ro.select(rows), advantages[rows], loss_fn=LOSS)
+    return metrics, dict(trainer.named_weights())
+
+
+def assert_same_update(result, metrics, weights, *, rel=1e-9):
+    assert result["metrics"]["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=rel)
+    for name, value in weights.items():
+        torch.testing.assert_close(result["weights"][name], value, rtol=rel, atol=rel)
+
+
+def test_padding_micro_batches_keep_ranks_in_step_and_change_nothing(tmp_path):
+    # Rank 0 runs 3 micro-batches of one row, rank 1 one real and two zero-weight padding
+    # ones; the update is the one-process update of the 4 rows (float64: to ~1e-15).
+    result = run("uneven_micro_batches", str(tmp_path / "out.pt"))
+    metrics, weights = one_process(micro_batch_size=1)
+    assert_same_update(result, metrics, weights)
+    # Loss metrics are token-weighted over real micro-batches only (float32 by design).
+    assert result["metrics"]["entropy"] == pytest.approx(metrics["entropy"], rel=1e-6)
+
+
+def test_cpu_offload_gives_the_same_update(tmp_path):
+    result = run("cpu_offload", str(tmp_path / "out.pt"))
+    metrics, weights = one_process()
+    assert_same_update(result, metrics, weights)
+
+
+def test_bf16_parameters_follow_the_float32_update_loosely(tmp_path):
+    # bf16 all-gathered parameters (8 bits of mantissa): the gradient norm is within a few
+    # percent of float32's. AdamW's first step moves each weight by ~lr·sign(gradient), so
+    # elements with a near-zero gradient may flip; the update as a whole must still point the
+    # same way (cosine > 0.9), and the master weights stay float32.
+    result = run("bf16_params", str(tmp_path / "out.pt"))
+    metrics, weights = one_process(torch.float32)
+    assert result["metrics"]["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=0.05)
+    initial = dict(make_trainer(torch.float32).named_weights())
+    fp32 = torch.cat([(weights[k] - initial[k]).flatten() for k in initial])
+    bf16 = torch.cat([(result["weights"][k] - initial[k]).flatten() for k in initial])
+    assert torch.nn.functional.cosine_similarity(fp32, bf16, dim=0) > 0.9
+    assert all(v.dtype == torch.float32 for v in result["weights"].values())
+
+
+def test_a_nan_on_one_rank_skips_the_step_on_every_rank(tmp_path):
+    result = run("nan_on_one_rank", str(tmp_path / "out.pt"))
+    assert result["metrics"]["skipped_steps"] == 1.0
+    assert result["metrics"]["optimizer_steps"] == 0.0
+    assert result["unchanged"]  # rank 0's shard is untouched although its own loss was finite
