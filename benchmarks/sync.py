@@ -3,12 +3,11 @@
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 python benchmarks/sync.py
 
 A ``Qwen2ForCausalLM`` of about 100M parameters is built here with a random init (no download,
-the tokenizer of :mod:`rlblocks.models.tiny`). Three things are timed in the same run, each with
-one untimed warm-up and then ``--repeats`` timed runs, of which the median is reported:
+the tokenizer of :mod:`rlblocks.models.tiny`). Three things are timed in the same run:
 
 - **memcpy**: ``dst.copy_(src)`` over tensors with the shapes and dtype of the model's
   ``state_dict()``: the bytes any sync must write, copied with nothing else going on. This is
-  the limit; the other rows are read as a fraction of its GB/s.
+  the limit: each other row is read as a fraction of its GB/s.
 - **resharder**: ``Resharder(bucket_mb=...).sync(trainer, engine)`` in this process, the trainer a
   ``PolicyTrainer`` and the engine an ``HFEngine`` around a separate copy of the model (a shared
   module would copy nothing). What it adds to the memcpy: the bucketing, ``state_dict`` look-ups,
@@ -19,11 +18,16 @@ one untimed warm-up and then ``--repeats`` timed runs, of which the median is re
   Its bytes (``sync/bytes``) are summed over workers; its seconds are the driver's, so they
   include the Ray round trip. The workers copy in parallel, so this ratio can pass 1.
 
+How it is timed: for each sync path (and bucket size) one untimed warm-up, then ``--repeats``
+rounds of one memcpy and one sync; each row reports the median sync time, and its ratio is its
+GB/s over the GB/s of the memcpys paired with it, so a busy spell of the (shared) machine slows
+both sides of the ratio. The ``memcpy (all runs)`` row pools every paired copy.
+
 Decisions worth knowing: everything is float32 on the CPU (``from_pretrained`` loads float32);
 bytes are those of ``state_dict()``, where tied embeddings appear under both names and are
 copied twice, by the memcpy as by the engine; 1 GB = 1e9 bytes. The driver's copies are
-single-threaded under ``OMP_NUM_THREADS=1``. On a shared machine the numbers are noisy: compare
-rows of one run, not runs.
+single-threaded under ``OMP_NUM_THREADS=1``. A local sync is checked: the engine's copy starts
+zeroed and must equal the trainer's afterwards, and ``sync/bytes`` must equal the memcpy's bytes.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import statistics
 import tempfile
 import time
@@ -66,7 +71,7 @@ class Row:
     """One line of the table: a path, the bytes one sync moves, its timed runs and the memcpy
     runs taken between them (paired, so that a busy spell of the machine slows both)."""
 
-    path: str
+    label: str
     nbytes: int
     seconds: list[float]
     memcpy_bytes: int
@@ -128,16 +133,20 @@ def build_model(args: argparse.Namespace) -> tuple[nn.Module, PreTrainedTokenize
     return model, tokenizer
 
 
-def timed(path: str, nbytes: int, sync: Callable[[], float], memcpy: Memcpy, repeats: int) -> Row:
-    """One warm-up of each, then ``repeats`` times: a memcpy, then a ``sync`` (its seconds back)."""
+def timed(
+    label: str, sync: Callable[[], dict[str, float]], memcpy: Memcpy, repeats: int
+) -> tuple[Row, dict[str, float]]:
+    """One warm-up of each, then ``repeats`` times a memcpy and a ``sync``; the row and the
+    metrics of the last sync back. A sync's time is its own ``sync/seconds``."""
     memcpy()  # first touch of fresh pages, lazy allocations, Ray's first round trip
     sync()
     seconds, paired = [], []
     for _ in range(repeats):
         paired.append(memcpy())
-        seconds.append(sync())
+        metrics = sync()
+        seconds.append(metrics["sync/seconds"])
     memcpy.seconds += paired
-    return Row(path, nbytes, seconds, memcpy.nbytes, paired)
+    return Row(label, int(metrics["sync/bytes"]), seconds, memcpy.nbytes, paired), metrics
 
 
 def bench_local(
@@ -155,23 +164,15 @@ def bench_local(
             p.zero_()
     engine = rb.rollout.HFEngine(engine_model, tokenizer, progress=False)
     resharder = rb.resharder.Resharder(bucket_mb=bucket_mb)
-    runs: list[dict[str, float]] = []
-
-    def sync() -> float:
-        runs.append(resharder.sync(trainer, engine))
-        return runs[-1]["sync/seconds"]
-
-    path = f"resharder {bucket_mb:g} MB"
-    row = timed(path, memcpy.nbytes, sync, memcpy, repeats)
+    row, metrics = timed("resharder", lambda: resharder.sync(trainer, engine), memcpy, repeats)
     synced = engine_model.state_dict()
     for name, value in model.state_dict().items():
         if not torch.equal(synced[name], value):
             raise RuntimeError(f"after a sync the engine's {name!r} differs from the trainer's")
-    if runs[-1]["sync/bytes"] != memcpy.nbytes:
-        raise RuntimeError(
-            f"the sync moved {runs[-1]['sync/bytes']:.0f} bytes, not {memcpy.nbytes}"
-        )
-    return dataclasses.replace(row, path=f"{path} ({runs[-1]['sync/buckets']:.0f} buckets)")
+    if row.nbytes != memcpy.nbytes:
+        raise RuntimeError(f"a sync moved {row.nbytes} bytes, the state dict has {memcpy.nbytes}")
+    label = f"resharder {bucket_mb:g} MB ({metrics['sync/buckets']:.0f} buckets)"
+    return dataclasses.replace(row, label=label)
 
 
 def bench_ray(
@@ -181,27 +182,19 @@ def bench_ray(
     rows = []
     quiet = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}  # no "Loading weights" bars from the workers
     placement = rb.placement.Ray(workers=args.workers, env=quiet)
-    with tempfile.TemporaryDirectory() as path, placement:
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        trainer = placement.build(
-            "actor", rb.trainer.PolicyTrainer.from_pretrained, path, reference=None
-        )
+    with tempfile.TemporaryDirectory() as folder, placement:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        load_trainer = rb.trainer.PolicyTrainer.from_pretrained
+        trainer = placement.build("actor", load_trainer, folder, reference=None)
         engine = placement.build(
-            "rollout", rb.rollout.HFEngine.from_pretrained, path, progress=False
+            "rollout", rb.rollout.HFEngine.from_pretrained, folder, progress=False
         )
         for bucket_mb in args.bucket_mb:
             resharder = rb.resharder.Resharder(bucket_mb=bucket_mb)
-            runs: list[dict[str, float]] = []
-
-            def sync(resharder: rb.resharder.Resharder = resharder, runs: list = runs) -> float:
-                runs.append(resharder.sync(trainer, engine))
-                return runs[-1]["sync/seconds"]
-
-            # sync/bytes is known after the first call: time a dry one to read it off
-            sync()
-            path = f"ray {args.workers} workers, {bucket_mb:g} MB"
-            rows.append(timed(path, int(runs[-1]["sync/bytes"]), sync, memcpy, args.repeats))
+            label = f"ray {args.workers} workers, {bucket_mb:g} MB"
+            sync = functools.partial(resharder.sync, trainer, engine)
+            rows.append(timed(label, sync, memcpy, args.repeats)[0])
     return rows
 
 
@@ -210,7 +203,7 @@ def print_table(rows: list[Row]) -> None:
     print(f"{head} {'memcpy GB/s':>12} {'ratio':>6}")
     for row in rows:
         print(
-            f"{row.path:<36} {row.nbytes:>13,} {statistics.median(row.seconds):>11.4f} "
+            f"{row.label:<36} {row.nbytes:>13,} {statistics.median(row.seconds):>11.4f} "
             f"{min(row.seconds):>9.4f} {row.gb_per_s:>7.2f} {row.memcpy_gb_per_s:>12.2f} "
             f"{row.gb_per_s / row.memcpy_gb_per_s:>6.2f}"
         )
@@ -220,16 +213,16 @@ def main() -> None:
     args = parse_args()
     transformers.utils.logging.disable_progress_bar()
     model, tokenizer = build_model(args)
+    memcpy = Memcpy(model)
     c = model.config
     params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
     print(
         f"Qwen2ForCausalLM: {params:,} parameters ({c.num_hidden_layers} layers, hidden "
         f"{c.hidden_size}, MLP {c.intermediate_size}, {c.num_attention_heads} heads of "
         f"{c.hidden_size // c.num_attention_heads}, {c.num_key_value_heads} kv heads, vocab "
-        f"{c.vocab_size}), float32; state_dict {state_bytes(model):,} bytes; "
+        f"{c.vocab_size}), float32; state_dict {memcpy.nbytes:,} bytes; "
         f"median of {args.repeats} runs after 1 warm-up; torch threads {torch.get_num_threads()}"
     )
-    memcpy = Memcpy(model)
     rows = [bench_local(model, tokenizer, mb, memcpy, args.repeats) for mb in args.bucket_mb]
     if args.ray:
         rows += bench_ray(model, tokenizer, memcpy, args)

@@ -226,3 +226,7 @@ class Placement(Protocol):
     """
 
     def build(self, role: str, factory: Callable[..., T], /, *args: Any, **kwargs: Any) -> T: ...
+
+    def shutdown(self) -> None:
+        """Release what the placement started (worker processes, a Ray instance)."""
+        ...

@@ -21,5 +21,15 @@ class Local:
             raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
         return factory(*args, **kwargs)
 
+    def shutdown(self) -> None:
+        """Nothing to stop: the blocks live and die with this process (here for symmetry with
+        ``Ray``, so that a script ending in ``placement.shutdown()`` runs with either)."""
+
+    def __enter__(self) -> Local:  # noqa: PYI034 - Self needs Python 3.11
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
     def __repr__(self) -> str:
         return "Local()"

@@ -583,6 +583,8 @@ class _Worker:
     def init_process_group(self, init_method: str, backend: str, timeout: float) -> None:
         import torch.distributed as dist
 
+        if backend == "nccl":  # Ray shows each worker only its own GPU(s): cuda:0 is ours
+            torch.cuda.set_device(0)
         dist.init_process_group(
             backend,
             init_method=init_method,

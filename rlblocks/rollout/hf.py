@@ -74,12 +74,19 @@ class HFEngine:
         self.weights_version = 0
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, **kwargs: Any) -> HFEngine:
-        """Load with :func:`rlblocks.models.load` (a built-in such as ``"tiny"`` or a folder);
-        ``kwargs`` go to the constructor."""
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        **kwargs: Any,
+    ) -> HFEngine:
+        """Load with :func:`rlblocks.models.load` (a built-in such as ``"tiny"`` or a folder)
+        in ``dtype`` on ``device``; ``kwargs`` go to the constructor."""
         from rlblocks.models import load
 
-        model, tokenizer = load(name_or_path)
+        model, tokenizer = load(name_or_path, dtype=dtype, device=device)
         return cls(model, tokenizer, **kwargs)
 
     # ------------------------------------------------------------------ RolloutEngine

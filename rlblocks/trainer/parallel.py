@@ -53,22 +53,24 @@ class DataParallel:
         self.group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
+        # NCCL reduces only CUDA tensors, gloo (here) CPU ones.
+        nccl = dist.get_backend(group) == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
 
     def all_sum(self, x: Tensor) -> Tensor:
-        """Σ over ranks of ``x`` (a new tensor, float64 kept as is)."""
-        out = x.detach().clone()
+        """Σ over ranks of ``x``: a new tensor on ``x``'s device, in ``x``'s dtype."""
+        out = x.detach().to(self.device or x.device, copy=True)
         dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
-        return out
+        return out.to(x.device)
 
     def all_max(self, value: int) -> int:
-        x = torch.tensor([value], dtype=torch.int64)
+        x = torch.tensor([value], dtype=torch.int64, device=self.device)
         dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
         return int(x)
 
     def all_true(self, flag: Tensor) -> Tensor:
         """True on every rank iff ``flag`` is True on every rank (the NaN guard's decision)."""
-        bad = (~flag).to(torch.int64).reshape(1).cpu()
-        dist.all_reduce(bad, op=dist.ReduceOp.SUM, group=self.group)
+        bad = self.all_sum((~flag).to(torch.int64).reshape(1))
         return (bad == 0).reshape(()).to(flag.device)
 
     def aligned(self, parts: Sequence[Any], *, filler: Any) -> list[tuple[Any, bool]]:

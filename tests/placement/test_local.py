@@ -21,3 +21,9 @@ def test_local_builds_the_block_itself_in_process():
 def test_local_rejects_unknown_roles():
     with pytest.raises(ValueError, match="unknown role 'policy'"):
         Local().build("policy", dict)
+
+
+def test_local_shutdown_is_a_no_op_so_scripts_run_with_either_placement():
+    with Local() as placement:
+        assert placement.build("reward", dict, a=1) == {"a": 1}
+    placement.shutdown()  # again: still nothing to do, no error

@@ -27,9 +27,13 @@ def cluster():
 
 def test_a_pool_over_two_nodes_trains_like_one_process(cluster):
     pools = {"train": Pool(nodes=2, workers_per_node=1), "gen": Pool(nodes=1)}
-    with rb.placement.Ray(address=cluster.address, pools=pools, roles={"rollout": "gen"}) as placement:
+    with rb.placement.Ray(
+        address=cluster.address, pools=pools, roles={"rollout": "gen"}
+    ) as placement:
         policy = placement.build("actor", policy_factory())
-        engine = placement.build("rollout", rb.rollout.HFEngine.from_pretrained, "tiny", progress=False)
+        engine = placement.build(
+            "rollout", rb.rollout.HFEngine.from_pretrained, "tiny", progress=False
+        )
         nodes = policy.nodes()
         assert len(set(nodes)) == 2  # STRICT_SPREAD: one worker per node
         local_policy, local_engine = local_blocks()
