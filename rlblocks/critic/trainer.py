@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from rlblocks.trainer.batches import micro_batches, minibatch_rows, pad_columns,
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.guard import guarded_step
 from rlblocks.trainer.metrics import StepMetrics
+from rlblocks.trainer.parallel import DataParallel, full_state, load_full_state
 from rlblocks.trainer.schedules import constant
 
 
@@ -60,18 +61,24 @@ class CriticTrainer:
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self.model = model.eval()
+        self.reference = None  # a critic has none (rlblocks.trainer.parallel.shard asks)
+        self.dp: DataParallel | None = None  # set by rlblocks.trainer.parallel.shard
+        self.steps = 0  # step() calls
+        self.optimizer_steps = 0  # applied updates
+        self.skipped_steps = 0  # updates refused by the NaN guard
+        self.rebuild_optimizer()
+
+    def rebuild_optimizer(self) -> None:
+        """A fresh AdamW and schedule on the current trainable parameters (after sharding)."""
         c = self.config
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
+            [p for p in self.model.parameters() if p.requires_grad],
             lr=c.lr,
             betas=c.betas,
             eps=c.eps,
             weight_decay=c.weight_decay,
         )
         self.scheduler = LambdaLR(self.optimizer, c.schedule or constant())
-        self.steps = 0  # step() calls
-        self.optimizer_steps = 0  # applied updates
-        self.skipped_steps = 0  # updates refused by the NaN guard
 
     @classmethod
     def from_pretrained(
@@ -103,16 +110,26 @@ class CriticTrainer:
         """
         rollouts = rollouts.to(self.device)
         b, t = rollouts.response_ids.shape
+        if b == 0 and self.dp is not None:
+            raise ValueError("CriticTrainer: every data-parallel rank needs at least one row")
         if b == 0:
             return torch.zeros(b, t, device=self.device)
-        parts = [self._forward(p.trim()) for p in self._micro(rollouts)]
+        parts = []
+        for micro, real in self._micro(rollouts):
+            values = self._forward(micro.trim())
+            if real:  # padding micro-batches only keep FSDP's collectives in step
+                parts.append(values)
         return torch.cat([pad_columns(p, t) for p in parts]).float()
 
     def _forward(self, rollouts: Rollouts) -> Tensor:
         return self.model(rollouts, bf16=self.config.bf16)
 
-    def _micro(self, rollouts: Rollouts) -> list[Rollouts]:
-        return micro_batches(rollouts, self.config)
+    def _micro(self, rollouts: Rollouts) -> list[tuple[Rollouts, bool]]:
+        """``(micro_batch, real)`` pairs, padded to the same count on every data-parallel rank."""
+        parts = micro_batches(rollouts, self.config)
+        if self.dp is None:
+            return [(p, True) for p in parts]
+        return self.dp.aligned(parts, filler=rollouts.select([0]))
 
     # ------------------------------------------------------------------ the update
     def step(
@@ -122,6 +139,7 @@ class CriticTrainer:
         *,
         old_values: Tensor | None = None,
         clip: float | None = 0.2,
+        minibatches: Sequence[Tensor] | None = None,
     ) -> dict[str, float]:
         """One critic update: epochs × mini-batches × micro-batches (module docstring).
 
@@ -141,20 +159,26 @@ class CriticTrainer:
         NaN for constant returns), ``vf_grad_norm`` (mean pre-clipping norm), ``vf_lr``,
         ``vf_optimizer_steps``, ``vf_skipped_steps`` and ``vf_seconds``. Metrics of skipped
         updates are left out (NaN if every update was skipped).
+
+        ``minibatches``: row indices of each optimizer step, instead of the configured
+        shuffling (a worker group passes each data-parallel rank its share this way).
         """
         start = time.perf_counter()
         batch = self._prepare(rollouts.to(self.device), returns, old_values)
         extras, mask = batch.extras, batch.response_mask
-        _, before = value_loss(extras["old_values"], extras["old_values"], extras["returns"], mask)
+        explained_var = _explained_variance(extras["old_values"], extras["returns"], mask, self.dp)
         metrics, applied, skipped = StepMetrics(), self.optimizer_steps, self.skipped_steps
         last_lr = self.scheduler.get_last_lr()[0]
         c = self.config
         self.model.train()
         try:
             seed = (c.shuffle_seed, self.steps)
-            for rows in minibatch_rows(
-                len(batch), size=c.mini_batch_size, epochs=c.epochs, seed=seed
-            ):
+            plan = minibatches
+            if plan is None:
+                plan = minibatch_rows(
+                    len(batch), size=c.mini_batch_size, epochs=c.epochs, seed=seed
+                )
+            for rows in plan:
                 lr = self.scheduler.get_last_lr()[0]
                 if self._update(batch.select(rows), clip, metrics):
                     last_lr = lr
@@ -162,11 +186,11 @@ class CriticTrainer:
             self.model.eval()
             self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
-        summary = metrics.summary()
+        summary = metrics.summary(reduce=None if self.dp is None else self.dp.all_sum)
         return {
             "vf_loss": summary["loss"],
             "vf_clip_frac": summary.get("vf_clip_frac", float("nan")),
-            "vf_explained_var": float(before["vf_explained_var"]),
+            "vf_explained_var": explained_var,
             "values_mean": summary.get("values_mean", float("nan")),
             "vf_grad_norm": summary["grad_norm"],
             "vf_lr": float(last_lr),
@@ -194,20 +218,27 @@ class CriticTrainer:
     def _update(self, mini: Rollouts, clip: float | None, metrics: StepMetrics) -> bool:
         """Accumulate one mini-batch's gradient, then apply it (True) or skip it (False)."""
         normalizer = self.config.aggregation.normalizer(mini.response_mask)
+        if self.dp is not None:  # one normalizer for the rows of all ranks
+            normalizer = self.dp.all_sum(normalizer)
         finite = torch.ones((), dtype=torch.bool, device=self.device)
-        for micro in self._micro(mini):
+        for micro, real in self._micro(mini):
             micro = micro.trim()
             mask, extras = micro.response_mask, micro.extras
             per_token, loss_metrics = value_loss(
                 self._forward(micro), extras["old_values"], extras["returns"], mask, clip=clip
             )
             loss = aggregate(per_token, mask, mode=self.config.aggregation, normalizer=normalizer)
+            if not real:  # a padding micro-batch: FSDP's collectives run, nothing is added
+                (loss * 0.0).backward()
+                continue
             loss.backward()
             # Explained variance is reported once per batch (in step), not per micro-batch.
             loss_metrics.pop("vf_explained_var")
             zero = torch.zeros(())  # StepMetrics tracks a policy entropy; a critic has none
             metrics.add_micro_batch(loss, loss_metrics, entropy=zero, tokens=mask.sum())
             finite &= torch.isfinite(loss.detach())
+        if self.dp is not None:  # every rank applies the step or none does
+            finite = self.dp.all_true(finite)
         ok, grad_norm = guarded_step(
             self.optimizer,
             self.scheduler,
@@ -228,17 +259,44 @@ class CriticTrainer:
         """Value model (backbone and head), optimizer, scheduler and counters (references, not
         copies: ``copy.deepcopy`` it to keep a snapshot while training goes on)."""
         counters = {k: getattr(self, k) for k in ("steps", "optimizer_steps", "skipped_steps")}
+        if self.dp is not None:  # full, unsharded state on every rank
+            model, optimizer = full_state(self.model, self.optimizer)
+        else:
+            model, optimizer = self.model.state_dict(), self.optimizer.state_dict()
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": model,
+            "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "counters": counters,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved; the next ``step`` then matches the original."""
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.dp is not None:
+            load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         for name, value in state["counters"].items():
             setattr(self, name, int(value))
+
+
+def _explained_variance(
+    values: Tensor, returns: Tensor, mask: Tensor, dp: DataParallel | None
+) -> float:
+    """1 − Var(R − V) / Var(R) over the valid tokens of the whole batch (all ranks).
+
+    Both variances have the same n − 1, so the ratio is Σ(d − d̄)² / Σ(R − R̄)² with d = R − V,
+    computed from five float64 sums that add up over ranks. NaN when the returns are constant.
+    """
+    m = mask.double()
+    r, d = returns.double() * m, (returns.double() - values.double()) * m
+    sums = torch.stack([m.sum(), r.sum(), (r * r).sum(), d.sum(), (d * d).sum()])
+    if dp is not None:
+        sums = dp.all_sum(sums)
+    n, sr, srr, sd, sdd = sums.tolist()
+    ss_returns = srr - sr * sr / max(n, 1.0)
+    ss_residual = sdd - sd * sd / max(n, 1.0)
+    constant = ss_returns <= 1e-12 * srr  # zero up to the rounding of the sums
+    return float("nan") if constant else 1.0 - ss_residual / ss_returns

@@ -394,55 +394,37 @@ class WorkerGroup:
                 parts.append(result.replace(group_ids=result.group_ids + pieces[rank][0]))
         return parts[0] if len(parts) == 1 else Rollouts.concat(parts)
 
-    def step(
-        self,
-        rollouts: Rollouts,
-        advantages,
-        *,
-        loss_fn,
-        old_logprobs=None,
-        minibatches=None,
-    ) -> dict[str, float]:
-        """The one-process ``PolicyTrainer.step``, each mini-batch split over the ranks."""
+    def step(self, rollouts: Rollouts, targets, **kwargs: Any) -> dict[str, float]:
+        """The one-process ``step`` of a policy or critic trainer, each mini-batch split over
+        the ranks balanced by tokens; ``targets`` are the advantages (policy) or the returns
+        (critic). Loss, metrics and gradient norm come back for the whole group."""
         if not self._trainer:
-            return _Method(self, "step")(
-                rollouts, advantages, loss_fn=loss_fn, old_logprobs=old_logprobs
-            )
+            return _Method(self, "step")(rollouts, targets, **kwargs)
+        from rlblocks.interfaces import Advantages
         from rlblocks.trainer.batches import minibatch_rows, token_advantages
 
         rollouts = rollouts.to("cpu")
-        b = len(rollouts)
-        adv = token_advantages(advantages, rollouts)
+        if isinstance(targets, Advantages) and self._type == "CriticTrainer":
+            targets = targets.returns
+        targets = token_advantages(targets, rollouts)  # (b t) float32, masked, detached
+        minibatches = kwargs.pop("minibatches", None)
         if minibatches is None:
             c, steps = self.config, self.steps
             minibatches = minibatch_rows(
-                b, size=c.mini_batch_size, epochs=c.epochs, seed=(c.shuffle_seed, steps)
+                len(rollouts), size=c.mini_batch_size, epochs=c.epochs, seed=(c.shuffle_seed, steps)
             )
-        lengths = rollouts.attention_mask.sum(-1).tolist()
-        shares: list[list[list[int]]] = [[] for _ in range(self.world_size)]
-        for rows in minibatches:
-            rows = [int(r) for r in rows]
-            split = balanced_partition([lengths[r] for r in rows], self.world_size)
-            if any(not part for part in split):
-                raise ValueError(
-                    f"step: a mini-batch of {len(rows)} rows cannot feed {self.world_size} "
-                    "data-parallel ranks (each needs at least one row); use bigger mini-batches"
-                )
-            for rank, part in enumerate(split):
-                shares[rank].append([rows[k] for k in part])
         calls = []
-        for per_mb in shares:
-            mine = sorted({r for rows in per_mb for r in rows})
-            position = {r: i for i, r in enumerate(mine)}
-            plan = [torch.tensor([position[r] for r in rows]) for rows in per_mb]
-            kwargs = {"loss_fn": loss_fn, "minibatches": plan}
-            if old_logprobs is not None:
-                kwargs["old_logprobs"] = old_logprobs.detach().cpu()[mine]
-            calls.append(("step", (rollouts.select(mine), adv[mine]), kwargs))
+        for mine, plan in _shares(rollouts, minibatches, self.world_size):
+            local = {k: _rows(v, mine, len(rollouts)) for k, v in kwargs.items()}
+            local["minibatches"] = plan
+            calls.append(("step", (rollouts.select(mine), targets[mine]), local))
         results = self._pool.call(self._role, calls, "step")
         metrics = dict(results[0])  # loss, metrics and grad norm are already group-wide
-        metrics["seconds"] = max(r["seconds"] for r in results)
-        metrics["tokens_per_second"] = sum(r["tokens_per_second"] for r in results)
+        for key in ("seconds", "vf_seconds"):
+            if key in metrics:
+                metrics[key] = max(r[key] for r in results)
+        if "tokens_per_second" in metrics:
+            metrics["tokens_per_second"] = sum(r["tokens_per_second"] for r in results)
         return metrics
 
     def named_weights(self):
@@ -529,6 +511,31 @@ class _Method:
         return _gather_result(results, index, b)
 
 
+def _shares(
+    rollouts: Rollouts, minibatches: Sequence[Any], world: int
+) -> list[tuple[list[int], list[torch.Tensor]]]:
+    """Each rank's rows and its local mini-batch plan: every global mini-batch is split over
+    the ranks balanced by tokens, and rank r's piece becomes its r-th local mini-batch."""
+    lengths = rollouts.attention_mask.sum(-1).tolist()
+    pieces: list[list[list[int]]] = [[] for _ in range(world)]
+    for rows in minibatches:
+        rows = [int(r) for r in rows]
+        split = balanced_partition([lengths[r] for r in rows], world)
+        if any(not part for part in split):
+            raise ValueError(
+                f"step: a mini-batch of {len(rows)} rows cannot feed {world} data-parallel "
+                "ranks (each needs at least one row); use bigger mini-batches"
+            )
+        for rank, part in enumerate(split):
+            pieces[rank].append([rows[k] for k in part])
+    out = []
+    for per_minibatch in pieces:
+        mine = sorted({r for rows in per_minibatch for r in rows})
+        position = {r: i for i, r in enumerate(mine)}
+        out.append((mine, [torch.tensor([position[r] for r in rows]) for rows in per_minibatch]))
+    return out
+
+
 def _rows(value: Any, rows: list[int], b: int) -> Any:
     """The rows of a per-row argument (Rollouts, (b ...) tensors); anything else unchanged."""
     if isinstance(value, Rollouts):
@@ -595,19 +602,15 @@ class _Worker:
 
     def build(self, role: str, factory: Callable, args: tuple, kwargs: dict, fsdp: FSDP):
         def make():
+            from rlblocks.critic import CriticTrainer
             from rlblocks.trainer import PolicyTrainer
             from rlblocks.trainer.parallel import DataParallel, shard
 
             self.blocks.pop(role, None)  # rebuilding a role: free the old block first
             block = factory(*args, **kwargs)
-            trainer = isinstance(block, PolicyTrainer)
+            trainer = isinstance(block, PolicyTrainer | CriticTrainer)
             if trainer:
                 shard(block, DataParallel(), fsdp)
-            elif _is_critic(block) and self.size > 1:
-                raise NotImplementedError(
-                    "CriticTrainer is not sharded across workers yet: give the critic a pool "
-                    "of one worker (Ray(pools=..., roles={'critic': ...}))"
-                )
             self.blocks[role] = block
             callables = [n for n in dir(block) if not n.startswith("_") and _is_method(block, n)]
             if callable(block):
@@ -654,10 +657,6 @@ class _Worker:
 
 def _is_method(block: Any, name: str) -> bool:
     return callable(getattr(type(block), name, None))
-
-
-def _is_critic(block: Any) -> bool:
-    return type(block).__name__ == "CriticTrainer"
 
 
 def _collect_weights(trainer: Any, worker: _Worker, keep: bool) -> list | None:

@@ -5,6 +5,7 @@ One local Ray instance and one pool of two workers serve the module (starting th
 """
 
 import re
+from functools import partial
 
 import pytest
 import torch
@@ -131,3 +132,25 @@ def test_state_dict_restores_the_next_step_exactly(ray_blocks):
     assert again["loss"] == first["loss"] and again["grad_norm"] == first["grad_norm"]
     for name, value in policy.named_weights():
         assert torch.equal(value, after_first[name]), name
+
+
+def test_a_sharded_critic_fits_like_one_process(placement):
+    # PPO's critic on the same two workers as the policy (the "critic" role shares the pool).
+    factory = partial(
+        rb.critic.CriticTrainer.from_pretrained,
+        "tiny",
+        dtype=torch.float64,
+        lr=1e-3,
+        mini_batch_size=4,
+        micro_batch_size=3,
+    )
+    critic, local = placement.build("critic", factory), factory()
+    ro, _ = grpo_batch(local_blocks()[1], 11)
+    returns = torch.linspace(-1, 1, len(ro))
+    torch.testing.assert_close(critic.values(ro), local.values(ro), rtol=1e-6, atol=1e-6)
+    for _ in range(2):
+        remote, here = critic.step(ro, returns), local.step(ro, returns)
+        assert remote["vf_grad_norm"] == pytest.approx(here["vf_grad_norm"], rel=1e-9)
+        assert remote["vf_explained_var"] == pytest.approx(here["vf_explained_var"], rel=1e-9)
+        assert remote["vf_loss"] == pytest.approx(here["vf_loss"], rel=1e-5)
+    torch.testing.assert_close(critic.values(ro), local.values(ro), rtol=1e-6, atol=1e-6)
