@@ -172,7 +172,8 @@ class Ray:
         if ray.is_initialized():
             return
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-        if self.address is None:
+        if self.address is None:  # a new instance, even if `ray start` runs on this machine
+            kwargs["address"] = "local"
             needed = sum(p.size * p.cpus_per_worker for p in self.pools.values())
             kwargs["num_cpus"] = max(int(-(-needed // 1)), os.cpu_count() or 1)
         else:
@@ -461,6 +462,7 @@ class WorkerGroup:
                 "sync",
             )
             moved = sum(r["sync/bytes"] for r in results)
+            count = results[0]["sync/buckets"]
         else:
             buckets = self._pool.run(
                 self._role,
@@ -471,10 +473,11 @@ class WorkerGroup:
             results = engine._pool.run(
                 engine._role, _load_from_store, [(buckets, version)] * engine.world_size, "sync"
             )
-            moved = sum(r for r in results)
+            moved, count = sum(r for r in results), len(buckets)
         return {
             "sync/seconds": time.perf_counter() - start,
             "sync/bytes": float(moved),
+            "sync/buckets": float(count),
             "sync/version": float(version),
         }
 
@@ -609,7 +612,7 @@ class _Worker:
             self.blocks.pop(role, None)  # rebuilding a role: free the old block first
             block = factory(*args, **kwargs)
             trainer = isinstance(block, PolicyTrainer | CriticTrainer)
-            if trainer:
+            if trainer and (self.size > 1 or fsdp != FSDP()) and not _single_lora(block, self):
                 shard(block, DataParallel(), fsdp)
             self.blocks[role] = block
             callables = [n for n in dir(block) if not n.startswith("_") and _is_method(block, n)]
@@ -657,6 +660,13 @@ class _Worker:
 
 def _is_method(block: Any, name: str) -> bool:
     return callable(getattr(type(block), name, None))
+
+
+def _single_lora(block: Any, worker: _Worker) -> bool:
+    """A LoRA policy alone in its pool trains unsharded (FSDP does not take peft models yet)."""
+    from rlblocks.trainer.lora import is_peft_model
+
+    return worker.size == 1 and is_peft_model(block.model)
 
 
 def _collect_weights(trainer: Any, worker: _Worker, keep: bool) -> list | None:

@@ -98,8 +98,8 @@ def shard(trainer: Any, dp: DataParallel, config: FSDP) -> None:
 
     if is_peft_model(trainer.model):
         raise NotImplementedError(
-            "LoRA policies are not sharded with FSDP yet: use one worker per pool with LoRA, "
-            "or full fine-tuning with several workers"
+            "LoRA policies are not sharded with FSDP yet: give a LoRA policy a pool of one "
+            "worker (it then trains unsharded), or fine-tune all weights with several workers"
         )
     _fully_shard(trainer.model, dp, config, trainable=True)
     if trainer.reference is not None:

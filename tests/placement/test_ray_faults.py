@@ -56,3 +56,24 @@ def test_a_killed_worker_fails_fast_and_shutdown_leaves_no_process():
     alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     assert alive == [], [(p.pid, p.name()) for p in alive]
     assert not any(psutil.pid_exists(p) for p in rebuilt.pids() + pids)
+
+
+def test_a_lora_policy_in_a_one_worker_pool_trains_unsharded():
+    # FSDP does not take peft models yet; alone in its pool a LoRA policy needs no sharding.
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+    with rb.placement.Ray(workers=1) as placement:
+        policy = placement.build("actor", policy_factory(torch.float32), lora=lora)
+        ro, advantages = grpo_batch(rb.rollout.HFEngine.from_pretrained("tiny", progress=False), 0)
+        before = dict(policy.named_weights())
+        metrics = policy.step(ro, advantages, loss_fn=LOSS)
+        assert metrics["optimizer_steps"] == 3
+        after = dict(policy.named_weights())  # merged W + (α/r)·BA under the base names
+        assert not torch.equal(
+            after["model.layers.0.self_attn.q_proj.weight"],
+            before["model.layers.0.self_attn.q_proj.weight"],
+        )
+        assert torch.equal(
+            after["model.layers.0.mlp.up_proj.weight"], before["model.layers.0.mlp.up_proj.weight"]
+        )
