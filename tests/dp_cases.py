@@ -67,6 +67,7 @@ def worker(rank: int, world: int, port: int, case: str, out: str) -> None:
         result = CASES[case](rank)
         if rank == 0:
             torch.save(result, out)
+        dist.barrier()  # nobody tears the group down while a peer still talks to it
     finally:
         dist.destroy_process_group()
 

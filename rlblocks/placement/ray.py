@@ -685,10 +685,10 @@ def _colocated_sync(
 
 
 def _gather_to_store(trainer: Any, worker: _Worker, keep: bool, bucket_bytes: int) -> list | None:
-    from rlblocks.resharder.bucketed import buckets
+    from rlblocks.resharder.bucketed import buckets, trainer_weights
 
     refs = []
-    for bucket in buckets(trainer.named_weights(), bucket_bytes):
+    for bucket in buckets(trainer_weights(trainer, bucket_bytes), bucket_bytes):
         if keep:
             refs.append(ray.put([(n, t.detach().cpu()) for n, t in bucket]))
     return refs if keep else None

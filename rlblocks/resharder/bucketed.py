@@ -19,6 +19,7 @@ Metrics: ``sync/seconds``, ``sync/bytes`` (bytes written into engines, summed ov
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -50,6 +51,14 @@ def buckets(weights: Weights, bucket_bytes: int) -> Iterator[list[tuple[str, Ten
         yield bucket
 
 
+def trainer_weights(trainer: Any, bucket_bytes: int) -> Weights:
+    """``trainer.named_weights()``, asked to gather its shards in buckets of ``bucket_bytes``
+    when it takes ``bucket_mb`` (a sharded ``PolicyTrainer`` does)."""
+    if "bucket_mb" in inspect.signature(trainer.named_weights).parameters:
+        return trainer.named_weights(bucket_mb=bucket_bytes / 2**20)
+    return trainer.named_weights()
+
+
 class Resharder:
     """Pushes a trainer's weights into a rollout engine; tracks the weight version."""
 
@@ -74,7 +83,7 @@ class Resharder:
         if _shares_module(trainer, engine):
             engine.update_weights((), version=version)
         else:
-            for bucket in buckets(trainer.named_weights(), self.bucket_bytes):
+            for bucket in buckets(trainer_weights(trainer, self.bucket_bytes), self.bucket_bytes):
                 engine.update_weights(bucket, version=version)
                 moved += sum(t.numel() * t.element_size() for _, t in bucket)
                 count += 1

@@ -22,7 +22,9 @@ ends in an error, not a hang.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import math
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +154,91 @@ def _fully_shard(model: nn.Module, dp: DataParallel, config: FSDP, *, trainable:
 def _layer_classes(model: nn.Module) -> Iterator[str]:
     for module in model.modules():
         yield from getattr(module, "_no_split_modules", None) or ()
+
+
+def gathered(
+    named: Iterable[tuple[str, Tensor]], dp: DataParallel, *, bucket_bytes: int
+) -> Iterator[tuple[str, Tensor]]:
+    """``(name, whole tensor)`` for FSDP-sharded ``(name, DTensor)`` pairs, one collective per
+    bucket of about ``bucket_bytes`` (whole-tensor bytes), in order. Every rank must iterate.
+
+    FSDP2 shards dim 0 like ``torch.chunk``: rank r holds rows [r·c, min((r+1)·c, n)) with
+    c = ⌈n / W⌉. Each rank zero-pads its rows of every tensor of the bucket to c, concatenates
+    them into one flat buffer of the same size on all ranks, and one ``all_gather_into_tensor``
+    brings every rank's buffer; tensor i is then rows [0, n) of the W pieces stacked. A tensor
+    that appears under several names (tied weights) is gathered once. Tensors that are not
+    sharded that way (plain tensors, other placements) are gathered alone with ``full_tensor``.
+    """
+    named = list(named)  # references only
+    counts = Counter(id(value) for _, value in named)
+    shared = {i for i, c in counts.items() if c > 1}  # kept after gathering; the rest is not
+    pending: list[tuple[str, Tensor]] = []
+    size = 0
+    done: dict[int, Tensor] = {}
+    for name, value in named:
+        if id(value) in done or not _row_sharded(value, dp):
+            yield from _gather_bucket(pending, dp, done, shared)
+            pending, size = [], 0
+            whole = done.get(id(value))
+            if whole is None:
+                whole = full_tensor(value.detach())
+                if id(value) in shared:
+                    done[id(value)] = whole
+            yield name, whole
+            continue
+        nbytes = value.numel() * value.element_size()
+        dtype_changes = pending and pending[0][1].dtype != value.dtype
+        if pending and (size + nbytes > bucket_bytes or dtype_changes):
+            yield from _gather_bucket(pending, dp, done, shared)
+            pending, size = [], 0
+        pending.append((name, value))
+        size += nbytes
+    yield from _gather_bucket(pending, dp, done, shared)
+
+
+def _row_sharded(x: Tensor, dp: DataParallel) -> bool:
+    from torch.distributed.tensor import DTensor, Shard
+
+    return (
+        isinstance(x, DTensor)
+        and x.dim() > 0
+        and x.device_mesh.size() == dp.size
+        and tuple(x.placements) == (Shard(0),)
+    )
+
+
+def _gather_bucket(
+    bucket: list[tuple[str, Tensor]],
+    dp: DataParallel,
+    done: dict[int, Tensor],
+    shared: set[int] | None = None,
+) -> Iterator[tuple[str, Tensor]]:
+    if not bucket:
+        return
+    shared = shared or set()
+    world = dp.size
+    pieces, layout = [], []
+    for _, value in bucket:
+        n, rest = value.shape[0], tuple(value.shape[1:])
+        rows = -(-n // world)  # ⌈n / W⌉
+        local = value.to_local().detach()
+        piece = local.new_zeros((rows, *rest))
+        piece[: local.shape[0]] = local
+        pieces.append(piece.flatten())
+        layout.append((n, rows, rest))
+    send = torch.cat(pieces)
+    device = dp.device or send.device
+    received = send.new_empty(world * send.numel(), device=device)
+    dist.all_gather_into_tensor(received, send.to(device), group=dp.group)
+    received = received.view(world, send.numel())
+    offset = 0
+    for (name, value), (n, rows, rest) in zip(bucket, layout, strict=True):
+        width = rows * math.prod(rest)
+        whole = received[:, offset : offset + width].reshape(world * rows, *rest)[:n]
+        offset += width
+        if id(value) in shared:
+            done[id(value)] = whole
+        yield name, whole
 
 
 def full_tensor(x: Tensor) -> Tensor:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -57,7 +56,7 @@ from rlblocks.trainer.guard import guarded_step
 from rlblocks.trainer.lora import is_peft_model, merged_weights, wrap_lora
 from rlblocks.trainer.loss_inputs import LossInputs, loss_inputs
 from rlblocks.trainer.metrics import StepMetrics
-from rlblocks.trainer.parallel import DataParallel, full_tensor
+from rlblocks.trainer.parallel import DataParallel, gathered
 from rlblocks.trainer.schedules import constant
 
 if TYPE_CHECKING:
@@ -374,29 +373,24 @@ class PolicyTrainer:
         return loss.detach()
 
     # ------------------------------------------------------------------ weights and state
-    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+    def named_weights(self, *, bucket_mb: float = 64.0) -> Iterator[tuple[str, Tensor]]:
         """Full weights under the Hugging Face names of ``model.state_dict()``, for a resharder.
 
         Without LoRA: the model's own tensors (shared storage, no copy: copy them if you keep
         them past the next step). Tied weights appear under each of their names. With LoRA:
         the base model's names and W + scaling · B·A for each adapted layer, computed into new
         tensors without touching the model (``rlblocks.trainer.lora.merged_weights``).
+        Sharded (FSDP) trainers all-gather the tensors in buckets of about ``bucket_mb``
+        megabytes, one collective each (``rlblocks.trainer.parallel.gathered``); every rank of
+        the group must iterate to the end.
         """
         if is_peft_model(self.model):
             yield from merged_weights(self.model)
         elif self.dp is None:
             yield from self.model.state_dict().items()
-        else:  # FSDP shards: all-gather one tensor at a time (every rank must iterate along)
-            tensors = self.model.state_dict(keep_vars=True)
-            shared = Counter(id(v) for v in tensors.values())
-            gathered: dict[int, Tensor] = {}  # tied weights are gathered once
-            for name, value in tensors.items():
-                full = gathered.get(id(value))
-                if full is None:
-                    full = full_tensor(value.detach())
-                    if shared[id(value)] > 1:
-                        gathered[id(value)] = full
-                yield name, full
+        else:
+            tensors = self.model.state_dict(keep_vars=True).items()
+            yield from gathered(tensors, self.dp, bucket_bytes=int(bucket_mb * 2**20))
 
     def state_dict(self) -> dict[str, Any]:
         """Trainable parameters, optimizer, scheduler, counters and RNG state (references, not
