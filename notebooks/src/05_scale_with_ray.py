@@ -17,8 +17,8 @@
 # returns the block, and the engine is a **separate copy** of the model in this process (not
 # the trainer's own module as in notebook 01): after each step the `Resharder` streams the
 # trainer's `named_weights()` into `engine.update_weights` in buckets of 256 MB. The training
-# cells run unchanged either way; only the three cells that look at the worker processes (the
-# handles, the `WorkerError` demo and `shutdown()`: `Local` has no workers) are Ray-specific.
+# cells run unchanged either way (`Local().shutdown()` does nothing); only the two cells that
+# look at the worker processes (the handles and the `WorkerError` demo) are Ray-specific.
 
 # %% parameters
 import os
@@ -166,8 +166,9 @@ print(f"held-out accuracy: before {before.score:.3f} -> after {after.score:.3f}"
 #   keeps 1/N of the parameters, gradients and AdamW state, all-gathers a layer just before its
 #   forward and frees it afterwards. `rb.placement.Ray(..., fsdp=rb.trainer.FSDP(...))` sets
 #   mixed precision (`param_dtype=torch.bfloat16`), CPU offload or ZeRO-2.
-# - **Sync.** Each worker all-gathers the trainer's tensors one at a time into buckets and loads
-#   every bucket into its own engine copy, so it never holds a second full copy of the trainer.
+# - **Sync.** Each worker all-gathers the trainer's shards bucket by bucket (one collective per
+#   bucket) and loads every bucket into its own engine copy, so besides its shards and the
+#   engine it only ever holds one bucket, never a second full copy of the model.
 #
 # How the batch above would be split over the two ranks (row indices, then tokens per rank):
 

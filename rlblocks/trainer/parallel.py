@@ -164,7 +164,7 @@ def gathered(
 
     FSDP2 shards dim 0 like ``torch.chunk``: rank r holds rows [r·c, min((r+1)·c, n)) with
     c = ⌈n / W⌉. Each rank zero-pads its rows of every tensor of the bucket to c, concatenates
-    them into one flat buffer of the same size on all ranks, and one ``all_gather_into_tensor``
+    them into one flat buffer of the same size on all ranks, and one ``all_gather_single``
     brings every rank's buffer; tensor i is then rows [0, n) of the W pieces stacked. A tensor
     that appears under several names (tied weights) is gathered once. Tensors that are not
     sharded that way (plain tensors, other placements) are gathered alone with ``full_tensor``.
@@ -194,6 +194,10 @@ def gathered(
         pending.append((name, value))
         size += nbytes
     yield from _gather_bucket(pending, dp, done, shared)
+
+
+# torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns).
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _row_sharded(x: Tensor, dp: DataParallel) -> bool:
@@ -229,7 +233,7 @@ def _gather_bucket(
     send = torch.cat(pieces)
     device = dp.device or send.device
     received = send.new_empty(world * send.numel(), device=device)
-    dist.all_gather_into_tensor(received, send.to(device), group=dp.group)
+    _all_gather(received, send.to(device), group=dp.group)
     received = received.view(world, send.numel())
     offset = 0
     for (name, value), (n, rows, rest) in zip(bucket, layout, strict=True):
