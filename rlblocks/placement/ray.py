@@ -133,9 +133,6 @@ class Ray:
         pool = self._pool(name)
         return pool.build(role, factory, args, kwargs, self.fsdp)
 
-    def pool_of(self, role: str) -> str:
-        return self.roles.get(role, next(iter(self.pools)))
-
     def shutdown(self) -> None:
         """Kill every worker, free the placement groups, stop the Ray instance started here."""
         for group in self._groups.values():
@@ -204,6 +201,14 @@ class _PoolWorkers:
                 f"Ray: pool {name!r} cannot be placed: it needs {pool.nodes} node(s) with "
                 f"{bundle} free each; the cluster has {ray.available_resources()}"
             ) from None
+        try:
+            self._start(placement)
+        except BaseException:
+            self.stop(reason="it failed to start")  # no actor or placement group left behind
+            raise
+
+    def _start(self, placement: Ray) -> None:
+        pool, name = self.pool, self.name
         env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
         threads = max(1, int(pool.cpus_per_worker))
         env |= {"OMP_NUM_THREADS": str(threads), **placement.env}
@@ -365,8 +370,8 @@ class WorkerGroup:
             raise AttributeError(name)
         if name in self._callables:
             return _Method(self, name)
-        value = self._pool.call(self._role, [("__getattr__", (name,), {})] * self.world_size, name)
-        return value[0]
+        rest = [("__noop__", (), {})] * (self.world_size - 1)  # only rank 0 answers
+        return self._pool.call(self._role, [("__getattr__", (name,), {}), *rest], name)[0]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return _Method(self, "__call__")(*args, **kwargs)
