@@ -3,6 +3,7 @@
 from functools import partial
 
 import torch
+from toy_tasks import digit_fraction
 
 import rlblocks as rb
 
@@ -11,12 +12,9 @@ LOSS = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))
 TRAIN = {"lr": 1e-3, "mini_batch_size": 4, "micro_batch_size": 3, "reference": None}
 
 
-def digit_fraction(completion: str, **row) -> float:
-    return sum(c.isdigit() for c in completion) / max(len(completion), 1)
-
-
-def policy_factory(dtype=torch.float64):
-    return partial(rb.trainer.PolicyTrainer.from_pretrained, "tiny", dtype=dtype, **TRAIN)
+def policy_factory(dtype=torch.float64, **overrides):
+    settings = {**TRAIN, **overrides}
+    return partial(rb.trainer.PolicyTrainer.from_pretrained, "tiny", dtype=dtype, **settings)
 
 
 def local_blocks():

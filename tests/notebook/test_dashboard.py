@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 from IPython.display import HTML, Image
+from toy_tasks import digit_fraction
 
 import rlblocks as rb
 from rlblocks.data import PromptBatches, load_prompts
@@ -190,8 +191,6 @@ def test_no_curves_yet_shows_no_image_and_no_pyplot_figures_leak(clock):
 
 
 # ----------------------------------------------------------------------------- recipe hook
-def digit_fraction(completion: str, **row) -> float:
-    return sum(c.isdigit() for c in completion) / max(len(completion), 1)
 
 
 @pytest.mark.parametrize("mode", ["terminal", "widgets"])

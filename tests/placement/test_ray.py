@@ -10,6 +10,7 @@ from functools import partial
 import pytest
 import torch
 from ray_helpers import LOSS, PROMPTS, grpo_batch, local_blocks, policy_factory
+from toy_tasks import digit_fraction
 
 import rlblocks as rb
 from rlblocks.placement import WorkerError
@@ -154,3 +155,27 @@ def test_a_sharded_critic_fits_like_one_process(placement):
         assert remote["vf_explained_var"] == pytest.approx(here["vf_explained_var"], rel=1e-9)
         assert remote["vf_loss"] == pytest.approx(here["vf_loss"], rel=1e-5)
     torch.testing.assert_close(critic.values(ro), local.values(ro), rtol=1e-6, atol=1e-6)
+
+
+def test_the_grpo_recipe_learns_on_two_workers(placement):
+    # The toy task of tests/recipes/test_grpo.py (share of digits), the recipe unchanged: only
+    # the blocks come from the Ray placement. Same bar as in one process.
+    from rlblocks.data import PromptBatches, load_prompts
+
+    policy = placement.build("actor", policy_factory(torch.float32, lr=1e-2, mini_batch_size=None))
+    engine = placement.build("rollout", rb.rollout.HFEngine.from_pretrained, "tiny", progress=False)
+    data = load_prompts([{"prompt": f"Count: {i}", "ground_truth": "0"} for i in range(16)])
+    history = rb.recipes.grpo(
+        policy,
+        engine,
+        rb.rewards.per_sample(digit_fraction, timeout=None),
+        PromptBatches(data, prompts_per_step=4, seed=0),
+        steps=30,
+        group_size=8,
+        sampling=rb.SamplingParams(max_new_tokens=8),
+        progress=False,
+    )
+    rewards = [h["reward/mean"] for h in history]
+    assert sum(rewards[:3]) / 3 < 0.1
+    assert sum(rewards[-3:]) / 3 > 0.8, rewards
+    assert history[-1]["sync/version"] == 30

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from toy_tasks import digit_fraction
 
 import rlblocks as rb
 from rlblocks.data import PromptBatches, load_prompts
@@ -259,11 +260,6 @@ def test_recipe_warns_when_the_policy_does_not_aggregate_by_token_mean():
     policy = tiny_policy(aggregation=rb.losses.seq_mean_token_mean)
     with pytest.warns(UserWarning, match="token-mean"):
         dapo(policy, ScriptedEngine(), Accuracy(), batches(), steps=0, progress=False)
-
-
-def digit_fraction(completion: str, **row) -> float:
-    """The toy task of tests/recipes/test_grpo.py: the share of characters that are digits."""
-    return sum(c.isdigit() for c in completion) / max(len(completion), 1)
 
 
 def run_dapo(lr: float, steps: int) -> list[dict[str, float]]:

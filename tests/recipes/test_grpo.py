@@ -2,14 +2,10 @@
 
 import pytest
 import torch
+from toy_tasks import digit_fraction
 
 import rlblocks as rb
 from rlblocks.data import PromptBatches, load_prompts
-
-
-def digit_fraction(completion: str, **row) -> float:
-    """The toy task: the share of characters that are digits (checkable by a rule, dense)."""
-    return sum(c.isdigit() for c in completion) / max(len(completion), 1)
 
 
 def run_grpo(lr: float, steps: int = 30) -> list[float]:

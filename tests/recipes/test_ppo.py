@@ -8,6 +8,7 @@ import itertools
 import pytest
 import torch
 from torch.testing import assert_close
+from toy_tasks import digit_fraction
 
 import rlblocks as rb
 from rlblocks.critic import CriticTrainer
@@ -15,12 +16,6 @@ from rlblocks.data import PromptBatches, load_prompts
 from rlblocks.losses import AdaptiveKLController, FixedKLController, clipped_surrogate, k1
 from rlblocks.recipes.ppo import kl_regularized, ppo
 from rlblocks.trainer.loss_inputs import loss_inputs
-
-
-def digit_fraction(completion: str, **row) -> float:
-    """The toy task of tests/recipes/test_grpo.py: the share of characters that are digits."""
-    return sum(c.isdigit() for c in completion) / max(len(completion), 1)
-
 
 REWARD = rb.rewards.per_sample(digit_fraction, timeout=None)
 

@@ -13,16 +13,12 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from toy_tasks import digit_fraction
 
 import rlblocks as rb
 from rlblocks.data import PromptBatches, load_prompts
 from rlblocks.interfaces import RewardOutput, Rollouts, SamplingParams
 from rlblocks.recipes.variants import greedy_baseline_rewards, remax
-
-
-def digit_fraction(completion: str, **row) -> float:
-    """The share of characters that are digits (checkable by a rule, dense)."""
-    return sum(c.isdigit() for c in completion) / max(len(completion), 1)
 
 
 def tiny_run(recipe, *, lr: float = 1e-2, steps: int, aggregation=rb.losses.token_mean, **kw):
