@@ -2,6 +2,7 @@
 
     python -m rlblocks.demo                      # defaults: ~15 minutes on a 2-core CPU
     python -m rlblocks.demo --steps 2 --model tiny --eval-size 8    # a smoke run in seconds
+    python -m rlblocks.demo --workers 2          # the same job on 2 Ray workers (FSDP2)
 
 It measures held-out accuracy (greedy) before training, runs GRPO, measures it again, and
 writes ``metrics.jsonl``, ``curves.png`` and ``summary.json`` into ``--out``.
@@ -73,6 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-size", type=int, default=64, help="held-out problems")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/demo"))
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="0: everything in this process; N: policy (FSDP2) and engine on N Ray workers",
+    )
     return p.parse_args(argv)
 
 
@@ -82,11 +89,29 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     task = TASKS[args.task]
     args.out.mkdir(parents=True, exist_ok=True)
 
-    # The blocks, one line each.
-    policy = rb.trainer.PolicyTrainer.from_pretrained(
-        args.model, lr=args.lr, micro_batch_size=8, reference="copy", max_grad_norm=1.0
+    # The blocks, one line each. With --workers the placement is the only thing that changes.
+    trainer = partial(
+        rb.trainer.PolicyTrainer.from_pretrained,
+        args.model,
+        lr=args.lr,
+        micro_batch_size=8,
+        reference="copy",
+        max_grad_norm=1.0,
     )
-    engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)
+    placement = rb.placement.Ray(workers=args.workers) if args.workers else rb.placement.Local()
+    with placement:  # Ray: the workers stop when the job ends, also on an error
+        if args.workers:
+            policy = placement.build("actor", trainer)
+            engine = placement.build(
+                "rollout", rb.rollout.HFEngine.from_pretrained, args.model, chat=True
+            )
+        else:
+            policy = trainer()  # the engine shares the trainer's model: no copy, no sync
+            engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)
+        return _run(args, task, policy, engine, shared=not args.workers)
+
+
+def _run(args: argparse.Namespace, task: Task, policy, engine, *, shared: bool) -> dict:
     reward = rb.rewards.math_answer
     advantage = rb.advantage.grpo
     loss = partial(grpo_loss, kl_coef=args.kl_coef)
@@ -135,7 +160,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         advantage=advantage,
         loss_fn=loss,
         on_step=on_step,
-        reuse_rollout_logprobs=True,  # the engine shares the trainer's model: no extra forward
+        # With a shared model the engine's log-probs are π_old exactly: one forward pass less.
+        reuse_rollout_logprobs=shared,
     )
     minutes = (time.perf_counter() - start) / 60
     print(f"held-out accuracy after {args.steps} steps ({minutes:.1f} min of training):")

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from rlblocks import demo
 from rlblocks.runlog import read_metrics
 
@@ -28,3 +30,27 @@ def test_demo_rejects_unknown_task():
 
     with pytest.raises(SystemExit):
         demo.parse_args(["--task", "chess"])
+
+
+@pytest.mark.ray
+def test_demo_runs_on_two_ray_workers(tmp_path):
+    out = tmp_path / "run"
+    argv = ["--model", "tiny", "--steps", "2", "--eval-size", "4", "--group-size", "2"]
+    summary = demo.main(
+        [
+            *argv,
+            "--prompts-per-step",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--workers",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1]
+    assert [r["sync/version"] for r in records] == [1, 2]
+    assert all(r["sync/bytes"] > 0 for r in records)  # two engine copies filled every step
+    assert 0.0 <= summary["after"] <= 1.0
