@@ -129,9 +129,12 @@ class Ray:
         """
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
-        name = self.roles.get(role, next(iter(self.pools)))
-        pool = self._pool(name)
+        pool = self._pool(self.pool_of(role))
         return pool.build(role, factory, args, kwargs, self.fsdp)
+
+    def pool_of(self, role: str) -> str:
+        """The name of the pool ``role`` runs on (the first pool unless ``roles`` says)."""
+        return self.roles.get(role, next(iter(self.pools)))
 
     def shutdown(self) -> None:
         """Kill every worker, free the placement groups, stop the Ray instance started here."""
