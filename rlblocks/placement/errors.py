@@ -11,9 +11,12 @@ class WorkerError(RuntimeError):
     ) -> None:
         self.role, self.rank, self.node, self.call = role, rank, node, call
         self.error, self.remote_traceback = error, remote_traceback
-        super().__init__(
-            f"{role} worker rank {rank} (node {node}) failed in {call}: {error}\n\n"
-            f"Traceback in the worker:\n{remote_traceback}"
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        return (
+            f"{self.role} worker rank {self.rank} (node {self.node}) failed in {self.call}: "
+            f"{self.error}\n\nTraceback in the worker:\n{self.remote_traceback}"
         )
 
     def __reduce__(self):  # picklable across processes, with every field
@@ -26,6 +29,12 @@ class WorkerDied(WorkerError):
 
     def __init__(self, role: str, rank: int, node: str, call: str, error: str) -> None:
         super().__init__(role, rank, node, call, error, "(the process is gone)")
+
+    def _message(self) -> str:
+        return (
+            f"{self.role} worker rank {self.rank} (node {self.node}) died during {self.call}: "
+            f"{self.error} The other workers of its pool were stopped; build its blocks again."
+        )
 
     def __reduce__(self):
         return (type(self), (self.role, self.rank, self.node, self.call, self.error))

@@ -27,6 +27,10 @@ Decisions worth knowing:
 - **dtypes.** Public log-probs are float32; inside ``step`` the loss sees log-probs in the
   model's precision promoted to float32 (float64 for a float64 model: tests compare
   micro-batchings at float64 tolerances that way).
+- **Data parallelism.** Inside a worker group (``rlblocks.placement.Ray``) the trainer is
+  sharded with FSDP2 by ``rlblocks.trainer.parallel.shard``; ``self.dp`` is then set and every
+  place that must agree across ranks (the normalizer, the NaN decision, the number of
+  micro-batches, the metrics) goes through it. With ``dp`` None nothing changes.
 - **Shared model.** ``trainer.model`` is the (possibly peft-wrapped) module; an in-process
   rollout engine can generate with it directly. ``named_weights()`` gives what a separate
   engine needs, with LoRA merged.

@@ -21,13 +21,13 @@ def test_a_killed_worker_fails_fast_and_shutdown_leaves_no_process():
     policy = placement.build("actor", policy_factory(torch.float32))
     pids = policy.pids()
     ro, advantages = grpo_batch(rb.rollout.HFEngine.from_pretrained("tiny", progress=False), 0)
-    ro = ro.repeat(40)  # 480 rows in micro-batches of 3: a step of many seconds
+    ro = ro.repeat(200)  # 2400 rows, 600 optimizer steps: a step of a minute or more
     outcome = {}
 
     def step():
         start = time.perf_counter()
         try:
-            policy.step(ro, advantages.repeat_interleave(40, dim=0), loss_fn=LOSS)
+            policy.step(ro, advantages.repeat_interleave(200, dim=0), loss_fn=LOSS)
         except Exception as e:  # noqa: BLE001 - the test inspects it
             outcome["error"] = e
         outcome["seconds"] = time.perf_counter() - start
@@ -40,6 +40,7 @@ def test_a_killed_worker_fails_fast_and_shutdown_leaves_no_process():
     assert not thread.is_alive()
     error = outcome["error"]
     assert isinstance(error, WorkerDied), error
+    assert "actor worker rank 1" in str(error) and "died during step" in str(error)
     assert (error.role, error.rank) == ("actor", 1)
     assert outcome["seconds"] < 60
     with pytest.raises(PoolBroken, match="actor rank 1 died in step. Build its blocks again"):
