@@ -34,6 +34,7 @@ from rlblocks.losses.kl import (
     kl_penalty_rewards,
     low_var_kl,
 )
+from rlblocks.losses.mismatch import TruncatedIS, rollout_mismatch
 from rlblocks.losses.ppo import clipped_surrogate
 from rlblocks.losses.value import value_loss
 
@@ -47,6 +48,7 @@ __all__ = [
     "SeqMeanTokenSum",
     "SeqMeanTokenSumNorm",
     "TokenMean",
+    "TruncatedIS",
     "aggregate",
     "cispo",
     "clip_cov",
@@ -63,6 +65,7 @@ __all__ = [
     "kl_loss",
     "kl_penalty_rewards",
     "low_var_kl",
+    "rollout_mismatch",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
     "seq_mean_token_sum_norm",

@@ -1,7 +1,7 @@
 """Causal LMs and tokenizers: ``load(name_or_path)``, built-in models, and the ``tiny`` factory."""
 
 from rlblocks.models.builtin import BUILTINS, builtin_path, cache_dir
-from rlblocks.models.loading import load, prepare_tokenizer
+from rlblocks.models.loading import load, load_tokenizer, prepare_tokenizer, resolve
 from rlblocks.models.tiny import save_tiny, tiny, tiny_config, tiny_tokenizer
 
 __all__ = [
@@ -9,7 +9,9 @@ __all__ = [
     "builtin_path",
     "cache_dir",
     "load",
+    "load_tokenizer",
     "prepare_tokenizer",
+    "resolve",
     "save_tiny",
     "tiny",
     "tiny_config",

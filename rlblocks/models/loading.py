@@ -30,7 +30,7 @@ def load(
     The tokenizer pads on the left (generation needs it) and always has a padding token (the
     EOS token when the checkpoint defines none). The model is in eval mode on ``device``.
     """
-    path = _resolve(name_or_path)
+    path = resolve(name_or_path)
     local = Path(path).is_dir()
     kwargs = {"trust_remote_code": trust_remote_code, "local_files_only": local or _offline()}
     try:
@@ -44,6 +44,28 @@ def load(
     return model.to(device).eval(), tokenizer
 
 
+def load_tokenizer(
+    name_or_path: str | Path, *, trust_remote_code: bool = False
+) -> PreTrainedTokenizerBase:
+    """The tokenizer ``load`` would return, without loading the model (engines that hold
+    their own weights, such as vLLM, need only this)."""
+    path = resolve(name_or_path)
+    kwargs = {"trust_remote_code": trust_remote_code}
+    kwargs["local_files_only"] = Path(path).is_dir() or _offline()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    except OSError as error:
+        raise OSError(_explain_missing(name_or_path, error)) from error
+    return prepare_tokenizer(tokenizer)
+
+
+def resolve(name_or_path: str | Path) -> str:
+    """A built-in name's folder (converted on first use); any other name or path unchanged."""
+    if str(name_or_path) in BUILTINS:
+        return str(builtin_path(str(name_or_path)))
+    return str(name_or_path)
+
+
 def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     """Left padding and a padding token (EOS if none), in place; returns the tokenizer."""
     tokenizer.padding_side = "left"
@@ -52,12 +74,6 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizer
             raise ValueError("the tokenizer has neither a padding token nor an EOS token")
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
-
-
-def _resolve(name_or_path: str | Path) -> str:
-    if str(name_or_path) in BUILTINS:
-        return str(builtin_path(str(name_or_path)))
-    return str(name_or_path)
 
 
 def _offline() -> bool:

@@ -52,9 +52,9 @@ from rlblocks.losses import (
     kl_loss,
     kl_penalty_rewards,
 )
+from rlblocks.losses.inputs import loss_inputs
 from rlblocks.masked import masked_mean
 from rlblocks.recipes.grpo import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
-from rlblocks.trainer.loss_inputs import loss_inputs
 
 
 def ppo(

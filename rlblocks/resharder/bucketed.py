@@ -20,6 +20,7 @@ Metrics: ``sync/seconds``, ``sync/bytes`` (bytes written into engines, summed ov
 from __future__ import annotations
 
 import inspect
+import re
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -32,23 +33,47 @@ Weights = Iterable[tuple[str, Tensor]]
 
 
 def buckets(weights: Weights, bucket_bytes: int) -> Iterator[list[tuple[str, Tensor]]]:
-    """``(name, tensor)`` pairs grouped into lists of at most ``bucket_bytes`` bytes each.
+    """``(name, tensor)`` pairs grouped into lists of about ``bucket_bytes`` bytes, in order,
+    never splitting a layer.
 
-    A tensor larger than the budget forms its own bucket. Order is kept.
+    Tensors of one decoder layer (names sharing a ``….layers.<i>.`` prefix) stay in one bucket:
+    vLLM reloads a layer's fused q/k/v and gate/up projections from the pieces it receives in
+    one call, so half a layer in one bucket and half in the next would lose a piece. A layer
+    (or any single tensor) larger than the budget is a bucket of its own.
     """
     if bucket_bytes < 1:
         raise ValueError(f"buckets: bucket_bytes must be >= 1, got {bucket_bytes}")
     bucket: list[tuple[str, Tensor]] = []
-    size = 0
+    group: list[tuple[str, Tensor]] = []
+    size = group_size = 0
+    group_key = None
     for name, tensor in weights:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
+        key = _layer_of(name)
+        if group and (key is None or key != group_key):
+            if bucket and size + group_size > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.extend(group)
+            size += group_size
+            group, group_size = [], 0
+        group.append((name, tensor))
+        group_size += tensor.numel() * tensor.element_size()
+        group_key = key
+    if group:
+        if bucket and size + group_size > bucket_bytes:
             yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
+            bucket = []
+        bucket.extend(group)
     if bucket:
         yield bucket
+
+
+_LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
+
+
+def _layer_of(name: str) -> str | None:
+    match = _LAYER.match(name)
+    return match.group(1) if match else None
 
 
 def trainer_weights(trainer: Any, bucket_bytes: int) -> Weights:

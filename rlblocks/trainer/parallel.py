@@ -65,10 +65,11 @@ class DataParallel:
         dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
         return out.to(x.device)
 
-    def all_max(self, value: int) -> int:
-        x = torch.tensor([value], dtype=torch.int64, device=self.device)
+    def all_max(self, value: float) -> float:
+        """The largest ``value`` over the ranks (float64 holds every count exactly)."""
+        x = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
-        return int(x)
+        return float(x)
 
     def all_true(self, flag: Tensor) -> Tensor:
         """True on every rank iff ``flag`` is True on every rank (the NaN guard's decision)."""
@@ -81,7 +82,7 @@ class DataParallel:
         Returns ``(part, real)`` pairs; a padded entry must be run (so that FSDP's collectives
         match) with its result thrown away and a loss weight of zero.
         """
-        count = self.all_max(len(parts))
+        count = int(self.all_max(len(parts)))
         return [(p, True) for p in parts] + [(filler, False)] * (count - len(parts))
 
 

@@ -51,6 +51,8 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from rlblocks.interfaces import Advantages, PolicyLoss
 from rlblocks.losses.aggregate import aggregate
+from rlblocks.losses.inputs import LossInputs, loss_inputs
+from rlblocks.losses.mismatch import mismatch_metrics, mismatch_sums
 from rlblocks.masked import masked_mean
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.batches import micro_batches, minibatch_rows, pad_columns, token_advantages
@@ -58,7 +60,6 @@ from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.guard import guarded_step
 from rlblocks.trainer.lora import is_peft_model, merged_weights, wrap_lora
-from rlblocks.trainer.loss_inputs import LossInputs, loss_inputs
 from rlblocks.trainer.metrics import StepMetrics
 from rlblocks.trainer.parallel import DataParallel, gathered
 from rlblocks.trainer.schedules import constant
@@ -274,6 +275,7 @@ class PolicyTrainer:
         self.steps += 1
         seconds = time.perf_counter() - start
         return {
+            **self._mismatch(batch),
             **metrics.summary(reduce=None if self.dp is None else self.dp.all_sum),
             "lr": float(self._last_lr),
             "optimizer_steps": float(self.optimizer_steps - applied),
@@ -281,6 +283,18 @@ class PolicyTrainer:
             "seconds": seconds,
             "tokens_per_second": batch.num_tokens * c.epochs / max(seconds, 1e-9),
         }
+
+    def _mismatch(self, batch: Rollouts) -> dict[str, float]:
+        """Engine versus trainer on the sampled tokens: π_old against the rollout log-probs
+        (``rlblocks.losses.mismatch``), over the whole batch of every rank; {} without them."""
+        if batch.rollout_logprobs is None:
+            return {}
+        old = batch.extras["old_logprobs"]
+        sums = mismatch_sums(old, batch.rollout_logprobs, batch.response_mask)
+        if self.dp is not None:  # counts and sums add up over ranks, the max is a max
+            largest = self.dp.all_max(float(sums[3]))
+            sums = torch.cat([self.dp.all_sum(sums[:3]), sums.new_tensor([largest])])
+        return mismatch_metrics(sums.cpu())
 
     def _prepare(
         self,

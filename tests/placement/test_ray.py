@@ -51,8 +51,9 @@ def test_grpo_steps_match_local_and_the_engine_gets_identical_weights(ray_blocks
         remote = ray_policy.step(ro, advantages, loss_fn=LOSS)
         assert local["optimizer_steps"] == remote["optimizer_steps"] == 3  # 12 rows / 4
         assert remote["grad_norm"] == pytest.approx(local["grad_norm"], rel=1e-9)
+        assert remote["mismatch/abs_max"] == pytest.approx(local["mismatch/abs_max"], rel=1e-9)
         assert remote["loss"] == pytest.approx(local["loss"], abs=1e-7)
-        for key in ("clip_frac", "entropy", "ratio_mean", "approx_kl"):
+        for key in ("clip_frac", "entropy", "ratio_mean", "approx_kl", "mismatch/abs_mean"):
             assert remote[key] == pytest.approx(local[key], rel=1e-5, abs=1e-7), key
         resharder.sync(policy, engine)
         metrics = ray_resharder.sync(ray_policy, ray_engine)

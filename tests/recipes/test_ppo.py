@@ -14,8 +14,8 @@ import rlblocks as rb
 from rlblocks.critic import CriticTrainer
 from rlblocks.data import PromptBatches, load_prompts
 from rlblocks.losses import AdaptiveKLController, FixedKLController, clipped_surrogate, k1
+from rlblocks.losses.inputs import loss_inputs
 from rlblocks.recipes.ppo import kl_regularized, ppo
-from rlblocks.trainer.loss_inputs import loss_inputs
 
 REWARD = rb.rewards.per_sample(digit_fraction, timeout=None)
 

@@ -77,6 +77,20 @@ def test_small_buckets_give_the_same_engine_weights():
     policy, engine = make_pair(shared=False)
     train_one_step(policy, engine)
     metrics = Resharder(bucket_mb=0.01).sync(policy, engine)  # ~10 KB: many buckets
-    assert metrics["sync/buckets"] > 5
+    # embedding, layer 0, layer 1 (each over the ~10 KB budget, layers kept whole), the final
+    # norm, the tied lm_head under its own name: 5 buckets.
+    assert metrics["sync/buckets"] == 5
     for name, value in policy.model.state_dict().items():
         assert torch.equal(engine.model.state_dict()[name], value), name
+
+
+def test_buckets_never_split_a_layer():
+    # Layer 0 is 3 tensors of 4 bytes, layer 1 likewise, then a norm: with a 16-byte budget
+    # layer 0 (12 bytes) fits, layer 1 would make 24 -> a new bucket; the norm joins it (16).
+    names = [f"model.layers.{i}.{p}" for i in (0, 1) for p in ("q.weight", "k.weight", "v.weight")]
+    weights = [(n, torch.zeros(1)) for n in [*names, "model.norm.weight"]]
+    got = [[n for n, _ in bucket] for bucket in rb.resharder.buckets(weights, 16)]
+    assert got == [names[:3], [*names[3:], "model.norm.weight"]]
+    # A layer above the budget stays whole, in a bucket of its own.
+    got = [[n for n, _ in bucket] for bucket in rb.resharder.buckets(weights, 4)]
+    assert got == [names[:3], names[3:], ["model.norm.weight"]]

