@@ -9,7 +9,10 @@ One object for every placement, picked by looking at the trainer and the engine:
   For a sharded (FSDP) trainer each tensor is all-gathered just before it joins a bucket and
   dropped once the bucket is loaded, so a worker holds its shards, the engine's copy and one
   bucket, never a second full model.
-- **Worker groups** (``rlblocks.placement.Ray``): the trainer handle's ``sync_weights_with``
+- **LoRA adapter only**: a peft LoRA policy and an engine that serves adapters itself
+  (``VLLMEngine(..., enable_lora=True)``): the adapter is saved (peft's ``save_pretrained``,
+  adapter weights and config only) and the engine loads it; the base weights never move.
+  - **Worker groups** (``rlblocks.placement.Ray``): the trainer handle's ``sync_weights_with``
   runs :meth:`Resharder.push` inside each colocated worker, or moves the buckets through Ray's
   object store when the engine has its own pool. This module knows nothing of Ray.
 
@@ -21,8 +24,11 @@ from __future__ import annotations
 
 import inspect
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -92,6 +98,7 @@ class Resharder:
             raise ValueError(f"Resharder: bucket_mb must be > 0, got {bucket_mb}")
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.version = 0
+        self._adapters: tempfile.TemporaryDirectory | None = None  # LoRA adapters, by version
 
     def sync(self, trainer: PolicyTrainer, engine: RolloutEngine) -> dict[str, float]:
         """Give ``engine`` the trainer's current weights; metrics back (module docstring)."""
@@ -107,6 +114,8 @@ class Resharder:
         moved, count = 0, 0
         if _shares_module(trainer, engine):
             engine.update_weights((), version=version)
+        elif _adapter_only(trainer, engine):
+            moved, count = self._push_adapter(trainer, engine, version), 1
         else:
             for bucket in buckets(trainer_weights(trainer, self.bucket_bytes), self.bucket_bytes):
                 engine.update_weights(bucket, version=version)
@@ -119,11 +128,32 @@ class Resharder:
             "sync/version": float(version),
         }
 
+    def _push_adapter(self, trainer: Any, engine: Any, version: int) -> int:
+        """Save the LoRA adapter (peft's ``save_pretrained``: adapter weights and config only)
+        into a fresh folder, point the engine at it, drop the previous folder; its bytes back."""
+        if self._adapters is None:
+            self._adapters = tempfile.TemporaryDirectory(prefix="rlblocks-adapter-")
+        folder = Path(self._adapters.name) / f"v{version}"
+        trainer.model.save_pretrained(folder)
+        engine.load_adapter(folder, version=version)
+        for old in Path(self._adapters.name).iterdir():
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+        return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+
     def state_dict(self) -> dict[str, int]:
         return {"version": self.version}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.version = int(state["version"])
+
+
+def _adapter_only(trainer: object, engine: object) -> bool:
+    """A LoRA policy and an engine that serves adapters itself: send the adapter, not W + BA."""
+    from rlblocks.trainer.lora import is_peft_model
+
+    model = getattr(trainer, "model", None)
+    return is_peft_model(model) and bool(getattr(engine, "lora_enabled", False))
 
 
 def _shares_module(trainer: object, engine: object) -> bool:

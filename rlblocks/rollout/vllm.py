@@ -86,6 +86,8 @@ class VLLMEngine:
             settings.setdefault("gpu_memory_utilization", gpu_memory_utilization)
         self.llm = vllm.LLM(**settings)
         self._vllm = vllm
+        self.lora_enabled = bool(settings.get("enable_lora"))
+        self._lora_request: Any = None  # the adapter every generate call applies, if any
 
     # ------------------------------------------------------------------ RolloutEngine
     def generate(
@@ -111,7 +113,9 @@ class VLLMEngine:
         if not ids:
             raise ValueError("VLLMEngine.generate: no prompts")
         requests = [{"prompt_token_ids": list(p)} for p in ids]
-        outputs = self.llm.generate(requests, self._params(params, n), use_tqdm=False)
+        outputs = self.llm.generate(
+            requests, self._params(params, n), use_tqdm=False, lora_request=self._lora_request
+        )
         pad = self._pad_id()
         rows, responses, logprobs = [], [], []
         for i, out in enumerate(outputs):
@@ -133,6 +137,23 @@ class VLLMEngine:
         if pairs:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
         self.llm.reset_prefix_cache()
+        self.weights_version = version
+
+    def load_adapter(self, path: str | Path, *, version: int) -> None:
+        """Sample with the LoRA adapter saved in ``path`` (peft's ``save_pretrained`` layout)
+        from now on; the base weights stay as they are. Needs ``enable_lora=True`` (and
+        ``max_lora_rank`` at least the adapter's rank) when the engine is built.
+
+        Each version gets its own adapter id: vLLM caches adapters by id, so reusing one would
+        keep serving the old weights. vLLM reads the folder at the next ``generate``.
+        """
+        if not self.lora_enabled:
+            raise ValueError("VLLMEngine.load_adapter: build the engine with enable_lora=True")
+        if version < 1:
+            raise ValueError(f"VLLMEngine.load_adapter: version must be >= 1, got {version}")
+        from vllm.lora.request import LoRARequest
+
+        self._lora_request = LoRARequest(f"policy-v{version}", version, str(path))
         self.weights_version = version
 
     # ------------------------------------------------------------------ memory on a GPU

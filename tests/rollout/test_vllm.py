@@ -97,3 +97,34 @@ def test_greedy_log_probs_are_at_temperature_one(engine, policy):
     ro = engine.generate(PROMPTS, sampling=rb.SamplingParams(max_new_tokens=6, temperature=0.0))
     gap = (ro.rollout_logprobs - policy.logprobs(ro))[ro.response_mask].abs().max()
     assert gap < 1e-4
+
+
+def test_a_lora_adapter_sync_samples_like_the_merged_model():
+    # A second engine with LoRA enabled; the policy trains only adapters, and the Resharder
+    # sends the adapter (peft's save_pretrained) instead of W + BA.
+    from peft import LoraConfig
+
+    lora_engine = VLLMEngine(
+        "tiny", max_model_len=256, enforce_eager=True, enable_lora=True, max_lora_rank=8
+    )
+    model, tokenizer = rb.models.load("tiny")
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj"])
+    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=5e-2, lora=lora)
+    sampling = rb.SamplingParams(max_new_tokens=6, seed=4)
+    ro = lora_engine.generate(PROMPTS, n=2, sampling=sampling)
+    for _ in range(3):
+        policy.step(ro, torch.linspace(-1, 1, ro.batch_size), loss_fn=rb.losses.clipped_surrogate)
+    resharder = rb.resharder.Resharder()
+    metrics = resharder.sync(policy, lora_engine)
+    full = sum(t.numel() * t.element_size() for _, t in policy.named_weights())
+    assert 0 < metrics["sync/bytes"] < full / 10  # the adapter, not the model
+    fresh = lora_engine.generate(PROMPTS, n=2, sampling=sampling)
+    trainer_lp = policy.logprobs(fresh)  # the adapted model = the merged model's log-probs
+    gap = (fresh.rollout_logprobs - trainer_lp)[fresh.response_mask].abs().max()
+    assert gap < 1e-4
+    base = rb.trainer.PolicyTrainer(rb.models.load("tiny")[0], reference=None).logprobs(fresh)
+    assert (fresh.rollout_logprobs - base)[fresh.response_mask].abs().max() > 1e-2
+    resharder.sync(policy, lora_engine)  # a second version replaces the first
+    assert lora_engine.weights_version == 2
+    again = lora_engine.generate(PROMPTS, n=2, sampling=sampling)
+    assert torch.equal(again.response_ids, fresh.response_ids)
