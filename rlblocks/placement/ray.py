@@ -429,7 +429,7 @@ class WorkerGroup:
             calls.append(("step", (rollouts.select(mine), targets[mine]), local))
         results = self._pool.call(self._role, calls, "step")
         metrics = dict(results[0])  # loss, metrics and grad norm are already group-wide
-        for key in ("seconds", "vf_seconds"):
+        for key in ("seconds", "logprob_seconds", "vf_seconds"):
             if key in metrics:
                 metrics[key] = max(r[key] for r in results)
         if "tokens_per_second" in metrics:

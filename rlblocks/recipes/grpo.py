@@ -76,7 +76,9 @@ def grpo(
         rollouts = engine.generate(  # 1. G samples per prompt, one group id per prompt
             batch.prompts, n=group_size, sampling=sampling, metadata=batch.metadata
         )
+        generated = time.perf_counter()
         rewards, reward_metrics = reward_fn(rollouts)  # 2. one scalar per response
+        rewarded = time.perf_counter()
         rollouts = rollouts.with_extras(rewards=rewards)  # kept with the rows (dashboards read it)
         advantages, _ = advantage(rewards, rollouts.response_mask, rollouts.group_ids)  # 3.
         if reuse_rollout_logprobs:
@@ -89,6 +91,7 @@ def grpo(
             **sync_metrics,
             "response_length": rollouts.response_lengths.float().mean().item(),
             "step_seconds": time.perf_counter() - start,
+            **_breakdown(generated - start, rewarded - generated, train_metrics, sync_metrics),
         }
         history.append(metrics)
         bar.update()
@@ -100,3 +103,18 @@ def grpo(
                 break
     bar.close()
     return history
+
+
+def _breakdown(
+    rollout: float, reward: float, train: dict[str, Any], sync: dict[str, Any]
+) -> dict[str, float]:
+    """Where a step's seconds went: ``time/rollout``, ``reward``, ``logprobs``, ``update``,
+    ``sync`` (the last three from the trainer's and the resharder's own metrics)."""
+    logprobs = float(train.get("logprob_seconds", 0.0))
+    return {
+        "time/rollout": rollout,
+        "time/reward": reward,
+        "time/logprobs": logprobs,
+        "time/update": float(train.get("seconds", 0.0)) - logprobs,
+        "time/sync": float(sync.get("sync/seconds", 0.0)),
+    }

@@ -241,7 +241,10 @@ class PolicyTrainer:
         Returns floats: ``loss`` (mean mini-batch loss), every loss metric and ``entropy``
         averaged over micro-batches weighted by valid tokens, ``grad_norm`` (mean pre-clipping
         norm), ``lr`` (of the last applied update), ``optimizer_steps``, ``skipped_steps``,
-        ``seconds`` and ``tokens_per_second`` (real tokens × epochs / seconds). Metrics of
+        ``seconds`` (of which ``logprob_seconds`` scoring π_old and π_ref before the update),
+        ``tokens_per_second`` (real tokens × epochs / seconds) and, when the rollouts carry
+        rollout log-probs, ``mismatch/abs_mean``, ``mismatch/abs_max`` and ``mismatch/kl``
+        (π_old against the engine's log-probs, ``rlblocks.losses.mismatch``). Metrics of
         skipped steps are left out (NaN if every step was skipped).
 
         ``minibatches``: the row indices of each optimizer step, in order, instead of the ones
@@ -252,6 +255,7 @@ class PolicyTrainer:
         start = time.perf_counter()
         wants = loss_inputs(loss_fn)
         batch = self._prepare(rollouts.to(self.device), advantages, old_logprobs, wants)
+        scored = time.perf_counter()  # old (and reference) log-probs are ready
         metrics, applied, skipped = StepMetrics(), self.optimizer_steps, self.skipped_steps
         self._last_lr = self.scheduler.get_last_lr()[0]
         c = self.config
@@ -281,6 +285,7 @@ class PolicyTrainer:
             "optimizer_steps": float(self.optimizer_steps - applied),
             "skipped_steps": float(self.skipped_steps - skipped),
             "seconds": seconds,
+            "logprob_seconds": scored - start,
             "tokens_per_second": batch.num_tokens * c.epochs / max(seconds, 1e-9),
         }
 
