@@ -30,13 +30,20 @@ Decisions worth knowing: the HF engine is built, measured and deleted before vLL
 model in memory at a time, and vLLM's CPU worker replaces ``torch.set_num_threads`` with a
 no-op once it has bound its threads, so HF could not be given its threads afterwards). The
 thread settings of both are printed. The machine may be shared: a busy spell slows whichever
-engine runs then, so compare ``s (min)`` too, and rerun when the two disagree.
+engine runs then, so compare ``s (min)`` too, and rerun when the two disagree. ``mean len``
+and ``at max`` describe the last timed run.
+
+A limit of vLLM 0.32 on a CPU: a seeded request whose prefill is split across scheduler steps
+(chunked prefill: the prompts' tokens, times ``--n``, above ``max_num_batched_tokens``, 4096 by
+default) fails with ``RuntimeError: CPU Generator does not use offset``. The defaults stay
+well below that (32 prompts of about 80 tokens); more prompts may not.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import os
 import statistics
@@ -49,6 +56,13 @@ import transformers
 import rlblocks as rb
 from rlblocks.interfaces import Prompt, RolloutEngine, SamplingParams
 
+# vLLM's CPU settings (see cpu_settings), printed with its row
+VLLM_THREADS = (
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU",
+    "VLLM_CPU_KVCACHE_SPACE",
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class Row:
@@ -60,6 +74,7 @@ class Row:
     seconds: list[float]
     tokens: list[int]  # sampled tokens of each timed run
     rows: int
+    prompt_tokens: int  # of every row, last run
     mean_length: float  # tokens per row, last run
     at_max: int  # rows of the last run that ran to max_new_tokens
 
@@ -101,8 +116,10 @@ def measure(
     build: Callable[[], RolloutEngine],
     prompts: list[Prompt],
     args: argparse.Namespace,
+    env: tuple[str, ...],
 ) -> Row:
-    """Build the engine, one untimed ``generate``, then ``args.repeats`` timed ones."""
+    """Build the engine, one untimed ``generate``, then ``args.repeats`` timed ones; ``env``:
+    the environment variables that set its threads, printed with torch's thread count."""
     start = time.perf_counter()
     engine = build()
     build_seconds = time.perf_counter() - start
@@ -116,36 +133,36 @@ def measure(
             seconds.append(time.perf_counter() - start)
             tokens.append(int(rollouts.response_mask.sum()))
     lengths = rollouts.response_mask.sum(-1)  # (b)
-    threads = thread_settings()
-    del engine, rollouts
-    gc.collect()
-    return Row(
+    row = Row(
         label=label,
-        threads=threads,
+        threads=thread_settings(env),
         build_seconds=build_seconds,
         seconds=seconds,
         tokens=tokens,
         rows=len(lengths),
+        prompt_tokens=int(rollouts.attention_mask.sum() - rollouts.response_mask.sum()),
         mean_length=lengths.float().mean().item(),
         at_max=int((lengths == args.max_new_tokens).sum()),
     )
+    del engine, rollouts
+    gc.collect()
+    return row
 
 
-def thread_settings() -> str:
-    """torch's intra-op threads and the OpenMP variables that shape them."""
-    names = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+def thread_settings(names: tuple[str, ...]) -> str:
+    """torch's intra-op threads now, and the environment variables ``names`` (those set)."""
     env = ", ".join(f"{k}={os.environ[k]}" for k in names if k in os.environ)
-    return f"torch threads {torch.get_num_threads()} ({env})"
+    return f"torch threads {torch.get_num_threads()}" + (f"; {env}" if env else "")
 
 
 def print_table(rows: list[Row], reference: Row) -> None:
     print(
-        f"{'engine':<6} {'build s':>8} {'rows':>5} {'tokens':>7} {'mean len':>9} {'at max':>7} "
-        f"{'s (median)':>11} {'s (min)':>8} {'tok/s':>8} {'ratio':>6}"
+        f"{'engine':<6} {'build s':>8} {'rows':>5} {'prompt tok':>10} {'tokens':>7} "
+        f"{'mean len':>9} {'at max':>7} {'s (median)':>11} {'s (min)':>8} {'tok/s':>8} {'ratio':>6}"
     )
     for row in rows:
         print(
-            f"{row.label:<6} {row.build_seconds:>8.1f} {row.rows:>5} "
+            f"{row.label:<6} {row.build_seconds:>8.1f} {row.rows:>5} {row.prompt_tokens:>10} "
             f"{statistics.median(row.tokens):>7.0f} {row.mean_length:>9.1f} {row.at_max:>7} "
             f"{statistics.median(row.seconds):>11.3f} {min(row.seconds):>8.3f} "
             f"{row.tokens_per_s:>8.1f} {row.tokens_per_s / reference.tokens_per_s:>6.2f}"
@@ -170,13 +187,12 @@ def main() -> None:
     # HF first: vLLM's CPU worker turns torch.set_num_threads into a no-op once it has bound
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    hf = measure(
-        "hf",
-        lambda: rb.rollout.HFEngine.from_pretrained(args.model, dtype=dtype, progress=False),
-        prompts,
-        args,
-    )
-    vllm = measure("vllm", lambda: VLLMEngine(args.model, dtype=args.dtype), prompts, args)
+    load_hf = rb.rollout.HFEngine.from_pretrained
+    build_hf = functools.partial(load_hf, args.model, dtype=dtype, progress=False)
+    # torch.set_num_threads above overrides OMP_NUM_THREADS
+    hf = measure("hf", build_hf, prompts, args, env=("OMP_NUM_THREADS",))
+    build_vllm = functools.partial(VLLMEngine, args.model, dtype=args.dtype)
+    vllm = measure("vllm", build_vllm, prompts, args, env=VLLM_THREADS)
     print_table([hf, vllm], reference=hf)
 
 

@@ -128,3 +128,37 @@ def test_a_lora_adapter_sync_samples_like_the_merged_model():
     assert lora_engine.weights_version == 2
     again = lora_engine.generate(PROMPTS, n=2, sampling=sampling)
     assert torch.equal(again.response_ids, fresh.response_ids)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("layout", ["colocated", "split"])
+def test_vllm_engines_in_ray_workers_follow_the_sharded_trainer(layout):
+    # Colocated: each of the two workers holds a trainer shard (FSDP2) and its own vLLM engine.
+    # Split: the engine has a worker of its own; the weights go through Ray's object store.
+    from ray_helpers import LOSS, policy_factory
+
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if layout == "split":
+        pools = {"train": rb.placement.Pool(workers_per_node=2), "gen": rb.placement.Pool()}
+        placement = rb.placement.Ray(pools=pools, roles={"rollout": "gen"}, env=env)
+    else:
+        placement = rb.placement.Ray(workers=2, env=env)
+    with placement:
+        policy = placement.build("actor", policy_factory(torch.float32))
+        engine = placement.build(
+            "rollout", VLLMEngine, "tiny", max_model_len=256, enforce_eager=True
+        )
+        sampling = rb.SamplingParams(max_new_tokens=6, seed=1)
+        ro = engine.generate(PROMPTS, n=2, sampling=sampling)
+        assert (ro.rollout_logprobs - policy.logprobs(ro))[ro.response_mask].abs().max() < 1e-4
+        policy.step(ro, torch.linspace(-1, 1, ro.batch_size), loss_fn=LOSS)
+        stale = engine.generate(PROMPTS, n=2, sampling=sampling)
+        assert (stale.rollout_logprobs - policy.logprobs(stale))[
+            stale.response_mask
+        ].abs().max() > 1e-3
+        metrics = rb.resharder.Resharder().sync(policy, engine)
+        assert metrics["sync/version"] == 1 and metrics["sync/bytes"] > 0
+        fresh = engine.generate(PROMPTS, n=2, sampling=sampling)
+        assert (fresh.rollout_logprobs - policy.logprobs(fresh))[
+            fresh.response_mask
+        ].abs().max() < 1e-4
