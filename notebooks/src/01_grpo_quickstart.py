@@ -39,13 +39,15 @@ torch.manual_seed(0)
 # %% [markdown]
 # ## The blocks
 #
-# The engine shares the trainer's model, so the in-process resharder has nothing to copy: it
-# only records the weight version. Sums of two numbers up to 10 keep the task within reach of
+# The engine shares the trainer's model, so the resharder has nothing to copy: it only records
+# the weight version. With vLLM installed, `rb.rollout.VLLMEngine(MODEL, chat=True)` on that line
+# is the only change: the engine then holds its own copy and the resharder streams the new
+# weights into it after every step. Sums of two numbers up to 10 keep the task within reach of
 # a 135M model, so that GRPO has a learning signal from the first step.
 
 # %%
 policy = rb.trainer.PolicyTrainer.from_pretrained(MODEL, lr=3e-5, micro_batch_size=8, reference=None)
-engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)
+engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)  # or: rb.rollout.VLLMEngine(MODEL, chat=True)
 resharder = rb.resharder.Resharder()
 reward = rb.rewards.math_answer                                   # 1 if the last number is right
 advantage = rb.advantage.grpo                                     # group-standardized reward

@@ -12,7 +12,7 @@ One object for every placement, picked by looking at the trainer and the engine:
 - **LoRA adapter only**: a peft LoRA policy and an engine that serves adapters itself
   (``VLLMEngine(..., enable_lora=True)``): the adapter is saved (peft's ``save_pretrained``,
   adapter weights and config only) and the engine loads it; the base weights never move.
-  - **Worker groups** (``rlblocks.placement.Ray``): the trainer handle's ``sync_weights_with``
+- **Worker groups** (``rlblocks.placement.Ray``): the trainer handle's ``sync_weights_with``
   runs :meth:`Resharder.push` inside each colocated worker, or moves the buckets through Ray's
   object store when the engine has its own pool. This module knows nothing of Ray.
 
