@@ -24,7 +24,7 @@ counted, padding not), so an engine that keeps computing rows that have already 
 it. tok/s is the median over runs of each run's tokens / seconds; the ratio is vLLM's over HF's.
 With a seed each engine samples the same tokens every run, but the two engines draw from
 different random streams, so their responses (and lengths: see ``mean len`` and ``at max``)
-differ; on a random model such as ``"tiny"`` nearly every row runs to ``--max-new-tokens``.
+differ; on a random model such as ``"tiny"`` most rows run to ``--max-new-tokens``.
 
 Decisions worth knowing: the HF engine is built, measured and deleted before vLLM is built (one
 model in memory at a time, and vLLM's CPU worker replaces ``torch.set_num_threads`` with a
@@ -36,7 +36,7 @@ and ``at max`` describe the last timed run.
 A limit of vLLM 0.32 on a CPU: a seeded request whose prefill is split across scheduler steps
 (chunked prefill: the prompts' tokens, times ``--n``, above ``max_num_batched_tokens``, 4096 by
 default) fails with ``RuntimeError: CPU Generator does not use offset``. The defaults stay
-well below that (32 prompts of about 80 tokens); more prompts may not.
+below that (32 prompts, about 2,000 prompt tokens: see ``prompt tok``); 64 prompts do not.
 """
 
 from __future__ import annotations

@@ -84,6 +84,11 @@ class VLLMEngine:
         }
         if torch.cuda.is_available():
             settings.setdefault("gpu_memory_utilization", gpu_memory_utilization)
+        else:
+            # vLLM rewinds a seeded request's generator when chunked prefill splits its prompt,
+            # which CPU generators cannot do ("CPU Generator does not use offset"): a seeded
+            # batch of more than max_num_batched_tokens prompt tokens would crash.
+            settings.setdefault("enable_chunked_prefill", False)
         self.llm = vllm.LLM(**settings)
         self._vllm = vllm
         self.lora_enabled = bool(settings.get("enable_lora"))
@@ -103,7 +108,7 @@ class VLLMEngine:
         Same layout as ``HFEngine.generate``: left-padded prompts, right-padded responses,
         ``response_mask`` True on the sampled tokens, ``rollout_logprobs`` (b t) float32 with 0
         at padding, a copy of ``metadata[i]`` on each row of prompt ``i``. With
-        ``sampling.seed`` the result is reproducible (each prompt's request gets that seed).
+        ``sampling.seed`` the result is reproducible; every row gets its own random stream.
         """
         params = sampling or self.sampling
         if n < 1:
@@ -113,8 +118,12 @@ class VLLMEngine:
         if not ids:
             raise ValueError("VLLMEngine.generate: no prompts")
         requests = [{"prompt_token_ids": list(p)} for p in ids]
+        # One SamplingParams per prompt: with a seed, prompt i's samples use seeds
+        # seed + i·n … seed + i·n + n − 1 (vLLM adds the sample index), so no two rows of the
+        # batch share a random stream.
+        per_prompt = [self._params(params, n, index=i) for i in range(len(ids))]
         outputs = self.llm.generate(
-            requests, self._params(params, n), use_tqdm=False, lora_request=self._lora_request
+            requests, per_prompt, use_tqdm=False, lora_request=self._lora_request
         )
         pad = self._pad_id()
         rows, responses, logprobs = [], [], []
@@ -166,8 +175,9 @@ class VLLMEngine:
         self.llm.wake_up()
 
     # ------------------------------------------------------------------ helpers
-    def _params(self, params: SamplingParams, n: int) -> Any:
+    def _params(self, params: SamplingParams, n: int, *, index: int) -> Any:
         greedy = params.temperature == 0
+        seed = None if params.seed is None else params.seed + index * n
         return self._vllm.SamplingParams(
             n=n,
             temperature=params.temperature,
@@ -176,7 +186,7 @@ class VLLMEngine:
             max_tokens=params.max_new_tokens,
             stop=list(params.stop) or None,
             include_stop_str_in_output=True,
-            seed=params.seed,
+            seed=seed,
             logprobs=0,  # the sampled token's log-prob only
             detokenize=bool(params.stop),  # stop strings need the text; otherwise skip it
         )

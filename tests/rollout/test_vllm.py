@@ -54,12 +54,23 @@ def test_shapes_masks_groups_and_metadata(engine):
 
 def test_a_seed_reproduces_the_samples(engine):
     sampling = rb.SamplingParams(max_new_tokens=6, seed=7)
+    prompts = [PROMPTS[0], PROMPTS[0]]  # the same prompt twice: its rows must still differ
     a, b = (
-        engine.generate(PROMPTS, n=2, sampling=sampling),
-        engine.generate(PROMPTS, n=2, sampling=sampling),
+        engine.generate(prompts, n=2, sampling=sampling),
+        engine.generate(prompts, n=2, sampling=sampling),
     )
     assert torch.equal(a.response_ids, b.response_ids)
-    assert not torch.equal(a.response_ids[0], a.response_ids[1])  # n samples differ
+    rows = {tuple(r.tolist()) for r in a.response_ids}
+    assert len(rows) == 4  # every row its own random stream (seed + prompt·n + sample)
+
+
+def test_a_seeded_batch_larger_than_one_scheduler_step(engine):
+    # 64 prompts x 4 samples is more prompt tokens than vLLM batches in one step on a CPU;
+    # with chunked prefill a seeded request would crash there (see VLLMEngine).
+    prompts = rb.data.arithmetic_prompts(n=64, chat=True).prompts
+    ro = engine.generate(prompts, n=4, sampling=rb.SamplingParams(max_new_tokens=2, seed=0))
+    # 256 rows of ~70 prompt tokens each: far more than the 4096 tokens of one step.
+    assert ro.batch_size == 256 and int(ro.prompt_mask.sum()) > 4096
 
 
 def test_a_stop_string_ends_the_response_and_is_kept(engine):
