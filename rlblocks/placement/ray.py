@@ -353,6 +353,7 @@ class WorkerGroup:
         self._type = kind["type"]
         self._trainer = kind["trainer"]
         self._callables = frozenset(kind["callables"])
+        self._attributes = frozenset(kind["attributes"])  # at build time
 
     @property
     def world_size(self) -> int:
@@ -373,6 +374,8 @@ class WorkerGroup:
             raise AttributeError(name)
         if name in self._callables:
             return _Method(self, name)
+        if name not in self._attributes:  # as the block itself would answer
+            raise AttributeError(f"{self._type} (as {self._role!r}) has no attribute {name!r}")
         rest = [("__noop__", (), {})] * (self.world_size - 1)  # only rank 0 answers
         return self._pool.call(self._role, [("__getattr__", (name,), {}), *rest], name)[0]
 
@@ -626,7 +629,13 @@ class _Worker:
             callables = [n for n in dir(block) if not n.startswith("_") and _is_method(block, n)]
             if callable(block):
                 callables.append("__call__")
-            return {"type": type(block).__name__, "trainer": trainer, "callables": callables}
+            public = [n for n in dir(block) if not n.startswith("_")]
+            return {
+                "type": type(block).__name__,
+                "trainer": trainer,
+                "callables": callables,
+                "attributes": public,
+            }
 
         return self._guard(role, "build", make)
 

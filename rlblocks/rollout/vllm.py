@@ -92,6 +92,8 @@ class VLLMEngine:
         self.llm = vllm.LLM(**settings)
         self._vllm = vllm
         self.lora_enabled = bool(settings.get("enable_lora"))
+        self.sleep_enabled = enable_sleep_mode and torch.cuda.is_available()
+        self._asleep = False
         self._lora_request: Any = None  # the adapter every generate call applies, if any
 
     # ------------------------------------------------------------------ RolloutEngine
@@ -113,6 +115,7 @@ class VLLMEngine:
         params = sampling or self.sampling
         if n < 1:
             raise ValueError(f"VLLMEngine.generate: n must be >= 1, got {n}")
+        self.wake_up()  # a no-op unless asleep
         texts, ids = render_prompts(prompts, self.tokenizer, chat=self.chat)
         meta = _check_metadata(metadata, len(ids))
         if not ids:
@@ -142,6 +145,7 @@ class VLLMEngine:
         A subset is fine (the Resharder sends buckets of whole layers). Tensors are moved to
         the CPU here when vLLM runs on the CPU; vLLM casts them to its dtype while loading.
         """
+        self.wake_up()  # weights dropped by sleep(level=2) must be back before loading
         pairs = [(name, tensor.detach()) for name, tensor in weights]
         if pairs:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
@@ -167,12 +171,18 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ memory on a GPU
     def sleep(self, level: int = 1) -> None:
-        """Free the KV cache (level 1) and the weights too (level 2) while the trainer runs."""
-        self.llm.sleep(level=level)
+        """Give the GPU to the trainer: level 1 drops the KV cache and moves the weights to host
+        memory, level 2 drops both. A no-op unless the engine was built with
+        ``enable_sleep_mode=True`` on a GPU (vLLM has no sleep mode on a CPU)."""
+        if self.sleep_enabled and not self._asleep:
+            self.llm.sleep(level=level)
+            self._asleep = True
 
     def wake_up(self) -> None:
-        """Take the memory back before the next rollout."""
-        self.llm.wake_up()
+        """Take the memory back (before loading new weights and the next rollout)."""
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
 
     # ------------------------------------------------------------------ helpers
     def _params(self, params: SamplingParams, n: int, *, index: int) -> Any:

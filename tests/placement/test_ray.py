@@ -180,3 +180,11 @@ def test_the_grpo_recipe_learns_on_two_workers(placement):
     assert sum(rewards[:3]) / 3 < 0.1
     assert sum(rewards[-3:]) / 3 > 0.8, rewards
     assert history[-1]["sync/version"] == 30
+
+
+def test_a_missing_attribute_is_an_attribute_error_as_in_one_process(ray_blocks):
+    policy, engine = ray_blocks
+    assert getattr(engine, "sleep", None) is None  # recipes probe engines this way
+    with pytest.raises(AttributeError, match="HFEngine"):
+        engine.no_such_thing  # noqa: B018
+    assert policy.config.lr > 0  # plain attributes still come from rank 0
