@@ -10,7 +10,7 @@ from functools import partial
 import pytest
 import torch
 from ray_helpers import LOSS, PROMPTS, grpo_batch, local_blocks, policy_factory
-from toy_tasks import digit_fraction
+from toy_tasks import run_group_recipe
 
 import rlblocks as rb
 from rlblocks.placement import WorkerError
@@ -161,21 +161,9 @@ def test_a_sharded_critic_fits_like_one_process(placement):
 def test_the_grpo_recipe_learns_on_two_workers(placement):
     # The toy task of tests/recipes/test_grpo.py (share of digits), the recipe unchanged: only
     # the blocks come from the Ray placement. Same bar as in one process.
-    from rlblocks.data import PromptBatches, load_prompts
-
     policy = placement.build("actor", policy_factory(torch.float32, lr=1e-2, mini_batch_size=None))
     engine = placement.build("rollout", rb.rollout.HFEngine.from_pretrained, "tiny", progress=False)
-    data = load_prompts([{"prompt": f"Count: {i}", "ground_truth": "0"} for i in range(16)])
-    history = rb.recipes.grpo(
-        policy,
-        engine,
-        rb.rewards.per_sample(digit_fraction, timeout=None),
-        PromptBatches(data, prompts_per_step=4, seed=0),
-        steps=30,
-        group_size=8,
-        sampling=rb.SamplingParams(max_new_tokens=8),
-        progress=False,
-    )
+    history = run_group_recipe(rb.recipes.grpo, policy, engine, steps=30)
     rewards = [h["reward/mean"] for h in history]
     assert sum(rewards[:3]) / 3 < 0.1
     assert sum(rewards[-3:]) / 3 > 0.8, rewards

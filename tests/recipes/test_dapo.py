@@ -13,10 +13,9 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
-from toy_tasks import digit_fraction
+from toy_tasks import run_group_recipe
 
 import rlblocks as rb
-from rlblocks.data import PromptBatches, load_prompts
 from rlblocks.interfaces import RewardOutput, Rollouts, SamplingParams
 from rlblocks.recipes.dapo import dapo, sample_informative_groups
 
@@ -267,19 +266,14 @@ def run_dapo(lr: float, steps: int) -> list[dict[str, float]]:
         torch.manual_seed(0)
         policy = tiny_policy(lr=lr)
         engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, progress=False)
-        data = load_prompts([{"prompt": f"Count: {i}", "ground_truth": "0"} for i in range(16)])
-        return dapo(
+        return run_group_recipe(
+            dapo,
             policy,
             engine,
-            rb.rewards.per_sample(digit_fraction, timeout=None),
-            PromptBatches(data, prompts_per_step=4, seed=0),
             steps=steps,
-            group_size=8,
-            sampling=rb.SamplingParams(max_new_tokens=8),
             max_length=10,  # no penalty up to 6 tokens, then −0.25 per token: −0.5 at 8
             cache_length=4,
             max_rounds=3,
-            progress=False,
         )
 
 

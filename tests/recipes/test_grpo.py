@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from toy_tasks import digit_fraction
+from toy_tasks import digit_fraction, run_group_recipe
 
 import rlblocks as rb
 from rlblocks.data import PromptBatches, load_prompts
@@ -14,17 +14,7 @@ def run_grpo(lr: float, steps: int = 30) -> list[float]:
         model, tokenizer = rb.models.tiny(seed=0)
         policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=lr, reference=None)
         engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
-        data = load_prompts([{"prompt": f"Count: {i}", "ground_truth": "0"} for i in range(16)])
-        history = rb.recipes.grpo(
-            policy,
-            engine,
-            rb.rewards.per_sample(digit_fraction, timeout=None),
-            PromptBatches(data, prompts_per_step=4, seed=0),
-            steps=steps,
-            group_size=8,
-            sampling=rb.SamplingParams(max_new_tokens=8),
-            progress=False,
-        )
+        history = run_group_recipe(rb.recipes.grpo, policy, engine, steps=steps)
     return [h["reward/mean"] for h in history]
 
 

@@ -8,11 +8,11 @@ import itertools
 import pytest
 import torch
 from torch.testing import assert_close
-from toy_tasks import digit_fraction
+from toy_tasks import count_prompts, digit_fraction
 
 import rlblocks as rb
 from rlblocks.critic import CriticTrainer
-from rlblocks.data import PromptBatches, load_prompts
+from rlblocks.data import PromptBatches
 from rlblocks.losses import AdaptiveKLController, FixedKLController, clipped_surrogate, k1
 from rlblocks.losses.inputs import loss_inputs
 from rlblocks.recipes.ppo import kl_regularized, ppo
@@ -31,7 +31,7 @@ def _blocks(lr: float, critic_lr: float):
 def run_ppo(blocks, steps: int, *, prompts: int = 8, **kw) -> list[dict]:
     """``ppo`` on 16 "Count: i" prompts; by default 4 samples of at most 8 tokens per prompt."""
     policy, critic, engine = blocks
-    data = load_prompts([{"prompt": f"Count: {i}", "ground_truth": "0"} for i in range(16)])
+    data = count_prompts()
     kw = {"samples_per_prompt": 4, "sampling": rb.SamplingParams(max_new_tokens=8)} | kw
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)

@@ -13,10 +13,9 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
-from toy_tasks import digit_fraction
+from toy_tasks import run_group_recipe
 
 import rlblocks as rb
-from rlblocks.data import PromptBatches, load_prompts
 from rlblocks.interfaces import RewardOutput, Rollouts, SamplingParams
 from rlblocks.recipes.variants import greedy_baseline_rewards, remax
 
@@ -30,18 +29,7 @@ def tiny_run(recipe, *, lr: float = 1e-2, steps: int, aggregation=rb.losses.toke
             model, tokenizer=tokenizer, lr=lr, reference=None, aggregation=aggregation
         )
         engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
-        data = load_prompts([{"prompt": f"Count: {i}", "ground_truth": "0"} for i in range(16)])
-        history = recipe(
-            policy,
-            engine,
-            rb.rewards.per_sample(digit_fraction, timeout=None),
-            PromptBatches(data, prompts_per_step=4, seed=0),
-            steps=steps,
-            group_size=8,
-            sampling=rb.SamplingParams(max_new_tokens=8),
-            progress=False,
-            **kw,
-        )
+        history = run_group_recipe(recipe, policy, engine, steps=steps, **kw)
     return [h["reward/mean"] for h in history]
 
 
