@@ -34,7 +34,12 @@ from rlblocks.interfaces import Advantages
 from rlblocks.losses.aggregate import aggregate
 from rlblocks.losses.value import value_loss
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer.batches import micro_batches, minibatch_rows, pad_columns, token_advantages
+from rlblocks.trainer.batches import (
+    micro_batch_pairs,
+    minibatch_rows,
+    pad_columns,
+    token_advantages,
+)
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.guard import guarded_step
 from rlblocks.trainer.metrics import StepMetrics
@@ -110,9 +115,7 @@ class CriticTrainer:
         """
         rollouts = rollouts.to(self.device)
         b, t = rollouts.response_ids.shape
-        if b == 0 and self.dp is not None:
-            raise ValueError("CriticTrainer: every data-parallel rank needs at least one row")
-        if b == 0:
+        if b == 0 and self.dp is None:
             return torch.zeros(b, t, device=self.device)
         parts = []
         for micro, real in self._micro(rollouts):
@@ -125,11 +128,7 @@ class CriticTrainer:
         return self.model(rollouts, bf16=self.config.bf16)
 
     def _micro(self, rollouts: Rollouts) -> list[tuple[Rollouts, bool]]:
-        """``(micro_batch, real)`` pairs, padded to the same count on every data-parallel rank."""
-        parts = micro_batches(rollouts, self.config)
-        if self.dp is None:
-            return [(p, True) for p in parts]
-        return self.dp.aligned(parts, filler=rollouts.select([0]))
+        return micro_batch_pairs(rollouts, self.config, self.dp, owner="CriticTrainer")
 
     # ------------------------------------------------------------------ the update
     def step(

@@ -190,7 +190,6 @@ class _PoolWorkers:
     def __init__(self, name: str, pool: Pool, placement: Ray) -> None:
         self.name, self.pool = name, pool
         self.broken: str | None = None
-        self.roles: dict[str, str] = {}  # role -> block type name
         bundle = {"CPU": pool.cpus_per_worker * pool.workers_per_node}
         if pool.gpus_per_worker:
             bundle["GPU"] = pool.gpus_per_worker * pool.workers_per_node
@@ -257,7 +256,6 @@ class _PoolWorkers:
             role=role,
             call=f"build({getattr(factory, '__qualname__', factory)!r})",
         )
-        self.roles[role] = kinds[0]["type"]
         return WorkerGroup(self, role, kinds[0])
 
     def call(self, role: str, per_rank: Sequence[tuple[str, tuple, dict]], call: str) -> list:

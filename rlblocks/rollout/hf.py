@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, StoppingCriteriaList
 
 from rlblocks.interfaces import Prompt, SamplingParams
-from rlblocks.rollout.prompts import left_pad, render_prompts
+from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
 from rlblocks.rollout.sampling import generation_config, sampled_logprobs, seeded
 from rlblocks.rollout.stopping import ResponseEnds, valid_tokens
 from rlblocks.rollouts import Rollouts
@@ -111,7 +111,7 @@ class HFEngine:
         if n < 1:
             raise ValueError(f"HFEngine.generate: n must be >= 1, got {n}")
         texts, ids = render_prompts(prompts, self.tokenizer, chat=self.chat)
-        meta = _check_metadata(metadata, len(ids))
+        meta = check_metadata(metadata, len(ids), owner="HFEngine")
         rows = torch.arange(len(ids)).repeat_interleave(n)  # (b) prompt index of each row
         size = self.max_batch_size or len(rows)
         chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
@@ -243,14 +243,6 @@ def _special_ids(model: nn.Module, tokenizer: Any) -> tuple[int, list[int]]:
     if pad is None:
         raise ValueError("HFEngine: the tokenizer has neither a padding token nor an EOS token")
     return int(pad), eos
-
-
-def _check_metadata(metadata: Sequence[Mapping[str, Any]] | None, p: int) -> list[Mapping]:
-    if metadata is None:
-        return [{} for _ in range(p)]
-    if len(metadata) != p:
-        raise ValueError(f"HFEngine.generate: {len(metadata)} metadata entries for {p} prompts")
-    return list(metadata)
 
 
 def _device(model: nn.Module) -> torch.device:

@@ -101,3 +101,14 @@ def _messages(i: int, prompt: Any) -> list[Mapping[str, Any]]:
         f"prompt {i} must be a string or a non-empty list of messages "
         f'[{{"role": ..., "content": ...}}], got {type(prompt).__name__}{hint}: {prompt!r:.80}'
     )
+
+
+def check_metadata(
+    metadata: Sequence[Mapping[str, Any]] | None, p: int, *, owner: str
+) -> list[Mapping[str, Any]]:
+    """One metadata mapping per prompt (empty ones when ``None``); a count mismatch raises."""
+    if metadata is None:
+        return [{} for _ in range(p)]
+    if len(metadata) != p:
+        raise ValueError(f"{owner}.generate: {len(metadata)} metadata entries for {p} prompts")
+    return list(metadata)

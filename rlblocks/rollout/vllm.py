@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from rlblocks.interfaces import Prompt, SamplingParams
-from rlblocks.rollout.prompts import left_pad, render_prompts
+from rlblocks.rollout.prompts import check_metadata, render_prompts
 from rlblocks.rollouts import Rollouts
 
 DEFAULT_SAMPLING = SamplingParams()
@@ -117,7 +117,7 @@ class VLLMEngine:
             raise ValueError(f"VLLMEngine.generate: n must be >= 1, got {n}")
         self.wake_up()  # a no-op unless asleep
         texts, ids = render_prompts(prompts, self.tokenizer, chat=self.chat)
-        meta = _check_metadata(metadata, len(ids))
+        meta = check_metadata(metadata, len(ids), owner="VLLMEngine")
         if not ids:
             raise ValueError("VLLMEngine.generate: no prompts")
         requests = [{"prompt_token_ids": list(p)} for p in ids]
@@ -128,15 +128,22 @@ class VLLMEngine:
         outputs = self.llm.generate(
             requests, per_prompt, use_tqdm=False, lora_request=self._lora_request
         )
-        pad = self._pad_id()
         rows, responses, logprobs = [], [], []
         for i, out in enumerate(outputs):
             for sample in out.outputs:
-                tokens = list(sample.token_ids)
                 rows.append(i)
-                responses.append(tokens)
-                logprobs.append(_sampled_logprobs(sample.logprobs, tokens))
-        return self._rollouts(rows, ids, texts, responses, logprobs, meta, pad)
+                responses.append(list(sample.token_ids))
+                logprobs.append(_sampled_logprobs(sample.logprobs, responses[-1]))
+        return Rollouts.from_lists(  # prompts left-padded, responses right-padded
+            [ids[i] for i in rows],
+            responses,
+            pad_token_id=self._pad_id(),
+            rollout_logprobs=logprobs,
+            group_ids=rows,
+            prompts=[texts[i] for i in rows],
+            completions=self.tokenizer.batch_decode(responses, skip_special_tokens=True),
+            metadata=[meta[i] for i in rows],
+        )
 
     def update_weights(self, weights: Iterable[tuple[str, Tensor]], *, version: int) -> None:
         """Load ``(name, tensor)`` pairs (Hugging Face names) into the running model, then drop
@@ -208,52 +215,12 @@ class VLLMEngine:
             raise ValueError("VLLMEngine: the tokenizer has neither a padding token nor EOS")
         return int(pad)
 
-    def _rollouts(
-        self,
-        rows: list[int],
-        ids: list[list[int]],
-        texts: list[str],
-        responses: list[list[int]],
-        logprobs: list[list[float]],
-        meta: list[Mapping],
-        pad: int,
-    ) -> Rollouts:
-        prompt_ids, prompt_mask = left_pad([ids[i] for i in rows], pad_token_id=pad)
-        b, t = len(rows), max(1, max(len(r) for r in responses))
-        response_ids = torch.full((b, t), pad, dtype=torch.long)
-        valid = torch.zeros(b, t, dtype=torch.bool)
-        lp = torch.zeros(b, t, dtype=torch.float32)
-        for k, (tokens, values) in enumerate(zip(responses, logprobs, strict=True)):
-            response_ids[k, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            valid[k, : len(tokens)] = True
-            lp[k, : len(values)] = torch.tensor(values, dtype=torch.float32)
-        return Rollouts(
-            prompt_ids=prompt_ids,
-            response_ids=response_ids,
-            attention_mask=torch.cat([prompt_mask, valid], dim=1),
-            response_mask=valid,
-            group_ids=torch.tensor(rows, dtype=torch.long),
-            rollout_logprobs=lp,
-            prompts=[texts[i] for i in rows],
-            completions=self.tokenizer.batch_decode(responses, skip_special_tokens=True),
-            metadata=[dict(meta[i]) for i in rows],
-            pad_token_id=pad,
-        )
-
 
 def _sampled_logprobs(per_step: Any, tokens: list[int]) -> list[float]:
     """The log-prob of each sampled token from vLLM's per-step ``{token_id: Logprob}`` dicts."""
     if per_step is None:
         raise RuntimeError("vLLM returned no log-probs; the engine asks for logprobs=0")
     return [float(step[token].logprob) for step, token in zip(per_step, tokens, strict=True)]
-
-
-def _check_metadata(metadata: Sequence[Mapping[str, Any]] | None, p: int) -> list[Mapping]:
-    if metadata is None:
-        return [{} for _ in range(p)]
-    if len(metadata) != p:
-        raise ValueError(f"VLLMEngine.generate: {len(metadata)} metadata entries for {p} prompts")
-    return list(metadata)
 
 
 def _import_vllm() -> Any:

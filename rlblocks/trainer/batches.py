@@ -6,6 +6,7 @@ Kept apart from the trainer so that each piece is a small pure function with its
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +14,9 @@ from torch import Tensor
 
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.config import TrainConfig
+
+if TYPE_CHECKING:
+    from rlblocks.trainer.parallel import DataParallel
 
 
 def minibatch_rows(
@@ -67,6 +71,19 @@ def token_advantages(advantages: Tensor | tuple[Tensor, ...], rollouts: Rollouts
 def pad_columns(x: Tensor, width: int) -> Tensor:
     """Right-pad ``(b t')`` to ``(b width)`` with zeros (undoes ``Rollouts.trim`` of responses)."""
     return F.pad(x, (0, width - x.shape[1]))
+
+
+def micro_batch_pairs(
+    rollouts: Rollouts, config: TrainConfig, dp: DataParallel | None, *, owner: str
+) -> list[tuple[Rollouts, bool]]:
+    """``(micro_batch, real)`` pairs of :func:`micro_batches`; in a data-parallel group every
+    rank pads its list to the longest with ``real=False`` copies of its first row, which run
+    (FSDP's collectives must match) and count for nothing. A rank needs at least one row."""
+    if dp is None:
+        return [(p, True) for p in micro_batches(rollouts, config)]
+    if len(rollouts) == 0:
+        raise ValueError(f"{owner}: every data-parallel rank needs at least one row")
+    return dp.aligned(micro_batches(rollouts, config), filler=rollouts.select([0]))
 
 
 def micro_batches(rollouts: Rollouts, config: TrainConfig) -> list[Rollouts]:

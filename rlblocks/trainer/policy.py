@@ -55,7 +55,12 @@ from rlblocks.losses.inputs import LossInputs, loss_inputs
 from rlblocks.losses.mismatch import mismatch_metrics, mismatch_sums
 from rlblocks.masked import masked_mean
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer.batches import micro_batches, minibatch_rows, pad_columns, token_advantages
+from rlblocks.trainer.batches import (
+    micro_batch_pairs,
+    minibatch_rows,
+    pad_columns,
+    token_advantages,
+)
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.guard import guarded_step
@@ -180,9 +185,7 @@ class PolicyTrainer:
         """Micro-batched scores of the whole batch, each micro-batch trimmed of unused padding."""
         rollouts = rollouts.to(self.device)
         b, t = rollouts.response_ids.shape
-        if b == 0 and self.dp is not None:
-            raise ValueError("PolicyTrainer: every data-parallel rank needs at least one row")
-        if b == 0:
+        if b == 0 and self.dp is None:
             empty = torch.zeros(b, t, device=self.device)
             return empty, empty if entropy else None
         parts = []
@@ -208,12 +211,7 @@ class PolicyTrainer:
         )
 
     def _micro(self, rollouts: Rollouts) -> list[tuple[Rollouts, bool]]:
-        """``(micro_batch, real)`` pairs; data-parallel ranks pad to the same count with
-        ``real=False`` copies of the first row (see ``rlblocks.trainer.parallel``)."""
-        parts = micro_batches(rollouts, self.config)
-        if self.dp is None:
-            return [(p, True) for p in parts]
-        return self.dp.aligned(parts, filler=rollouts.select([0]))
+        return micro_batch_pairs(rollouts, self.config, self.dp, owner="PolicyTrainer")
 
     # ------------------------------------------------------------------ the update
     def step(
