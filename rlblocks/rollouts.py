@@ -10,8 +10,19 @@ A batch of ``b`` sequences, each a prompt followed by a response::
     rollout_logprobs (b t)      float32 log-probs the engine sampled with, or None
     prompts, completions        list[str] of length b (decoded text; "" when not decoded)
     metadata                    list[dict] of length b (ground truth, data source, ...)
-    extras                      dict[str, Tensor]: per-row tensors carried along through
-                                split/select/concat, (b) or response-aligned (b t ...)
+    extras                      dict[str, Tensor]: the user's own per-row tensors, carried
+                                through split/select/concat, (b) or response-aligned (b t ...)
+
+The quantities the blocks hand each other have fixed names and are typed fields, None until a
+block fills them (``ro.replace(old_logprobs=lp)``): a misspelt name fails at once, not deep
+inside a loss::
+
+    old_logprobs    (b t) float   log π_old, the policy before this update
+    ref_logprobs    (b t) float   log π_ref, the reference policy
+    advantages      (b t) float   per-token advantages
+    returns         (b t) float   value targets
+    old_values      (b t) float   the critic's values before this update
+    rewards         (b) or (b t)  rewards (outcome, or per token)
 
 ``response_mask`` is stricter than the response part of ``attention_mask``: in a multi-turn
 rollout the tool's observation tokens are real tokens (attended to) that the policy did not
@@ -32,6 +43,18 @@ from torch import Tensor
 
 Index = Tensor | Sequence[int] | slice
 
+#: Optional response-aligned (b t) float fields, carried and padded like ``rollout_logprobs``.
+TOKEN_FIELDS = (
+    "rollout_logprobs",
+    "old_logprobs",
+    "ref_logprobs",
+    "advantages",
+    "returns",
+    "old_values",
+)
+#: Every optional per-row tensor field: the token fields and ``rewards``, (b) or (b t).
+OPTIONAL_FIELDS = (*TOKEN_FIELDS, "rewards")
+
 
 @dataclass(eq=False)
 class Rollouts:
@@ -48,6 +71,12 @@ class Rollouts:
     metadata: list[dict[str, Any]] = field(default_factory=list)
     extras: dict[str, Tensor] = field(default_factory=dict)
     pad_token_id: int = 0
+    old_logprobs: Tensor | None = None
+    ref_logprobs: Tensor | None = None
+    advantages: Tensor | None = None
+    returns: Tensor | None = None
+    old_values: Tensor | None = None
+    rewards: Tensor | None = None
 
     def __post_init__(self) -> None:
         b = self.prompt_ids.shape[0] if self.prompt_ids.dim() > 0 else -1
@@ -74,9 +103,18 @@ class Rollouts:
         _expect_bool("response_mask", self.response_mask)
         _expect_shape("group_ids", self.group_ids, (b,), "one id per row")
         _expect_dtype("group_ids", self.group_ids, integer=True)
-        if self.rollout_logprobs is not None:
-            _expect_shape("rollout_logprobs", self.rollout_logprobs, (b, t), "like response_ids")
-            _expect_dtype("rollout_logprobs", self.rollout_logprobs, integer=False)
+        for name in TOKEN_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                _expect_shape(name, value, (b, t), "like response_ids")
+                _expect_dtype(name, value, integer=False)
+        if self.rewards is not None:
+            if not isinstance(self.rewards, Tensor) or self.rewards.shape not in ((b,), (b, t)):
+                raise ValueError(
+                    f"Rollouts.rewards has shape {_shape(self.rewards)}, expected ({b},) or "
+                    f"({b}, {t})"
+                )
+            _expect_dtype("rewards", self.rewards, integer=False)
         counted_padding = self.response_mask & ~self.attention_mask[:, tp:]
         # Value checks need data: a batch on the meta device (shape planning) skips them.
         if counted_padding.device.type != "meta" and counted_padding.any():
@@ -90,6 +128,11 @@ class Rollouts:
             if n != b:
                 raise ValueError(f"Rollouts.{name} has {n} entries but the batch has {b} rows")
         for name, value in self.extras.items():
+            if name in OPTIONAL_FIELDS:
+                raise ValueError(
+                    f"Rollouts.extras[{name!r}]: {name} is a field of Rollouts, not an extra; "
+                    f"set it with rollouts.replace({name}=...)"
+                )
             _check_extra(name, value, b, t)
 
     # ------------------------------------------------------------------ views
@@ -143,7 +186,7 @@ class Rollouts:
             attention_mask=self.attention_mask[rows],
             response_mask=self.response_mask[rows],
             group_ids=self.group_ids[rows],
-            rollout_logprobs=None if self.rollout_logprobs is None else self.rollout_logprobs[rows],
+            **{name: _rows(getattr(self, name), rows) for name in OPTIONAL_FIELDS},
             prompts=[self.prompts[i] for i in rows.tolist()],
             completions=[self.completions[i] for i in rows.tolist()],
             metadata=[self.metadata[i] for i in rows.tolist()],
@@ -200,9 +243,7 @@ class Rollouts:
                 [self.prompt_mask[:, first:], self.response_attention_mask[:, :t]], dim=1
             ),
             response_mask=self.response_mask[:, :t],
-            rollout_logprobs=None
-            if self.rollout_logprobs is None
-            else self.rollout_logprobs[:, :t],
+            **{name: _columns(getattr(self, name), t) for name in OPTIONAL_FIELDS},
             extras={k: v if v.dim() == 1 else v[:, :t] for k, v in self.extras.items()},
         )
 
@@ -224,9 +265,10 @@ class Rollouts:
         first = parts[0]
         tp = max(p.prompt_ids.shape[1] for p in parts)
         t = max(p.response_ids.shape[1] for p in parts)
-        has_logprobs = {p.rollout_logprobs is not None for p in parts}
-        if len(has_logprobs) > 1:
-            raise ValueError("Rollouts.concat: some parts have rollout_logprobs and some do not")
+        present = [name for name in OPTIONAL_FIELDS if getattr(first, name) is not None]
+        for name in OPTIONAL_FIELDS:
+            if len({getattr(p, name) is not None for p in parts}) > 1:
+                raise ValueError(f"Rollouts.concat: some parts have {name} and some do not")
         keys = set(first.extras)
         for i, p in enumerate(parts):
             if set(p.extras) != keys:
@@ -256,7 +298,7 @@ class Rollouts:
             ),
             response_mask=cat("response_mask", False, t, False),
             group_ids=torch.cat([p.group_ids for p in parts]),
-            rollout_logprobs=cat("rollout_logprobs", False, t) if True in has_logprobs else None,
+            **{name: cat(name, False, t) for name in present},
             prompts=[s for p in parts for s in p.prompts],
             completions=[s for p in parts for s in p.completions],
             metadata=[m for p in parts for m in p.metadata],
@@ -386,6 +428,15 @@ def _as_row_index(index: Index, b: int) -> Tensor:
     if len(rows) and (rows.min() < -b or rows.max() >= b):
         raise IndexError(f"Rollouts.select: row index out of range for a batch of {b}")
     return rows % b if len(rows) else rows
+
+
+def _rows(x: Tensor | None, rows: Tensor) -> Tensor | None:
+    return None if x is None else x[rows]
+
+
+def _columns(x: Tensor | None, t: int) -> Tensor | None:
+    """The first ``t`` response columns of a (b t) field; a (b) field as it is."""
+    return None if x is None or x.dim() == 1 else x[:, :t]
 
 
 def _pad(x: Tensor, width: int, left: bool, value: float | bool) -> Tensor:

@@ -1,7 +1,9 @@
+import dataclasses
+
 import pytest
 import torch
 
-from rlblocks.rollouts import Rollouts
+from rlblocks.rollouts import OPTIONAL_FIELDS, Rollouts
 
 
 def make(n_rows: int = 4) -> Rollouts:
@@ -23,7 +25,8 @@ def make(n_rows: int = 4) -> Rollouts:
 def assert_same(a: Rollouts, b: Rollouts) -> None:
     for name in ("prompt_ids", "response_ids", "attention_mask", "response_mask", "group_ids"):
         torch.testing.assert_close(getattr(a, name), getattr(b, name), msg=name)
-    torch.testing.assert_close(a.rollout_logprobs, b.rollout_logprobs)
+    for name in OPTIONAL_FIELDS:
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), msg=name)
     assert a.prompts == b.prompts and a.completions == b.completions
     assert a.metadata == b.metadata
     assert a.extras.keys() == b.extras.keys()
@@ -71,7 +74,8 @@ def test_select_by_mask_indices_and_slice():
 
 
 def test_split_by_rows_round_trips():
-    ro = make().with_extras(advantages=torch.randn(4, 4), scores=torch.arange(4.0))
+    ro = make().replace(advantages=torch.randn(4, 4), rewards=torch.arange(4.0))
+    ro = ro.with_extras(scores=torch.arange(4.0))
     for rows in (1, 2, 3, 4, 10):
         parts = ro.split(rows=rows)
         assert [len(p) for p in parts] == [min(rows, 4 - i) for i in range(0, 4, rows)]
@@ -188,3 +192,42 @@ def test_multi_turn_mask_is_kept_through_operations():
     again = Rollouts.concat(ro.split(rows=1))
     assert again.response_mask[0].tolist() == [True, True, False, False, True]
     assert again.response_attention_mask[0].tolist() == [True] * 5
+
+
+def test_fixed_names_are_typed_fields_carried_through_row_operations():
+    b, t = 4, 4
+    fields = {name: torch.randn(b, t) for name in OPTIONAL_FIELDS if name != "rollout_logprobs"}
+    ro = make().replace(**fields)
+    mask = ro.response_mask
+    picked = ro.select([2, 0])
+    for name, value in fields.items():
+        torch.testing.assert_close(getattr(picked, name), value[[2, 0]], msg=name)
+    trimmed = ro.select([2, 3]).trim()  # rows 2 and 3 have 2 and 1 response tokens
+    assert trimmed.old_logprobs.shape == (2, 2)
+    torch.testing.assert_close(trimmed.advantages, fields["advantages"][2:, :2])
+    assert_same(Rollouts.concat(ro.split(rows=3)), ro)
+    assert ro.to("meta").returns.device.type == "meta"
+    assert torch.equal(ro.response_mask, mask)  # fields are not masks: nothing else changes
+    assert make().old_logprobs is None  # None until a block fills them
+
+
+def test_a_misspelt_or_misshaped_fixed_name_fails_at_once():
+    ro = make()
+    with pytest.raises(TypeError, match="old_logprob"):
+        ro.replace(old_logprob=torch.zeros(4, 4))  # no such field
+    with pytest.raises(ValueError, match=r"Rollouts.extras\['old_logprobs'\].*replace"):
+        ro.with_extras(old_logprobs=torch.zeros(4, 4))  # a field, not an extra
+    with pytest.raises(ValueError, match=r"Rollouts.advantages has shape \(4, 3\)"):
+        ro.replace(advantages=torch.zeros(4, 3))
+    with pytest.raises(ValueError, match=r"Rollouts.rewards has shape \(3,\)"):
+        ro.replace(rewards=torch.zeros(3))
+    with pytest.raises(TypeError, match="ref_logprobs must be a floating-point"):
+        ro.replace(ref_logprobs=torch.zeros(4, 4, dtype=torch.long))
+    assert ro.replace(rewards=torch.zeros(4, 4)).rewards.shape == (4, 4)  # per-token rewards
+
+
+def test_concat_needs_every_part_to_carry_the_same_fields():
+    a = make(2)
+    with pytest.raises(ValueError, match="some parts have returns and some do not"):
+        Rollouts.concat([a, a.replace(returns=torch.zeros(2, 2))])
+    assert {f.name for f in dataclasses.fields(Rollouts)} >= set(OPTIONAL_FIELDS)

@@ -114,7 +114,7 @@ for step, batch in zip(range(STEPS), batches):
     metrics |= resharder.sync(policy, engine)
     metrics |= reward_metrics | {"accuracy": reward_metrics["reward/mean"],
                                  "response_length": ro.response_lengths.float().mean().item()}
-    dash.update(step, metrics, ro.with_extras(rewards=rewards))
+    dash.update(step, metrics, ro.replace(rewards=rewards))
 dash.close()
 
 # %% [markdown]

@@ -120,7 +120,7 @@ for step, batch in zip(range(STEPS), batches):
         "accuracy": reward_metrics["reward/mean"],
         "response_length": ro.response_lengths.float().mean().item(),
     }
-    dash.update(step, metrics, ro.with_extras(rewards=rewards))
+    dash.update(step, metrics, ro.replace(rewards=rewards))
 dash.close()
 
 # %%

@@ -5,7 +5,7 @@ OpenRLHF's ``CriticPPOTrainer.training_step``), batched exactly like
 :class:`~rlblocks.trainer.PolicyTrainer` and configured by the same
 :class:`~rlblocks.trainer.TrainConfig` (``temperature`` and ``logprob_chunk_size`` do not apply):
 
-1. ``old_values``: given, or ``rollouts.extras["old_values"]``, or scored now without gradient,
+1. ``old_values``: given, or ``rollouts.old_values``, or scored now without gradient,
    before any update (the values the advantages were computed with).
 2. Epochs × shuffled mini-batches (``rlblocks.trainer.batches.minibatch_rows``, seeded by
    ``(config.shuffle_seed, number of step calls)``); per mini-batch the normalizer
@@ -164,8 +164,8 @@ class CriticTrainer:
         """
         start = time.perf_counter()
         batch = self._prepare(rollouts.to(self.device), returns, old_values)
-        extras, mask = batch.extras, batch.response_mask
-        explained_var = _explained_variance(extras["old_values"], extras["returns"], mask, self.dp)
+        mask = batch.response_mask
+        explained_var = _explained_variance(batch.old_values, batch.returns, mask, self.dp)
         metrics, applied, skipped = StepMetrics(), self.optimizer_steps, self.skipped_steps
         last_lr = self.scheduler.get_last_lr()[0]
         c = self.config
@@ -201,7 +201,7 @@ class CriticTrainer:
     def _prepare(
         self, batch: Rollouts, returns: Tensor | Advantages, old_values: Tensor | None
     ) -> Rollouts:
-        """The batch carrying ``returns`` and ``old_values`` as ``(b t)`` extras."""
+        """The batch with its ``(b t)`` ``returns`` and ``old_values`` filled."""
         if len(batch) == 0:
             raise ValueError("CriticTrainer.step: empty batch")
         if isinstance(returns, Advantages):
@@ -209,10 +209,10 @@ class CriticTrainer:
         # token_advantages does the (b) / (b t) shape handling, masking and detaching we need.
         targets = token_advantages(returns, batch)
         if old_values is None:
-            old_values = batch.extras.get("old_values")
+            old_values = batch.old_values
         if old_values is None:
             old_values = self.values(batch)
-        return batch.with_extras(returns=targets, old_values=old_values.detach().to(self.device))
+        return batch.replace(returns=targets, old_values=old_values.detach().to(self.device))
 
     def _update(self, mini: Rollouts, clip: float | None, metrics: StepMetrics) -> bool:
         """Accumulate one mini-batch's gradient, then apply it (True) or skip it (False)."""
@@ -222,9 +222,9 @@ class CriticTrainer:
         finite = torch.ones((), dtype=torch.bool, device=self.device)
         for micro, real in self._micro(mini):
             micro = micro.trim()
-            mask, extras = micro.response_mask, micro.extras
+            mask = micro.response_mask
             per_token, loss_metrics = value_loss(
-                self._forward(micro), extras["old_values"], extras["returns"], mask, clip=clip
+                self._forward(micro), micro.old_values, micro.returns, mask, clip=clip
             )
             loss = aggregate(per_token, mask, mode=self.config.aggregation, normalizer=normalizer)
             if not real:  # a padding micro-batch: FSDP's collectives run, nothing is added

@@ -115,7 +115,7 @@ class Dashboard:
         ``metrics``: the step's metrics; scalars (numbers, one-element tensors) enter the
         history, anything else is ignored. ``rollouts``: the step's batch, for sample
         completions. ``rewards``: ``(b)`` per-row rewards; when None they are taken from
-        ``rollouts.extras["rewards"]``, then ``metrics["rewards"]`` (see
+        ``rollouts.rewards``, then ``metrics["rewards"]`` (see
         :mod:`rlblocks.notebook.samples`).
         """
         if self.closed:

@@ -3,7 +3,7 @@
 Which reward goes with each row, in order of preference:
 
 1. the ``rewards`` passed to ``Dashboard.update`` (a ``(b)`` tensor or a list);
-2. ``rollouts.extras["rewards"]`` (the recipes put the ``(b)`` rewards there);
+2. ``rollouts.rewards`` (the recipes put the ``(b)`` rewards there);
 3. ``metrics["rewards"]`` when it is a per-row sequence of length ``b``;
 4. none: the reward column shows "–".
 """
@@ -34,7 +34,7 @@ def row_rewards(
 ) -> list[float] | None:
     """The ``b`` per-row rewards from the first source that has them (see the module docstring)."""
     b = rollouts.batch_size
-    for candidate in (rewards, rollouts.extras.get("rewards"), metrics.get("rewards")):
+    for candidate in (rewards, rollouts.rewards, metrics.get("rewards")):
         values = _as_list(candidate)
         if values is None or len(values) != b:
             continue

@@ -209,7 +209,7 @@ def dapo(
             rollouts = sampled.rollouts
             advantages, _ = advantage(sampled.rewards, rollouts.response_mask, rollouts.group_ids)
             if reuse_rollout_logprobs:
-                rollouts = rollouts.with_extras(old_logprobs=rollouts.rollout_logprobs)
+                rollouts = rollouts.replace(old_logprobs=rollouts.rollout_logprobs)
             metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)  # 3.-4.
             metrics |= resharder.sync(policy, engine)  # 5.
             metrics["response_length"] = rollouts.response_lengths.float().mean().item()

@@ -80,10 +80,10 @@ def grpo(
         _call(engine, "sleep")  # a colocated vLLM engine frees the GPU for the update
         rewards, reward_metrics = reward_fn(rollouts)  # 2. one scalar per response
         rewarded = time.perf_counter()
-        rollouts = rollouts.with_extras(rewards=rewards)  # kept with the rows (dashboards read it)
+        rollouts = rollouts.replace(rewards=rewards)  # kept with the rows (dashboards read it)
         advantages, _ = advantage(rewards, rollouts.response_mask, rollouts.group_ids)  # 3.
         if reuse_rollout_logprobs:
-            rollouts = rollouts.with_extras(old_logprobs=rollouts.rollout_logprobs)
+            rollouts = rollouts.replace(old_logprobs=rollouts.rollout_logprobs)
         train_metrics = policy.step(rollouts, advantages, loss_fn=loss_fn)  # 4.
         _call(engine, "wake_up")
         sync_metrics = resharder.sync(policy, engine)  # 5.

@@ -131,7 +131,7 @@ def ppo(
                 loss_fn if kl_in_reward else kl_regularized(loss_fn, coef=beta, estimator=estimator)
             )
             policy_metrics = policy.step(
-                rollouts.with_extras(ref_logprobs=ref_logprobs),
+                rollouts.replace(ref_logprobs=ref_logprobs),
                 advantages,
                 loss_fn=policy_loss,
                 old_logprobs=old_logprobs,

@@ -3,7 +3,7 @@
 One call of :meth:`PolicyTrainer.step` is the whole PPO-style update of verl's
 ``update_policy`` or OpenRLHF's ``PPOTrainer.training_step``, top to bottom:
 
-1. ``old_logprobs``: given, or ``rollouts.extras["old_logprobs"]``, or scored now, without
+1. ``old_logprobs``: given, or ``rollouts.old_logprobs``, or scored now, without
    gradient, before any update. Reference log-probs likewise, only if the loss takes them.
 2. For each epoch, the rows are shuffled into mini-batches (kept in order when one
    mini-batch holds them all); the order depends only on ``(config.shuffle_seed, number of
@@ -81,7 +81,7 @@ class PolicyTrainer:
     ``reference``: ``"auto"`` (default) is the adapter-disabled model with LoRA and a frozen
     copy of the initial model otherwise; ``"copy"`` always makes the frozen copy; a module is
     used as given (frozen here); ``None`` means no reference (losses that need
-    ``ref_logprobs`` then fail unless ``rollouts.extras["ref_logprobs"]`` holds them).
+    ``ref_logprobs`` then fail unless ``rollouts.ref_logprobs`` holds them).
     ``lora``: a ``peft.LoraConfig``; only the adapters are trained. ``config_overrides``
     replace fields of ``config`` (``PolicyTrainer(model, lr=1e-5)``).
     """
@@ -292,7 +292,7 @@ class PolicyTrainer:
         (``rlblocks.losses.mismatch``), over the whole batch of every rank; {} without them."""
         if batch.rollout_logprobs is None:
             return {}
-        old = batch.extras["old_logprobs"]
+        old = batch.old_logprobs
         sums = mismatch_sums(old, batch.rollout_logprobs, batch.response_mask)
         if self.dp is not None:  # counts and sums add up over ranks, the max is a max
             largest = self.dp.all_max(float(sums[3]))
@@ -306,26 +306,26 @@ class PolicyTrainer:
         old_logprobs: Tensor | None,
         wants: LossInputs,
     ) -> Rollouts:
-        """The batch with ``advantages``, ``old_logprobs`` (and ``ref_logprobs``) as extras."""
+        """The batch with its ``advantages``, ``old_logprobs`` (and ``ref_logprobs``) filled."""
         if len(batch) == 0:
             raise ValueError("PolicyTrainer.step: empty batch")
         if "rollout_logprobs" in wants.required and batch.rollout_logprobs is None:
             raise ValueError("the loss needs rollout_logprobs but the rollouts carry none")
         extras = {"advantages": token_advantages(advantages, batch)}
         if old_logprobs is None:
-            old_logprobs = batch.extras.get("old_logprobs")
+            old_logprobs = batch.old_logprobs
         if old_logprobs is None:
             old_logprobs = self._score_no_grad(self.model, batch)[0]
         extras["old_logprobs"] = old_logprobs.detach().to(self.device)
         if "ref_logprobs" in wants.accepted:
-            ref = batch.extras.get("ref_logprobs")
+            ref = batch.ref_logprobs
             if ref is None and (self.reference is not None or self._adapter_reference):
                 ref = self._ref_scores(batch)
             if ref is None and "ref_logprobs" in wants.required:
                 raise ValueError("the loss needs ref_logprobs but the trainer has no reference")
             if ref is not None:
                 extras["ref_logprobs"] = ref.detach().to(self.device)
-        return batch.with_extras(**extras)
+        return batch.replace(**extras)
 
     def _update(
         self, mini: Rollouts, loss_fn: PolicyLoss, wants: LossInputs, metrics: StepMetrics
@@ -375,12 +375,11 @@ class PolicyTrainer:
         if "entropy" not in wants.accepted:
             entropy = entropy.detach()  # only a metric: no gradient through it
         inputs = {"entropy": entropy, "rollout_logprobs": micro.rollout_logprobs}
-        inputs["ref_logprobs"] = micro.extras.get("ref_logprobs")
+        inputs["ref_logprobs"] = micro.ref_logprobs
         kwargs = {k: v for k, v in inputs.items() if k in wants.accepted and v is not None}
         mask = micro.response_mask
-        extras = micro.extras
         per_token, loss_metrics = loss_fn(
-            lp, extras["old_logprobs"], extras["advantages"], mask, **kwargs
+            lp, micro.old_logprobs, micro.advantages, mask, **kwargs
         )
         loss = aggregate(per_token, mask, mode=self.config.aggregation, normalizer=normalizer)
         if not weight:

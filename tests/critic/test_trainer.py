@@ -53,11 +53,11 @@ def test_old_values_sources_and_clipping_hand_worked(make_rollouts):
     # V_old = −1, ε = 0.2: V_clip = clamp(0, −1.2, −0.8) = −0.8; (V_clip − R)² = 1.8² = 3.24 >
     # (V − R)² = 1, so the clipped term wins on every token: L = ½·3.24 = 1.62, clip frac 1.
     # Old values from the extras:
-    out = critic.step(ro.with_extras(old_values=far), returns)
+    out = critic.step(ro.replace(old_values=far), returns)
     assert_close(out["vf_loss"], 1.62)
     assert out["vf_clip_frac"] == 1.0
     # The argument wins over the extras: V_old = 0 = V, no clipping: L = ½·1 = 0.5.
-    out = critic.step(ro.with_extras(old_values=far), returns, old_values=torch.zeros_like(far))
+    out = critic.step(ro.replace(old_values=far), returns, old_values=torch.zeros_like(far))
     assert_close(out["vf_loss"], 0.5)
     assert out["vf_clip_frac"] == 0.0
     # clip=None: plain ½ (V − R)² = 0.5 whatever V_old.

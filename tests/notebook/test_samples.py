@@ -13,7 +13,7 @@ from rlblocks.notebook.samples import (
 
 
 def test_rewards_come_from_the_argument_first_then_extras_then_metrics(batch):
-    extras = batch.with_extras(rewards=torch.tensor([0.0, 1.0, 0.5, 0.25]))
+    extras = batch.replace(rewards=torch.tensor([0.0, 1.0, 0.5, 0.25]))
     given = [9.0, 8.0, 7.0, 6.0]
     metric_rows = {"rewards": [4.0, 3.0, 2.0, 1.0]}
     assert row_rewards(extras, metric_rows, given) == given

@@ -156,7 +156,7 @@ def test_old_logprobs_sources(model32, make_rollouts):
     assert_close(out["ratio_mean"], 1.0)
     # From extras: old = lp − 1, so log r = 1 on every token: approx_kl = −1, ratio = e.
     # (lp − (lp − 1)) in float32 is 1 up to one ulp of lp (~5e-7): hence atol/rtol 1e-5.
-    shifted = ro.with_extras(old_logprobs=lp - 1.0)
+    shifted = ro.replace(old_logprobs=lp - 1.0)
     out = trainer.step(shifted, adv, loss_fn=clipped_surrogate)
     assert_close(out["approx_kl"], -1.0, rtol=0, atol=1e-5)
     assert_close(out["ratio_mean"], math.e, rtol=1e-5, atol=0)

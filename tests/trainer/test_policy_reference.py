@@ -73,7 +73,7 @@ def test_missing_reference_is_an_error_unless_given_in_extras(model32, make_roll
         trainer.ref_logprobs(ro)
     # Reference log-probs computed elsewhere (a separate ref worker) arrive through extras:
     # ref = lp − 0.5 gives k3 = e^{−0.5} − 1 + 0.5 = 0.10653 on every token.
-    given = ro.with_extras(ref_logprobs=trainer.logprobs(ro) - 0.5)
+    given = ro.replace(ref_logprobs=trainer.logprobs(ro) - 0.5)
     out = trainer.step(given, torch.zeros(8), loss_fn=loss_fn)
     # float32 log-probs: (lp − 0.5) − lp differs from −0.5 by ~1 ulp of lp (5e-7): atol 1e-5.
     assert_close(out["kl"], 0.10653, atol=1e-5, rtol=0)
