@@ -13,6 +13,12 @@ Blocks are structural: any object with these methods is a block, no base class t
 Shapes use ``b`` sequences, ``t`` response tokens (see docs/conventions.md); every ``mask`` is
 bool with True meaning "this token counts".
 
+Everything one block relies on in another is written here, so nothing is probed with
+``getattr`` or ``inspect``: the engine's sleep/wake and adapters, the trainer's bucketed
+weights and adapter export, the critic, sharding (:class:`Shardable`), how a placement splits a
+method's arguments over its workers (:class:`Dispatch`) and what a placement's handle carries
+for the resharder (:class:`Handle`). docs/architecture.md draws the seam.
+
 This module imports nothing else from rlblocks except the ``Rollouts`` data type, which is
 itself free of rlblocks imports.
 """
@@ -21,9 +27,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from rlblocks.rollouts import Rollouts
 
@@ -31,6 +39,9 @@ __all__ = [
     "AdvantageEstimator",
     "Advantages",
     "Aggregation",
+    "Critic",
+    "Dispatch",
+    "Handle",
     "Placement",
     "PolicyLoss",
     "PolicyTrainer",
@@ -41,10 +52,14 @@ __all__ = [
     "RolloutEngine",
     "Rollouts",
     "SamplingParams",
+    "Shardable",
     "Stateful",
+    "dispatch",
+    "dispatch_of",
 ]
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: A prompt is raw text, or chat messages ``[{"role": "user", "content": "..."}]`` that the
 #: engine renders with the tokenizer's chat template.
@@ -157,6 +172,43 @@ class RewardFn(Protocol):
     def __call__(self, rollouts: Rollouts, /) -> RewardOutput: ...
 
 
+# ---------------------------------------------------------------------- how a placement splits a call
+class Dispatch(str, Enum):
+    """How a placement's worker group hands a method call to its workers.
+
+    A block declares it on a method with :func:`dispatch`; an undeclared method is ``ROWS``
+    when one of its arguments is a ``Rollouts`` and ``ALL`` otherwise. In one process
+    (``Local()``) nothing is split and the declaration changes nothing.
+    """
+
+    ALL = "all"
+    """Every worker gets the same arguments; the first worker's answer comes back (a block that
+    splits the work itself, like ``PolicyTrainer.step``, answers for the whole group)."""
+    ROWS = "rows"
+    """The rows of the ``Rollouts`` argument (and of every ``(b …)`` tensor argument) are split
+    over the workers, balanced by tokens, each worker getting at least one row; tensor answers
+    are put back in row order, a dict of numbers is averaged weighted by rows."""
+    PROMPTS = "prompts"
+    """The prompts (first argument) and their ``metadata`` are cut into contiguous pieces, one
+    per worker; the ``Rollouts`` answers are concatenated in prompt order, group ids renumbered."""
+
+
+def dispatch(mode: Dispatch | str) -> Callable[[F], F]:
+    """Declare how a worker group splits calls of the decorated method (:class:`Dispatch`)."""
+    mode = Dispatch(mode)
+
+    def declare(method: F) -> F:
+        method.__rlblocks_dispatch__ = mode  # type: ignore[attr-defined]
+        return method
+
+    return declare
+
+
+def dispatch_of(method: Callable[..., Any]) -> Dispatch | None:
+    """The :class:`Dispatch` a method declared with :func:`dispatch`, or None."""
+    return getattr(method, "__rlblocks_dispatch__", None)
+
+
 # ---------------------------------------------------------------------- stateful blocks
 @runtime_checkable
 class Stateful(Protocol):
@@ -170,6 +222,15 @@ class Stateful(Protocol):
 @runtime_checkable
 class RolloutEngine(Protocol):
     """Samples responses. Token-in/token-out: generated ids are never re-tokenized."""
+
+    model: nn.Module | None
+    """The torch module the engine samples with when it lives in this process (``HFEngine``),
+    None when its weights are held elsewhere (vLLM). An engine whose ``model`` *is* the
+    trainer's sees every update without a copy."""
+
+    serves_adapters: bool
+    """True when the engine applies a LoRA adapter itself (:meth:`load_adapter`), so a LoRA
+    policy's sync moves only the adapter; False: it takes merged weights."""
 
     def generate(
         self,
@@ -187,24 +248,99 @@ class RolloutEngine(Protocol):
         """Load new weights (Hugging Face parameter names), the Resharder's entry point."""
         ...
 
+    def load_adapter(self, path: str | Path, *, version: int) -> None:
+        """Sample with the LoRA adapter saved in ``path`` (peft's layout) from now on; engines
+        with ``serves_adapters`` False raise."""
+        ...
+
+    def sleep(self) -> None:
+        """Free the accelerator memory the engine holds between rollouts (a colocated trainer
+        needs it for the update); a no-op where there is nothing to free. An engine may also
+        sleep by itself after each ``generate`` (``VLLMEngine(enable_sleep_mode=True)`` does),
+        so that no recipe has to call it."""
+        ...
+
+    def wake_up(self) -> None:
+        """Take the memory back; ``generate`` and ``update_weights`` wake a sleeping engine."""
+        ...
+
 
 @runtime_checkable
 class PolicyTrainer(Stateful, Protocol):
     """A policy model and its optimizer."""
 
+    model: nn.Module
+    """The module being trained (peft-wrapped with LoRA): an in-process engine may share it."""
+    config: Any
+    """Optimizer, batching and numerics (``rlblocks.trainer.TrainConfig``)."""
+    has_adapter: bool
+    """True when only a LoRA adapter is trained (:meth:`save_adapter` exports it)."""
+
     def logprobs(self, rollouts: Rollouts) -> Tensor:
         """Log-probs of the response tokens under the current weights, (b t) float32, no grad."""
         ...
 
-    def step(
-        self, rollouts: Rollouts, advantages: Tensor, *, loss_fn: PolicyLoss
-    ) -> dict[str, float]:
-        """One policy update (mini-batches, epochs, micro-batches) on a batch; metrics back."""
+    def ref_logprobs(self, rollouts: Rollouts) -> Tensor:
+        """Log-probs under the reference policy, (b t) float32, no grad."""
         ...
 
-    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """Full (unsharded) weights with Hugging Face names, for the Resharder."""
+    def step(
+        self,
+        rollouts: Rollouts,
+        advantages: Tensor | Advantages,
+        *,
+        loss_fn: PolicyLoss,
+        old_logprobs: Tensor | None = None,
+        minibatches: Sequence[Tensor] | None = None,
+    ) -> dict[str, float]:
+        """One policy update (epochs × mini-batches × micro-batches) on a batch; metrics back.
+
+        ``old_logprobs`` default to ``rollouts.old_logprobs``, else they are scored first;
+        ``minibatches`` replaces the drawn mini-batch plan (row indices per optimizer step).
+        In a data-parallel group every rank gets the whole batch and trains on its share."""
         ...
+
+    def named_weights(self, *, bucket_bytes: int | None = None) -> Iterator[tuple[str, Tensor]]:
+        """Full (unsharded) weights with Hugging Face names, for the Resharder; a sharded
+        trainer gathers them in collectives of about ``bucket_bytes`` (every rank iterates)."""
+        ...
+
+    def save_adapter(self, folder: str | Path) -> None:
+        """Write the LoRA adapter (peft's ``save_pretrained``: weights and config) into
+        ``folder``; trainers with ``has_adapter`` False raise."""
+        ...
+
+
+@runtime_checkable
+class Critic(Stateful, Protocol):
+    """A value model and its optimizer (PPO's critic)."""
+
+    def values(self, rollouts: Rollouts) -> Tensor:
+        """V of every response token, (b t) float32, 0 where the response mask is False."""
+        ...
+
+    def step(
+        self,
+        rollouts: Rollouts,
+        returns: Tensor | Advantages,
+        *,
+        old_values: Tensor | None = None,
+        clip: float | None = 0.2,
+        minibatches: Sequence[Tensor] | None = None,
+    ) -> dict[str, float]:
+        """One critic update towards ``returns`` (clipped value loss); ``vf_*`` metrics back."""
+        ...
+
+
+@runtime_checkable
+class Shardable(Protocol):
+    """A block that shards itself over a data-parallel group (the trainers: FSDP2).
+
+    A placement calls ``shard(group)`` once, right after building the block in each worker of
+    a group; the block decides what that means (stay whole in a group of one, refuse what it
+    cannot shard) and from then on splits its own work and reduces its own metrics."""
+
+    def shard(self, group: Any = None) -> None: ...
 
 
 @runtime_checkable
@@ -222,11 +358,31 @@ class Placement(Protocol):
 
     ``build`` returns a handle with the same methods as the block that ``factory`` builds:
     ``Local()`` returns the block itself; a Ray placement returns a worker-group handle that
-    scatters ``Rollouts`` across data-parallel ranks and gathers the results in order.
+    splits each call over its workers as the method's :class:`Dispatch` says.
     """
 
     def build(self, role: str, factory: Callable[..., T], /, *args: Any, **kwargs: Any) -> T: ...
 
     def shutdown(self) -> None:
         """Release what the placement started (worker processes, a Ray instance)."""
+        ...
+
+
+@runtime_checkable
+class Handle(Protocol):
+    """A block living in other processes, behind a placement's handle (a Ray worker group).
+
+    Its methods are the block's; ``run_with`` is the one thing more: it carries a function to
+    where the block lives, for work that must happen next to the weights (a resharder's copy).
+    The placement runs the function and knows nothing of what it does."""
+
+    def run_with(self, fn: Callable[[Any, Any], T], other: Any, /) -> list[T]:
+        """``fn(block, other's block)`` in every worker of this handle.
+
+        When ``other`` is a handle on the same workers, ``fn`` gets its block in the same
+        process, and every worker's answer comes back, by rank. Otherwise ``fn`` gets a
+        stand-in for it whose ``model`` is None and ``serves_adapters`` False; the calls the
+        first worker's ``fn`` makes on it are carried to ``other``, in order, once ``fn`` has
+        returned, and only the first worker's answer comes back (the other workers' calls are
+        dropped: their ``fn`` runs only for the collectives it takes part in)."""
         ...

@@ -34,6 +34,7 @@ This module imports nothing else from rlblocks.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -247,6 +248,11 @@ class Rollouts:
             extras={k: v if v.dim() == 1 else v[:, :t] for k, v in self.extras.items()},
         )
 
+    def balanced_shares(self, parts: int) -> list[list[int]]:
+        """Row indices for each of ``parts`` workers, balanced by real tokens (each sorted):
+        :func:`balanced_partition` of the rows' lengths."""
+        return balanced_partition(self.attention_mask.sum(-1).tolist(), parts)
+
     def to(self, device: torch.device | str) -> Rollouts:
         """All tensors moved to ``device``."""
         moved = {
@@ -363,6 +369,29 @@ class Rollouts:
             metadata=[dict(m) for m in metadata] if metadata is not None else [],
             pad_token_id=pad_token_id,
         )
+
+
+# ---------------------------------------------------------------------- splitting over workers
+def balanced_partition(lengths: Sequence[int], parts: int) -> list[list[int]]:
+    """Row indices for each of ``parts`` workers, every list sorted, balanced by ``lengths``.
+
+    The cost of a forward/backward pass grows with a row's real tokens, so each worker should get
+    about the same number of tokens. Longest processing time first (Graham 1969, "Bounds on
+    multiprocessing timing anomalies"): rows in decreasing length, each to the worker with the
+    fewest tokens so far; the largest load is at most 4/3 of the best possible one. (verl's
+    ``get_seqlen_balanced_partitions`` is a Karmarkar-Karp split; LPT is simpler and close.)
+    Every worker gets a row when there are at least ``parts`` rows; ties go to the lower
+    worker and the earlier row, so the split is deterministic.
+    """
+    if parts < 1:
+        raise ValueError(f"balanced_partition: parts must be >= 1, got {parts}")
+    loads = [(0, rank) for rank in range(parts)]  # (tokens so far, rank): a min-heap
+    out: list[list[int]] = [[] for _ in range(parts)]
+    for row in sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i)):
+        load, rank = heapq.heappop(loads)
+        out[rank].append(row)
+        heapq.heappush(loads, (load + int(lengths[row]), rank))
+    return [sorted(rows) for rows in out]
 
 
 # ---------------------------------------------------------------------- helpers

@@ -47,11 +47,11 @@ def make_batch(b: int = 8, nan_rows: tuple[int, ...] = ()) -> tuple[Rollouts, to
     return ro, advantages
 
 
-def step_locally(trainer, rows_of_rank, ro, advantages, rank):
-    """Rank ``rank``'s share: one mini-batch made of the rows ``rows_of_rank[rank]``."""
-    mine = rows_of_rank[rank]
-    plan = [torch.arange(len(mine))]
-    return trainer.step(ro.select(mine), advantages[mine], loss_fn=LOSS, minibatches=plan)
+def step_locally(trainer, minibatch, ro, advantages, rank):
+    """One update on the rows of ``minibatch`` (one mini-batch): every rank gets all of them and
+    the trainer takes its own share (balanced by tokens)."""
+    rows = sorted(r for part in minibatch for r in part)
+    return trainer.step(ro.select(rows), advantages[rows], loss_fn=LOSS)
 
 
 def worker(rank: int, world: int, port: int, case: str, out: str) -> None:
@@ -73,16 +73,14 @@ def worker(rank: int, world: int, port: int, case: str, out: str) -> None:
 
 
 def sharded(config=None, dtype=torch.float64, **overrides):
-    from rlblocks.trainer.parallel import DataParallel, shard
-
-    trainer = make_trainer(dtype, **overrides)
-    shard(trainer, DataParallel(), config or rb.trainer.FSDP())
+    trainer = make_trainer(dtype, fsdp=config, **overrides)
+    trainer.shard()  # the default group: every spawned process
     return trainer
 
 
-# Rank 0 gets 3 rows, rank 1 one row: with one row per micro-batch rank 1 runs two padding
-# micro-batches so that both ranks run three forward/backward passes.
-UNEVEN = [[0, 2, 5], [3]]
+# One mini-batch of three rows on two ranks: the trainer splits it 2 + 1 by tokens, so with one
+# row per micro-batch rank 1 runs a zero-weight padding micro-batch to keep both ranks in step.
+UNEVEN = [[0, 2, 5]]
 
 
 def uneven_micro_batches(rank: int) -> dict:
@@ -112,7 +110,9 @@ def nan_on_one_rank(rank: int) -> dict:
 
     trainer = sharded()
     before = {k: v.clone() for k, v in trainer.named_weights()}
-    ro, advantages = make_batch(nan_rows=(3,))  # row 3 is rank 1's
+    rows = UNEVEN[0]
+    rank_1 = rows[make_batch()[0].select(rows).balanced_shares(2)[1][0]]
+    ro, advantages = make_batch(nan_rows=(rank_1,))  # a row of rank 1's share only
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         metrics = step_locally(trainer, UNEVEN, ro, advantages, rank)
@@ -120,7 +120,24 @@ def nan_on_one_rank(rank: int) -> dict:
     return {"metrics": metrics, "unchanged": unchanged, "rank": rank}
 
 
+# Two epochs of two shuffled mini-batches of 4 rows, one row per micro-batch: with 3 ranks a
+# mini-batch splits 2 + 1 + 1, so ranks run padding micro-batches too.
+SCHEDULE = {"mini_batch_size": 4, "epochs": 2, "micro_batch_size": 1}
+
+
+def every_aggregation(rank: int) -> dict:
+    """The same update under each of the four aggregation modes."""
+    out = {}
+    ro, advantages = make_batch()
+    for name, mode in rb.losses.AGGREGATIONS.items():
+        trainer = sharded(aggregation=mode, **SCHEDULE)
+        metrics = trainer.step(ro, advantages, loss_fn=LOSS)
+        out[name] = {"metrics": metrics, "weights": dict(trainer.named_weights())}
+    return out
+
+
 CASES = {
+    "every_aggregation": every_aggregation,
     "uneven_micro_batches": uneven_micro_batches,
     "cpu_offload": cpu_offload,
     "bf16_params": bf16_params,

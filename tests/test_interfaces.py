@@ -4,17 +4,24 @@ import pytest
 import torch
 
 from rlblocks.interfaces import (
+    Dispatch,
+    Handle,
     PolicyTrainer,
     Resharder,
     RolloutEngine,
     Rollouts,
     SamplingParams,
     Stateful,
+    dispatch,
+    dispatch_of,
 )
 
 
 class EchoEngine:
     """The smallest engine that honours the RolloutEngine contract: it echoes the prompt ids."""
+
+    model = None  # no torch module in this process
+    serves_adapters = False
 
     def __init__(self) -> None:
         self.version = 0
@@ -27,6 +34,15 @@ class EchoEngine:
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, version: int):
         self.version = version
 
+    def load_adapter(self, path, *, version: int):
+        raise NotImplementedError("EchoEngine has no weights")
+
+    def sleep(self) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
 
 def test_structural_blocks_are_recognised_without_inheritance():
     engine = EchoEngine()
@@ -38,6 +54,34 @@ def test_structural_blocks_are_recognised_without_inheritance():
     assert not isinstance(engine, PolicyTrainer)
     assert not isinstance(engine, Resharder)
     assert not isinstance(engine, Stateful)
+    assert not isinstance(engine, Handle)  # a block in this process, not a placement's handle
+
+
+def test_an_engine_missing_part_of_the_contract_is_not_an_engine():
+    class NoSleep(EchoEngine):
+        sleep = None  # what a caller relies on is checked, not assumed
+
+    assert not isinstance(NoSleep(), RolloutEngine)
+
+
+def test_dispatch_is_declared_on_the_method():
+    class Block:
+        @dispatch(Dispatch.ALL)
+        def step(self, rollouts):
+            return len(rollouts)
+
+        @dispatch("rows")
+        def score(self, rollouts):
+            return rollouts
+
+        def plain(self):
+            return 1
+
+    assert dispatch_of(Block.step) is Dispatch.ALL
+    assert dispatch_of(Block().score) is Dispatch.ROWS  # bound methods keep it
+    assert dispatch_of(Block.plain) is None
+    with pytest.raises(ValueError, match="'columns' is not a valid Dispatch"):
+        dispatch("columns")
 
 
 def test_sampling_params_validate():

@@ -38,7 +38,7 @@ import torch
 
 import rlblocks as rb
 from rlblocks.data import Difficulty, PromptBatches, arithmetic_prompts
-from rlblocks.placement.balance import balanced_partition
+from rlblocks.rollouts import balanced_partition
 
 torch.manual_seed(0)
 
@@ -158,13 +158,14 @@ print(f"held-out accuracy: before {before.score:.3f} -> after {after.score:.3f}"
 #   shuffle seed), then splits *each mini-batch* over the ranks **balanced by tokens**: rows
 #   longest first, each to the rank with the fewest tokens so far. The cost of a forward pass
 #   follows the real tokens, not the row count.
-# - **Normalizer.** The loss normalizer (the token count for token-mean) is **summed over the
-#   ranks**, and FSDP's reduce-scatter sums the gradients, so each rank contributes
+# - **Normalizer.** Every rank gets the whole batch and takes its share of each mini-batch, so
+#   the loss normalizer (the token count for token-mean) is the **whole mini-batch's**, and
+#   FSDP's reduce-scatter sums the gradients, so each rank contributes
 #   $\sum_{\text{its tokens}} \ell_t \,/\, N_{\text{global}}$ and the update is the one-process update
 #   (`tests/placement/test_ray.py` checks it against `Local()` to 1e-9 in float64).
 # - **FSDP2 shards.** Every decoder layer, then the whole model, is a `fully_shard` unit: a rank
 #   keeps 1/N of the parameters, gradients and AdamW state, all-gathers a layer just before its
-#   forward and frees it afterwards. `rb.placement.Ray(..., fsdp=rb.trainer.FSDP(...))` sets
+#   forward and frees it afterwards. The trainer's own `fsdp=rb.trainer.FSDP(...)` sets
 #   mixed precision (`param_dtype=torch.bfloat16`), CPU offload or ZeRO-2.
 # - **Sync.** Each worker all-gathers the trainer's shards bucket by bucket (one collective per
 #   bucket) and loads every bucket into its own engine copy, so besides its shards and the

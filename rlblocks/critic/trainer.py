@@ -14,6 +14,10 @@ OpenRLHF's ``CriticPPOTrainer.training_step``), batched exactly like
 3. Clip the gradient norm, AdamW step, scheduler step. A non-finite loss or gradient norm skips
    the update (weights, optimizer state and schedule untouched) with a ``RuntimeWarning``.
 
+Steps 2 and 3 are the policy trainer's loop (``rlblocks.trainer.update``); this class supplies
+the value loss of one micro-batch. In a data-parallel group it shards itself like the policy
+(:meth:`CriticTrainer.shard`).
+
 The value model trains in ``train()`` mode and scores in ``eval()`` mode (no dropout in LLMs).
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +35,16 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from rlblocks.critic.value_model import ValueModel
-from rlblocks.interfaces import Advantages
+from rlblocks.interfaces import Advantages, Dispatch, dispatch
 from rlblocks.losses.aggregate import aggregate
 from rlblocks.losses.value import value_loss
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer.batches import (
-    micro_batch_pairs,
-    minibatch_rows,
-    pad_columns,
-    token_advantages,
-)
+from rlblocks.trainer.batches import micro_batch_pairs, pad_columns, token_advantages
 from rlblocks.trainer.config import TrainConfig
-from rlblocks.trainer.guard import guarded_step
-from rlblocks.trainer.metrics import StepMetrics
-from rlblocks.trainer.parallel import DataParallel, full_state, load_full_state
+from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
+from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.schedules import constant
+from rlblocks.trainer.update import draw_plan, normalizers, run_update
 
 
 class CriticTrainer:
@@ -66,8 +66,7 @@ class CriticTrainer:
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self.model = model.eval()
-        self.reference = None  # a critic has none (rlblocks.trainer.parallel.shard asks)
-        self.dp: DataParallel | None = None  # set by rlblocks.trainer.parallel.shard
+        self.dp: SingleProcess | DataParallel = SingleProcess()  # see shard()
         self.steps = 0  # step() calls
         self.optimizer_steps = 0  # applied updates
         self.skipped_steps = 0  # updates refused by the NaN guard
@@ -105,7 +104,18 @@ class CriticTrainer:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def shard(self, group: Any = None) -> None:
+        """Join a data-parallel group (``Shardable``): FSDP2 over ``group`` unless it has one
+        process and ``config.fsdp`` is None (``rlblocks.trainer.fsdp.shard_modules``)."""
+        if self.optimizer_steps:
+            raise RuntimeError("shard: the critic has already taken optimizer steps")
+        if self.dp.sharded:
+            raise RuntimeError("shard: the critic is already sharded")
+        self.dp = shard_modules(group, self.config.fsdp, trainable=self.model)
+        self.rebuild_optimizer()
+
     # ------------------------------------------------------------------ scoring (no grad)
+    @dispatch(Dispatch.ROWS)
     @torch.no_grad()
     def values(self, rollouts: Rollouts) -> Tensor:
         """V(s_k) of every response token (see :class:`ValueModel`) under the current weights.
@@ -115,7 +125,7 @@ class CriticTrainer:
         """
         rollouts = rollouts.to(self.device)
         b, t = rollouts.response_ids.shape
-        if b == 0 and self.dp is None:
+        if b == 0 and self.dp.size == 1:
             return torch.zeros(b, t, device=self.device)
         parts = []
         for micro, real in self._micro(rollouts):
@@ -128,9 +138,10 @@ class CriticTrainer:
         return self.model(rollouts, bf16=self.config.bf16)
 
     def _micro(self, rollouts: Rollouts) -> list[tuple[Rollouts, bool]]:
-        return micro_batch_pairs(rollouts, self.config, self.dp, owner="CriticTrainer")
+        return micro_batch_pairs(rollouts, self.config, self.dp)
 
     # ------------------------------------------------------------------ the update
+    @dispatch(Dispatch.ALL)
     def step(
         self,
         rollouts: Rollouts,
@@ -160,105 +171,60 @@ class CriticTrainer:
         updates are left out (NaN if every update was skipped).
 
         ``minibatches``: row indices of each optimizer step, instead of the configured
-        shuffling (a worker group passes each data-parallel rank its share this way).
+        shuffling. In a data-parallel group every rank gets the whole batch, trains on its share
+        and returns the metrics of the whole group, as ``PolicyTrainer.step`` does.
         """
         start = time.perf_counter()
-        batch = self._prepare(rollouts.to(self.device), returns, old_values)
-        mask = batch.response_mask
-        explained_var = _explained_variance(batch.old_values, batch.returns, mask, self.dp)
-        metrics, applied, skipped = StepMetrics(), self.optimizer_steps, self.skipped_steps
-        last_lr = self.scheduler.get_last_lr()[0]
-        c = self.config
-        self.model.train()
-        try:
-            seed = (c.shuffle_seed, self.steps)
-            plan = minibatches
-            if plan is None:
-                plan = minibatch_rows(
-                    len(batch), size=c.mini_batch_size, epochs=c.epochs, seed=seed
-                )
-            for rows in plan:
-                lr = self.scheduler.get_last_lr()[0]
-                if self._update(batch.select(rows), clip, metrics):
-                    last_lr = lr
-        finally:
-            self.model.eval()
-            self.optimizer.zero_grad(set_to_none=True)
-        self.steps += 1
-        summary = metrics.summary(reduce=None if self.dp is None else self.dp.all_sum)
+        batch = rollouts.to(self.device)
+        if len(batch) == 0:
+            raise ValueError("CriticTrainer.step: empty batch")
+        if isinstance(returns, Advantages):
+            returns = returns.returns
+        # token_advantages does the (b) / (b t) shape handling, masking and detaching we need.
+        batch = batch.replace(returns=token_advantages(returns, batch))
+        if old_values is not None:
+            batch = batch.replace(old_values=old_values.to(self.device))
+        plan = draw_plan(len(batch), self.config, self.steps, minibatches)
+        norms = normalizers(batch, plan, self.config)
+        share = self.dp.share(batch, plan)
+        local = batch.select(share.rows)
+        if local.old_values is None:  # the values the advantages were computed with
+            local = local.replace(old_values=self.values(local))
+        owned = local.select(share.owned)
+        explained_var = _explained_variance(
+            owned.old_values, owned.returns, owned.response_mask, self.dp
+        )
+        summary = run_update(self, local, share.plan, norms, partial(self._micro_loss, clip=clip))
         return {
             "vf_loss": summary["loss"],
             "vf_clip_frac": summary.get("vf_clip_frac", float("nan")),
             "vf_explained_var": explained_var,
             "values_mean": summary.get("values_mean", float("nan")),
             "vf_grad_norm": summary["grad_norm"],
-            "vf_lr": float(last_lr),
-            "vf_optimizer_steps": float(self.optimizer_steps - applied),
-            "vf_skipped_steps": float(self.skipped_steps - skipped),
-            "vf_seconds": time.perf_counter() - start,
+            "vf_lr": summary["lr"],
+            "vf_optimizer_steps": summary["optimizer_steps"],
+            "vf_skipped_steps": summary["skipped_steps"],
+            "vf_seconds": self.dp.all_max(time.perf_counter() - start),  # the slowest rank
         }
 
-    def _prepare(
-        self, batch: Rollouts, returns: Tensor | Advantages, old_values: Tensor | None
-    ) -> Rollouts:
-        """The batch with its ``(b t)`` ``returns`` and ``old_values`` filled."""
-        if len(batch) == 0:
-            raise ValueError("CriticTrainer.step: empty batch")
-        if isinstance(returns, Advantages):
-            returns = returns.returns
-        # token_advantages does the (b) / (b t) shape handling, masking and detaching we need.
-        targets = token_advantages(returns, batch)
-        if old_values is None:
-            old_values = batch.old_values
-        if old_values is None:
-            old_values = self.values(batch)
-        return batch.replace(returns=targets, old_values=old_values.detach().to(self.device))
-
-    def _update(self, mini: Rollouts, clip: float | None, metrics: StepMetrics) -> bool:
-        """Accumulate one mini-batch's gradient, then apply it (True) or skip it (False)."""
-        normalizer = self.config.aggregation.normalizer(mini.response_mask)
-        if self.dp is not None:  # one normalizer for the rows of all ranks
-            normalizer = self.dp.all_sum(normalizer)
-        finite = torch.ones((), dtype=torch.bool, device=self.device)
-        for micro, real in self._micro(mini):
-            micro = micro.trim()
-            mask = micro.response_mask
-            per_token, loss_metrics = value_loss(
-                self._forward(micro), micro.old_values, micro.returns, mask, clip=clip
-            )
-            loss = aggregate(per_token, mask, mode=self.config.aggregation, normalizer=normalizer)
-            if not real:  # a padding micro-batch: FSDP's collectives run, nothing is added
-                (loss * 0.0).backward()
-                continue
-            loss.backward()
-            # Explained variance is reported once per batch (in step), not per micro-batch.
-            loss_metrics.pop("vf_explained_var")
-            zero = torch.zeros(())  # StepMetrics tracks a policy entropy; a critic has none
-            metrics.add_micro_batch(loss, loss_metrics, entropy=zero, tokens=mask.sum())
-            finite &= torch.isfinite(loss.detach())
-        if self.dp is not None:  # every rank applies the step or none does
-            finite = self.dp.all_true(finite)
-        ok, grad_norm = guarded_step(
-            self.optimizer,
-            self.scheduler,
-            finite=finite,
-            max_grad_norm=self.config.max_grad_norm,
-            owner="CriticTrainer",
+    def _micro_loss(
+        self, micro: Rollouts, normalizer: Tensor, *, clip: float | None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """One micro-batch: value forward, per-token clipped value loss, ``aggregate``."""
+        mask = micro.response_mask
+        per_token, metrics = value_loss(
+            self._forward(micro), micro.old_values, micro.returns, mask, clip=clip
         )
-        if ok:
-            self.optimizer_steps += 1
-            metrics.commit(grad_norm)
-        else:
-            self.skipped_steps += 1
-            metrics.discard()
-        return ok
+        loss = aggregate(per_token, mask, mode=self.config.aggregation, normalizer=normalizer)
+        metrics.pop("vf_explained_var")  # reported once per batch (in step), over every row
+        return loss, metrics
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Value model (backbone and head), optimizer, scheduler and counters (references, not
         copies: ``copy.deepcopy`` it to keep a snapshot while training goes on)."""
         counters = {k: getattr(self, k) for k in ("steps", "optimizer_steps", "skipped_steps")}
-        if self.dp is not None:  # full, unsharded state on every rank
+        if self.dp.sharded:  # full, unsharded state on every rank
             model, optimizer = full_state(self.model, self.optimizer)
         else:
             model, optimizer = self.model.state_dict(), self.optimizer.state_dict()
@@ -271,7 +237,7 @@ class CriticTrainer:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved; the next ``step`` then matches the original."""
-        if self.dp is not None:
+        if self.dp.sharded:
             load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
         else:
             self.model.load_state_dict(state["model"])
@@ -282,7 +248,7 @@ class CriticTrainer:
 
 
 def _explained_variance(
-    values: Tensor, returns: Tensor, mask: Tensor, dp: DataParallel | None
+    values: Tensor, returns: Tensor, mask: Tensor, dp: SingleProcess | DataParallel
 ) -> float:
     """1 − Var(R − V) / Var(R) over the valid tokens of the whole batch (all ranks).
 
@@ -291,9 +257,7 @@ def _explained_variance(
     """
     m = mask.double()
     r, d = returns.double() * m, (returns.double() - values.double()) * m
-    sums = torch.stack([m.sum(), r.sum(), (r * r).sum(), d.sum(), (d * d).sum()])
-    if dp is not None:
-        sums = dp.all_sum(sums)
+    sums = dp.all_sum(torch.stack([m.sum(), r.sum(), (r * r).sum(), d.sum(), (d * d).sum()]))
     n, sr, srr, sd, sdd = sums.tolist()
     ss_returns = srr - sr * sr / max(n, 1.0)
     ss_residual = sdd - sd * sd / max(n, 1.0)

@@ -76,8 +76,7 @@ def grpo(
         rollouts = engine.generate(  # 1. G samples per prompt, one group id per prompt
             batch.prompts, n=group_size, sampling=sampling, metadata=batch.metadata
         )
-        generated = time.perf_counter()
-        _call(engine, "sleep")  # a colocated vLLM engine frees the GPU for the update
+        generated = time.perf_counter()  # a colocated vLLM engine sleeps by itself now
         rewards, reward_metrics = reward_fn(rollouts)  # 2. one scalar per response
         rewarded = time.perf_counter()
         rollouts = rollouts.replace(rewards=rewards)  # kept with the rows (dashboards read it)
@@ -85,7 +84,6 @@ def grpo(
         if reuse_rollout_logprobs:
             rollouts = rollouts.replace(old_logprobs=rollouts.rollout_logprobs)
         train_metrics = policy.step(rollouts, advantages, loss_fn=loss_fn)  # 4.
-        _call(engine, "wake_up")
         sync_metrics = resharder.sync(policy, engine)  # 5.
         metrics = {
             **reward_metrics,
@@ -120,10 +118,3 @@ def _breakdown(
         "time/update": float(train.get("seconds", 0.0)) - logprobs,
         "time/sync": float(sync.get("sync/seconds", 0.0)),
     }
-
-
-def _call(engine: Any, method: str) -> None:
-    """``engine.sleep()`` / ``wake_up()`` where the engine has them (vLLM on a GPU)."""
-    fn = getattr(engine, method, None)
-    if callable(fn):
-        fn()

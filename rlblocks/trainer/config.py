@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from rlblocks.interfaces import Aggregation
 from rlblocks.losses.aggregate import token_mean
 from rlblocks.losses.entropy import DEFAULT_CHUNK_SIZE
+from rlblocks.trainer.fsdp import FSDP
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class TrainConfig:
     """Tokens per chunk of the float32 log-softmax / entropy (bounds its memory)."""
     shuffle_seed: int = 0
     """Seed of the mini-batch shuffling; the order depends on (seed, trainer step) only."""
+    fsdp: FSDP | None = None
+    """How ``shard`` shards the model in a data-parallel group (``rlblocks.trainer.FSDP``);
+    None: FSDP2 with defaults in a group of several processes, unsharded in a group of one.
+    An ``FSDP(...)`` shards a group of one too (mixed precision or CPU offload there)."""
 
     def __post_init__(self) -> None:
         positive = {

@@ -28,12 +28,9 @@ class StepMetrics:
         self._losses: list[Tensor] = []
         self._grad_norms: list[Tensor] = []
 
-    def add_micro_batch(
-        self, loss: Tensor, metrics: dict[str, Tensor], *, entropy: Tensor, tokens: Tensor
-    ) -> None:
-        """One micro-batch: its aggregated loss, its loss metrics and mean entropy, token count."""
+    def add_micro_batch(self, loss: Tensor, metrics: dict[str, Tensor], *, tokens: Tensor) -> None:
+        """One micro-batch: its aggregated loss, its metrics (means over its tokens), tokens."""
         values = {k: torch.as_tensor(v).detach().double() for k, v in metrics.items()}
-        values["entropy"] = entropy.detach().double()
         self._pending.append((values, tokens.double()))
         self._pending_loss = self._pending_loss + loss.detach().double()
 

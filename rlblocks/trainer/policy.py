@@ -14,6 +14,9 @@ One call of :meth:`PolicyTrainer.step` is the whole PPO-style update of verl's
    accumulation does not change the gradient (see ``rlblocks.losses.aggregate``).
 4. Clip the gradient norm, AdamW step, scheduler step, zero the gradients.
 
+Steps 2 to 4 are the loop every trainer shares (``rlblocks.trainer.update``); this class
+supplies the loss of one micro-batch.
+
 Decisions worth knowing:
 
 - **NaN guard.** If a micro-batch loss or the total gradient norm is not finite, the optimizer
@@ -27,10 +30,11 @@ Decisions worth knowing:
 - **dtypes.** Public log-probs are float32; inside ``step`` the loss sees log-probs in the
   model's precision promoted to float32 (float64 for a float64 model: tests compare
   micro-batchings at float64 tolerances that way).
-- **Data parallelism.** Inside a worker group (``rlblocks.placement.Ray``) the trainer is
-  sharded with FSDP2 by ``rlblocks.trainer.parallel.shard``; ``self.dp`` is then set and every
-  place that must agree across ranks (the normalizer, the NaN decision, the number of
-  micro-batches, the metrics) goes through it. With ``dp`` None nothing changes.
+- **Data parallelism.** Inside a worker group (``rlblocks.placement.Ray``) the placement calls
+  :meth:`PolicyTrainer.shard` once; from then on every rank receives the whole batch, draws the
+  same plan and trains on its own share of each mini-batch (``rlblocks.trainer.parallel``).
+  Every place that must agree across ranks (the normalizer, the NaN decision, the number of
+  micro-batches, the metrics) goes through ``self.dp``, a ``SingleProcess`` in one process.
 - **Shared model.** ``trainer.model`` is the (possibly peft-wrapped) module; an in-process
   rollout engine can generate with it directly. ``named_weights()`` gives what a separate
   engine needs, with LoRA merged.
@@ -42,32 +46,29 @@ import copy
 import dataclasses
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from rlblocks.interfaces import Advantages, PolicyLoss
+from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, dispatch
 from rlblocks.losses.aggregate import aggregate
 from rlblocks.losses.inputs import LossInputs, loss_inputs
 from rlblocks.losses.mismatch import mismatch_metrics, mismatch_sums
 from rlblocks.masked import masked_mean
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer.batches import (
-    micro_batch_pairs,
-    minibatch_rows,
-    pad_columns,
-    token_advantages,
-)
+from rlblocks.trainer.batches import micro_batch_pairs, pad_columns, token_advantages
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.forward import score_responses
-from rlblocks.trainer.guard import guarded_step
+from rlblocks.trainer.fsdp import full_state, gathered, load_full_state, shard_modules
 from rlblocks.trainer.lora import is_peft_model, merged_weights, wrap_lora
-from rlblocks.trainer.metrics import StepMetrics
-from rlblocks.trainer.parallel import DataParallel, gathered
+from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.schedules import constant
+from rlblocks.trainer.update import draw_plan, normalizers, run_update, timing
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -109,7 +110,8 @@ class PolicyTrainer:
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self.model = (wrap_lora(model, lora) if lora is not None else model).eval()
-        self.dp: DataParallel | None = None  # set by rlblocks.trainer.parallel.shard
+        self.has_adapter = is_peft_model(self.model)  # LoRA: only the adapter trains
+        self.dp: SingleProcess | DataParallel = SingleProcess()  # see shard()
         self.steps = 0  # step() calls
         self.optimizer_steps = 0  # applied updates
         self.skipped_steps = 0  # updates refused by the NaN guard
@@ -125,7 +127,6 @@ class PolicyTrainer:
             trainable, lr=c.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay
         )
         self.scheduler = LambdaLR(self.optimizer, c.schedule or constant())
-        self._last_lr = self.scheduler.get_last_lr()[0]  # lr of the latest update (metric)
 
     @classmethod
     def from_pretrained(
@@ -149,7 +150,33 @@ class PolicyTrainer:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def shard(self, group: Any = None) -> None:
+        """Join a data-parallel group (``torch.distributed``; None: the default group), as a
+        placement does right after building the trainer in each worker (``Shardable``).
+
+        The model (and a separate reference) become FSDP2 units unless the group has one
+        process and ``config.fsdp`` is None (``rlblocks.trainer.fsdp.shard_modules``); the
+        optimizer is rebuilt on the shards. A LoRA policy alone in its group trains unsharded;
+        in a larger group it is refused (FSDP does not take peft models here yet).
+        """
+        if self.optimizer_steps:
+            raise RuntimeError("shard: the trainer has already taken optimizer steps")
+        if self.dp.sharded:
+            raise RuntimeError("shard: the trainer is already sharded")
+        if self.has_adapter:
+            if dist.get_world_size(group) == 1:
+                return
+            raise NotImplementedError(
+                "LoRA policies are not sharded with FSDP yet: give a LoRA policy a pool of one "
+                "worker (it then trains unsharded), or fine-tune all weights with several workers"
+            )
+        self.dp = shard_modules(
+            group, self.config.fsdp, trainable=self.model, frozen=[self.reference]
+        )
+        self.rebuild_optimizer()
+
     # ------------------------------------------------------------------ scoring (no grad)
+    @dispatch(Dispatch.ROWS)
     def logprobs(
         self, rollouts: Rollouts, *, entropy: bool = False
     ) -> Tensor | tuple[Tensor, Tensor]:
@@ -162,6 +189,7 @@ class PolicyTrainer:
         lp, ent = self._score_no_grad(self.model, rollouts, entropy=entropy)
         return (lp.float(), ent.float()) if ent is not None else lp.float()
 
+    @dispatch(Dispatch.ROWS)
     def ref_logprobs(self, rollouts: Rollouts) -> Tensor:
         """log π_ref of every response token: ``(b t)`` float32, 0 at padding, no grad.
 
@@ -185,7 +213,7 @@ class PolicyTrainer:
         """Micro-batched scores of the whole batch, each micro-batch trimmed of unused padding."""
         rollouts = rollouts.to(self.device)
         b, t = rollouts.response_ids.shape
-        if b == 0 and self.dp is None:
+        if b == 0 and self.dp.size == 1:
             empty = torch.zeros(b, t, device=self.device)
             return empty, empty if entropy else None
         parts = []
@@ -211,9 +239,10 @@ class PolicyTrainer:
         )
 
     def _micro(self, rollouts: Rollouts) -> list[tuple[Rollouts, bool]]:
-        return micro_batch_pairs(rollouts, self.config, self.dp, owner="PolicyTrainer")
+        return micro_batch_pairs(rollouts, self.config, self.dp)
 
     # ------------------------------------------------------------------ the update
+    @dispatch(Dispatch.ALL)
     def step(
         self,
         rollouts: Rollouts,
@@ -246,171 +275,110 @@ class PolicyTrainer:
         skipped steps are left out (NaN if every step was skipped).
 
         ``minibatches``: the row indices of each optimizer step, in order, instead of the ones
-        ``mini_batch_size``, ``epochs`` and ``shuffle_seed`` would draw. A worker group passes
-        each data-parallel rank its share of every global mini-batch this way; in a
-        data-parallel group loss, metrics and ``grad_norm`` are those of the whole group.
+        ``mini_batch_size``, ``epochs`` and ``shuffle_seed`` would draw. In a data-parallel
+        group every rank gets the whole batch, trains on its share of each mini-batch
+        (``rlblocks.trainer.parallel``) and returns the loss, metrics, ``grad_norm`` and
+        timings of the whole group.
         """
         start = time.perf_counter()
         wants = loss_inputs(loss_fn)
-        batch = self._prepare(rollouts.to(self.device), advantages, old_logprobs, wants)
+        batch = rollouts.to(self.device)
+        if len(batch) == 0:
+            raise ValueError("PolicyTrainer.step: empty batch")
+        batch = batch.replace(advantages=token_advantages(advantages, batch))
+        if old_logprobs is not None:
+            batch = batch.replace(old_logprobs=old_logprobs.to(self.device))
+        plan = draw_plan(len(batch), self.config, self.steps, minibatches)
+        norms = normalizers(batch, plan, self.config)
+        share = self.dp.share(batch, plan)
+        local = self._prepare(batch.select(share.rows), wants)
         scored = time.perf_counter()  # old (and reference) log-probs are ready
-        metrics, applied, skipped = StepMetrics(), self.optimizer_steps, self.skipped_steps
-        self._last_lr = self.scheduler.get_last_lr()[0]
-        c = self.config
-        self.model.train()
-        try:
-            plan = (
-                minibatches
-                if minibatches is not None
-                else minibatch_rows(
-                    len(batch),
-                    size=c.mini_batch_size,
-                    epochs=c.epochs,
-                    seed=(c.shuffle_seed, self.steps),
-                )
-            )
-            for rows in plan:
-                self._update(batch.select(rows), loss_fn, wants, metrics)
-        finally:
-            self.model.eval()
-            self.optimizer.zero_grad(set_to_none=True)
-        self.steps += 1
-        seconds = time.perf_counter() - start
+        loss = partial(self._micro_loss, loss_fn=loss_fn, wants=wants)
+        metrics = run_update(self, local, share.plan, norms, loss)
         return {
-            **self._mismatch(batch),
-            **metrics.summary(reduce=None if self.dp is None else self.dp.all_sum),
-            "lr": float(self._last_lr),
-            "optimizer_steps": float(self.optimizer_steps - applied),
-            "skipped_steps": float(self.skipped_steps - skipped),
-            "seconds": seconds,
-            "logprob_seconds": scored - start,
-            "tokens_per_second": batch.num_tokens * c.epochs / max(seconds, 1e-9),
+            **self._mismatch(local.select(share.owned)),
+            **metrics,
+            **timing(
+                self.dp,
+                time.perf_counter() - start,
+                scored - start,
+                batch.num_tokens,
+                self.config.epochs,
+            ),
         }
 
     def _mismatch(self, batch: Rollouts) -> dict[str, float]:
         """Engine versus trainer on the sampled tokens: π_old against the rollout log-probs
-        (``rlblocks.losses.mismatch``), over the whole batch of every rank; {} without them."""
+        (``rlblocks.losses.mismatch``), over the rows of every rank; {} without them."""
         if batch.rollout_logprobs is None:
             return {}
-        old = batch.old_logprobs
-        sums = mismatch_sums(old, batch.rollout_logprobs, batch.response_mask)
-        if self.dp is not None:  # counts and sums add up over ranks, the max is a max
-            largest = self.dp.all_max(float(sums[3]))
-            sums = torch.cat([self.dp.all_sum(sums[:3]), sums.new_tensor([largest])])
+        sums = mismatch_sums(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask)
+        # counts and sums add up over ranks, the max is a max
+        largest = self.dp.all_max(float(sums[3]))
+        sums = torch.cat([self.dp.all_sum(sums[:3]), sums.new_tensor([largest])])
         return mismatch_metrics(sums.cpu())
 
-    def _prepare(
-        self,
-        batch: Rollouts,
-        advantages: Tensor | Advantages,
-        old_logprobs: Tensor | None,
-        wants: LossInputs,
-    ) -> Rollouts:
-        """The batch with its ``advantages``, ``old_logprobs`` (and ``ref_logprobs``) filled."""
-        if len(batch) == 0:
-            raise ValueError("PolicyTrainer.step: empty batch")
+    def _prepare(self, batch: Rollouts, wants: LossInputs) -> Rollouts:
+        """This rank's rows with ``old_logprobs`` (and ``ref_logprobs``) filled: taken from
+        the rollouts when there, scored now otherwise (before any update)."""
         if "rollout_logprobs" in wants.required and batch.rollout_logprobs is None:
             raise ValueError("the loss needs rollout_logprobs but the rollouts carry none")
-        extras = {"advantages": token_advantages(advantages, batch)}
-        if old_logprobs is None:
-            old_logprobs = batch.old_logprobs
-        if old_logprobs is None:
-            old_logprobs = self._score_no_grad(self.model, batch)[0]
-        extras["old_logprobs"] = old_logprobs.detach().to(self.device)
-        if "ref_logprobs" in wants.accepted:
-            ref = batch.ref_logprobs
-            if ref is None and (self.reference is not None or self._adapter_reference):
-                ref = self._ref_scores(batch)
-            if ref is None and "ref_logprobs" in wants.required:
+        old = batch.old_logprobs
+        if old is None:
+            old = self._score_no_grad(self.model, batch)[0]
+        batch = batch.replace(old_logprobs=old.detach())
+        if "ref_logprobs" in wants.accepted and batch.ref_logprobs is None:
+            if self.reference is not None or self._adapter_reference:
+                batch = batch.replace(ref_logprobs=self._ref_scores(batch).detach())
+            elif "ref_logprobs" in wants.required:
                 raise ValueError("the loss needs ref_logprobs but the trainer has no reference")
-            if ref is not None:
-                extras["ref_logprobs"] = ref.detach().to(self.device)
-        return batch.replace(**extras)
+        return batch
 
-    def _update(
-        self, mini: Rollouts, loss_fn: PolicyLoss, wants: LossInputs, metrics: StepMetrics
-    ) -> None:
-        """Accumulate the gradient of one mini-batch, then apply it (or skip it if not finite)."""
-        normalizer = self.config.aggregation.normalizer(mini.response_mask)
-        if self.dp is not None:  # one normalizer for the rows of all ranks
-            normalizer = self.dp.all_sum(normalizer)
-        finite = torch.ones((), dtype=torch.bool, device=self.device)
-        for micro, real in self._micro(mini):
-            loss = self._backward(micro.trim(), loss_fn, wants, normalizer, metrics, weight=real)
-            finite &= torch.isfinite(loss)
-        if self.dp is not None:  # every rank applies the step or none does
-            finite = self.dp.all_true(finite)
-        lr = self.scheduler.get_last_lr()[0]
-        applied, grad_norm = guarded_step(
-            self.optimizer,
-            self.scheduler,
-            finite=finite,
-            max_grad_norm=self.config.max_grad_norm,
-            owner="PolicyTrainer",
-        )
-        if applied:
-            self._last_lr = lr
-            self.optimizer_steps += 1
-            metrics.commit(grad_norm)
-        else:
-            self.skipped_steps += 1
-            metrics.discard()
-
-    def _backward(
-        self,
-        micro: Rollouts,
-        loss_fn: PolicyLoss,
-        wants: LossInputs,
-        normalizer: Tensor,
-        metrics: StepMetrics,
-        *,
-        weight: bool = True,
-    ) -> Tensor:
-        """Forward, per-token loss, aggregate with the mini-batch normalizer, backward.
-
-        ``weight=False``: a padding micro-batch of a data-parallel rank; it runs forward and
-        backward with the loss times zero (FSDP's collectives must match) and adds nothing.
-        """
+    def _micro_loss(
+        self, micro: Rollouts, normalizer: Tensor, *, loss_fn: PolicyLoss, wants: LossInputs
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """One micro-batch: forward, per-token ``loss_fn``, ``aggregate`` with the mini-batch
+        normalizer; the loss metrics and the mean entropy of its valid tokens."""
         lp, entropy = self._score(self.model, micro, entropy=True)
         if "entropy" not in wants.accepted:
             entropy = entropy.detach()  # only a metric: no gradient through it
-        inputs = {"entropy": entropy, "rollout_logprobs": micro.rollout_logprobs}
-        inputs["ref_logprobs"] = micro.ref_logprobs
+        inputs = {
+            "entropy": entropy,
+            "rollout_logprobs": micro.rollout_logprobs,
+            "ref_logprobs": micro.ref_logprobs,
+        }
         kwargs = {k: v for k, v in inputs.items() if k in wants.accepted and v is not None}
         mask = micro.response_mask
-        per_token, loss_metrics = loss_fn(
-            lp, micro.old_logprobs, micro.advantages, mask, **kwargs
-        )
+        per_token, metrics = loss_fn(lp, micro.old_logprobs, micro.advantages, mask, **kwargs)
         loss = aggregate(per_token, mask, mode=self.config.aggregation, normalizer=normalizer)
-        if not weight:
-            loss = loss * 0.0
-        if loss.requires_grad:
-            loss.backward()
-        if not weight:
-            return loss.detach()
-        mean_entropy = masked_mean(entropy.detach(), mask)
-        metrics.add_micro_batch(loss, loss_metrics, entropy=mean_entropy, tokens=mask.sum())
-        return loss.detach()
+        return loss, {**metrics, "entropy": masked_mean(entropy.detach(), mask)}
 
     # ------------------------------------------------------------------ weights and state
-    def named_weights(self, *, bucket_mb: float = 64.0) -> Iterator[tuple[str, Tensor]]:
+    def named_weights(self, *, bucket_bytes: int | None = None) -> Iterator[tuple[str, Tensor]]:
         """Full weights under the Hugging Face names of ``model.state_dict()``, for a resharder.
 
         Without LoRA: the model's own tensors (shared storage, no copy: copy them if you keep
         them past the next step). Tied weights appear under each of their names. With LoRA:
         the base model's names and W + scaling · B·A for each adapted layer, computed into new
         tensors without touching the model (``rlblocks.trainer.lora.merged_weights``).
-        Sharded (FSDP) trainers all-gather the tensors in buckets of about ``bucket_mb``
-        megabytes, one collective each (``rlblocks.trainer.parallel.gathered``); every rank of
+        Sharded (FSDP) trainers all-gather the tensors in buckets of about ``bucket_bytes``
+        (None: 64 MiB), one collective each (``rlblocks.trainer.fsdp.gathered``); every rank of
         the group must iterate to the end.
         """
-        if is_peft_model(self.model):
+        if self.has_adapter:
             yield from merged_weights(self.model)
-        elif self.dp is None:
+        elif not self.dp.sharded:
             yield from self.model.state_dict().items()
         else:
             tensors = self.model.state_dict(keep_vars=True).items()
-            yield from gathered(tensors, self.dp, bucket_bytes=int(bucket_mb * 2**20))
+            yield from gathered(tensors, self.dp, bucket_bytes=bucket_bytes or 64 * 2**20)
+
+    def save_adapter(self, folder: str | Path) -> None:
+        """Write the LoRA adapter (peft's ``save_pretrained``: adapter weights and config, no
+        base weights) into ``folder``, for an engine that serves adapters itself."""
+        if not self.has_adapter:
+            raise ValueError("PolicyTrainer.save_adapter: the policy has no LoRA adapter")
+        self.model.save_pretrained(folder)
 
     def state_dict(self) -> dict[str, Any]:
         """Trainable parameters, optimizer, scheduler, counters and RNG state (references, not
@@ -420,9 +388,7 @@ class PolicyTrainer:
         the optimizer state keyed by parameter name; it loads into a group of any size.
         """
         counters = {k: getattr(self, k) for k in ("steps", "optimizer_steps", "skipped_steps")}
-        if self.dp is not None:
-            from rlblocks.trainer.parallel import full_state
-
+        if self.dp.sharded:
             model, optimizer = full_state(self.model, self.optimizer)
         else:
             model, optimizer = dict(_trainable(self.model)), self.optimizer.state_dict()
@@ -436,9 +402,7 @@ class PolicyTrainer:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved; the next ``step`` then matches the original."""
-        if self.dp is not None:
-            from rlblocks.trainer.parallel import load_full_state
-
+        if self.dp.sharded:
             load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
         else:
             _load_trainable(self.model, state["model"])

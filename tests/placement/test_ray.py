@@ -170,9 +170,24 @@ def test_the_grpo_recipe_learns_on_two_workers(placement):
     assert history[-1]["sync/version"] == 30
 
 
+def test_one_grpo_step_is_three_round_trips(placement):
+    # generate (prompts split over the workers), step (the whole batch to every worker: the
+    # trainer takes its share and answers for the group), sync (the resharder's copy, carried
+    # into each worker next to its colocated engine). No attribute reads, no sleep/wake calls,
+    # no second trip for the metrics: the recipe makes three remote calls a step.
+    policy = placement.build("actor", policy_factory(torch.float32, mini_batch_size=None))
+    engine = placement.build("rollout", rb.rollout.HFEngine.from_pretrained, "tiny", progress=False)
+    for steps in (1, 2):
+        before = placement.round_trips
+        history = run_group_recipe(rb.recipes.grpo, policy, engine, steps=steps)
+        assert len(history) == steps
+        assert placement.round_trips - before == 3 * steps
+    assert history[-1]["optimizer_steps"] == 1.0 and history[-1]["sync/buckets"] >= 1
+
+
 def test_a_missing_attribute_is_an_attribute_error_as_in_one_process(ray_blocks):
     policy, engine = ray_blocks
-    assert getattr(engine, "sleep", None) is None  # recipes probe engines this way
+    assert getattr(engine, "no_such_method", None) is None  # a getattr default works
     with pytest.raises(AttributeError, match="HFEngine"):
         engine.no_such_thing  # noqa: B018
     assert policy.config.lr > 0  # plain attributes still come from rank 0

@@ -37,6 +37,9 @@ class ScriptedEngine:
     its length in characters. Like `HFEngine`, every call numbers its groups 0..p-1.
     """
 
+    model = None  # no torch module: the resharder streams weights into update_weights
+    serves_adapters = False
+
     def __init__(self) -> None:
         self.calls: list[tuple[list[str], int, SamplingParams | None]] = []
 
@@ -66,6 +69,15 @@ class ScriptedEngine:
     def update_weights(self, weights, *, version: int) -> None:
         for _ in weights:  # consume the stream like a real engine; nothing to load
             pass
+
+    def load_adapter(self, path, *, version: int) -> None:
+        raise NotImplementedError("ScriptedEngine serves no adapters")
+
+    def sleep(self) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
 
 
 class Accuracy:

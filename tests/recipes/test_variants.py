@@ -79,6 +79,9 @@ class ScriptedEngine:
     answer (temperature 0) is the last word. Rows come back in *reverse* order, which the
     protocol allows, with group ids 10·(prompt index)."""
 
+    model = None  # no torch module: the resharder streams weights into update_weights
+    serves_adapters = False
+
     def __init__(self) -> None:
         self.calls: list[tuple[int, SamplingParams]] = []
 
@@ -110,6 +113,15 @@ class ScriptedEngine:
         for _ in weights:
             pass
 
+    def load_adapter(self, path, *, version: int) -> None:
+        raise NotImplementedError("ScriptedEngine serves no adapters")
+
+    def sleep(self) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
 
 def accuracy(rollouts: Rollouts, /) -> RewardOutput:
     """1.0 when the completion is only "1"s, else 0.0."""
@@ -120,18 +132,28 @@ def accuracy(rollouts: Rollouts, /) -> RewardOutput:
 class RecordingTrainer:
     """A `PolicyTrainer` that records what it is asked to train on and changes nothing."""
 
+    model = torch.nn.Linear(1, 1)  # nothing the engine shares
+    config = None
+    has_adapter = False
+
     def __init__(self) -> None:
         self.seen: list[tuple[Rollouts, torch.Tensor]] = []
 
-    def step(self, rollouts, advantages, *, loss_fn):
+    def step(self, rollouts, advantages, *, loss_fn, old_logprobs=None, minibatches=None):
         self.seen.append((rollouts, advantages))
         return {"loss": 0.0}
 
     def logprobs(self, rollouts):
         return torch.zeros(rollouts.response_ids.shape)
 
-    def named_weights(self):
+    def ref_logprobs(self, rollouts):
+        return torch.zeros(rollouts.response_ids.shape)
+
+    def named_weights(self, *, bucket_bytes=None):
         return iter(())
+
+    def save_adapter(self, folder):
+        raise ValueError("no adapter")
 
     def state_dict(self):
         return {}

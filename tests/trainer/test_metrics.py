@@ -14,11 +14,11 @@ def test_token_weighted_average_hand_worked():
     m = StepMetrics()
     t = torch.tensor
     # mini-batch 1: micro-batches of 3 and 1 tokens, clip_frac 0.2 and 0.6, losses 0.5 + 0.25
-    m.add_micro_batch(t(0.5), {"clip_frac": t(0.2)}, entropy=t(1.0), tokens=t(3))
-    m.add_micro_batch(t(0.25), {"clip_frac": t(0.6)}, entropy=t(2.0), tokens=t(1))
+    m.add_micro_batch(t(0.5), {"clip_frac": t(0.2), "entropy": t(1.0)}, tokens=t(3))
+    m.add_micro_batch(t(0.25), {"clip_frac": t(0.6), "entropy": t(2.0)}, tokens=t(1))
     m.commit(t(4.0))
     # mini-batch 2: one micro-batch of 4 tokens, clip_frac 0.0, loss 1.25
-    m.add_micro_batch(t(1.25), {"clip_frac": t(0.0)}, entropy=t(3.0), tokens=t(4))
+    m.add_micro_batch(t(1.25), {"clip_frac": t(0.0), "entropy": t(3.0)}, tokens=t(4))
     m.commit(t(2.0))
     out = m.summary()
     # clip_frac = (0.2·3 + 0.6·1 + 0.0·4) / 8 = 1.2 / 8 = 0.15
@@ -30,9 +30,9 @@ def test_token_weighted_average_hand_worked():
 def test_discarded_minibatch_is_not_counted():
     m = StepMetrics()
     t = torch.tensor
-    m.add_micro_batch(t(1.0), {"kl": t(0.5)}, entropy=t(1.0), tokens=t(2))
+    m.add_micro_batch(t(1.0), {"kl": t(0.5), "entropy": t(1.0)}, tokens=t(2))
     m.commit(t(1.0))
-    m.add_micro_batch(t(float("nan")), {"kl": t(float("nan"))}, entropy=t(9.0), tokens=t(5))
+    m.add_micro_batch(t(float("nan")), {"kl": t(float("nan")), "entropy": t(9.0)}, tokens=t(5))
     m.discard()
     assert_close(m.summary(), {"kl": 0.5, "entropy": 1.0, "loss": 1.0, "grad_norm": 1.0})
 

@@ -1,12 +1,15 @@
-"""FSDP2 data parallelism inside PolicyTrainer, in two spawned processes (no Ray).
+"""FSDP2 data parallelism inside PolicyTrainer, in spawned processes (no Ray).
 
 Every case compares rank 0's view of one update with the same update on the same rows in
-one process: rows {0, 2, 5} on rank 0 and {3} on rank 1 make one mini-batch of four rows.
+one process. Every rank gets the whole batch and trains on its share of each mini-batch, which
+the trainer splits by tokens: the three rows {0, 2, 5} go 2 + 1 over two ranks.
 """
 
 import pytest
 import torch
-from dp_cases import LOSS, UNEVEN, make_batch, make_trainer, run
+from dp_cases import LOSS, SCHEDULE, UNEVEN, make_batch, make_trainer, run
+
+import rlblocks as rb
 
 
 def one_process(dtype=torch.float64, **overrides):
@@ -24,8 +27,8 @@ def assert_same_update(result, metrics, weights, *, rel=1e-9):
 
 
 def test_padding_micro_batches_keep_ranks_in_step_and_change_nothing(tmp_path):
-    # Rank 0 runs 3 micro-batches of one row, rank 1 one real and two zero-weight padding
-    # ones; the update is the one-process update of the 4 rows (float64: to ~1e-15).
+    # Rank 0 runs 2 micro-batches of one row, rank 1 one real and one zero-weight padding
+    # one; the update is the one-process update of the 3 rows (float64: to ~1e-15).
     result = run("uneven_micro_batches", str(tmp_path / "out.pt"))
     metrics, weights = one_process(micro_batch_size=1)
     assert_same_update(result, metrics, weights)
@@ -59,3 +62,24 @@ def test_a_nan_on_one_rank_skips_the_step_on_every_rank(tmp_path):
     assert result["metrics"]["skipped_steps"] == 1.0
     assert result["metrics"]["optimizer_steps"] == 0.0
     assert result["unchanged"]  # rank 0's shard is untouched although its own loss was finite
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_every_aggregation_gives_the_one_process_update_at_any_world_size(tmp_path, world):
+    # Two epochs × two shuffled mini-batches of 4 rows, one row per micro-batch, for each of the
+    # four aggregation modes. At world size 1 the trainer is sharded too (FSDP2 over a group of
+    # one: the default config shards once the group has more than one process, so world 1 is
+    # the SingleProcess path through the same spawned set-up); at 3 a mini-batch splits 2+1+1
+    # and two ranks run padding micro-batches. float64 throughout: the sharded sums differ from
+    # the one-process sums only in the order of additions (~1e-16 relative each), so the
+    # gradient norms and the weights after 4 AdamW steps agree to 1e-9, while a normalizer per
+    # rank instead of one for the whole mini-batch is off by 10% or more.
+    result = run("every_aggregation", str(tmp_path / "out.pt"), world=world)
+    ro, advantages = make_batch()
+    assert set(result) == set(rb.losses.AGGREGATIONS)
+    for name, mode in rb.losses.AGGREGATIONS.items():
+        trainer = make_trainer(aggregation=mode, **SCHEDULE)
+        metrics = trainer.step(ro, advantages, loss_fn=LOSS)
+        assert result[name]["metrics"]["optimizer_steps"] == metrics["optimizer_steps"] == 4
+        assert_same_update(result[name], metrics, dict(trainer.named_weights()))
+        assert result[name]["metrics"]["loss"] == pytest.approx(metrics["loss"], abs=1e-7), name

@@ -1,0 +1,198 @@
+"""The workers of one pool, seen from the driver: start, one round trip to all, fail fast, stop.
+
+A :class:`Pool` is a set of worker processes, ``nodes`` × ``workers_per_node``, each with its
+CPUs/GPUs, held in place by one Ray placement group (one bundle per node, ``STRICT_SPREAD``
+over nodes, so the pool really spans ``nodes`` machines). Its workers form one
+``torch.distributed`` process group (gloo on CPUs, NCCL on GPUs) with a timeout on every
+collective. :class:`Workers` is the driver's record of a started pool; every remote call goes
+through :meth:`Workers.submit`, one task per worker, which counts it (``round_trips``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rlblocks.placement.errors import PoolBroken, WorkerDied, WorkerError
+from rlblocks.placement.worker import Worker
+
+# Environment the workers inherit from the driver (offline hub, caches, thread counts).
+FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "RLBLOCKS_CACHE", "HF_HOME")
+GRACE_SECONDS = 5.0  # after a rank fails, how long the others get to finish before the stop
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A set of worker processes: ``nodes`` machines × ``workers_per_node`` workers each."""
+
+    nodes: int = 1
+    workers_per_node: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.workers_per_node < 1:
+            raise ValueError(f"Pool needs nodes >= 1 and workers_per_node >= 1, got {self}")
+        if self.cpus_per_worker < 0 or self.gpus_per_worker < 0:
+            raise ValueError(f"Pool: negative resources in {self}")
+
+    @property
+    def size(self) -> int:
+        return self.nodes * self.workers_per_node
+
+
+class Workers:
+    """Driver-side record of one started pool: its actors, placement group and health."""
+
+    def __init__(
+        self, name: str, pool: Pool, *, env: Mapping[str, str], collective_timeout: float
+    ) -> None:
+        self.name, self.pool = name, pool
+        self.broken: str | None = None
+        self.round_trips = 0  # remote calls made, each one task on every worker
+        self.actors: list[Any] = []
+        self.info: list[dict[str, Any]] = []
+        bundle = {"CPU": pool.cpus_per_worker * pool.workers_per_node}
+        if pool.gpus_per_worker:
+            bundle["GPU"] = pool.gpus_per_worker * pool.workers_per_node
+        strategy = "STRICT_SPREAD" if pool.nodes > 1 else "STRICT_PACK"
+        self.pg = placement_group([dict(bundle) for _ in range(pool.nodes)], strategy=strategy)
+        try:
+            ray.get(self.pg.ready(), timeout=120)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(self.pg)
+            raise RuntimeError(
+                f"Ray: pool {name!r} cannot be placed: it needs {pool.nodes} node(s) with "
+                f"{bundle} free each; the cluster has {ray.available_resources()}"
+            ) from None
+        try:
+            self._start(env, collective_timeout)
+        except BaseException:
+            self.stop(reason="it failed to start")  # no actor or placement group left behind
+            raise
+
+    def _start(self, env: Mapping[str, str], collective_timeout: float) -> None:
+        pool = self.pool
+        threads = max(1, int(pool.cpus_per_worker))
+        forwarded = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+        env = {**forwarded, "OMP_NUM_THREADS": str(threads), **env}
+        actor = ray.remote(Worker)
+        for rank in range(pool.size):
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=rank // pool.workers_per_node
+            )
+            self.actors.append(
+                actor.options(
+                    num_cpus=pool.cpus_per_worker,
+                    num_gpus=pool.gpus_per_worker,
+                    scheduling_strategy=strategy,
+                    runtime_env={"env_vars": env},
+                ).remote(self.name, rank, pool.size, threads)
+            )
+        role = f"pool {self.name}"
+        self.info = self.submit(lambda a, _: a.info.remote(), role=role, call="start")
+        backend = "nccl" if pool.gpus_per_worker else "gloo"
+        init = f"tcp://{self.info[0]['ip']}:{self.info[0]['port']}"
+        self.submit(
+            lambda a, _: a.init_process_group.remote(init, backend, collective_timeout),
+            role=role,
+            call="init_process_group",
+        )
+
+    @property
+    def size(self) -> int:
+        return len(self.actors)
+
+    def submit(self, task: Callable[[Any, int], Any], *, role: str, call: str) -> list:
+        """One round trip: ``task(actor, rank)`` submits a Ray task to each worker; the answers
+        come back in rank order, or the first failure is raised (:meth:`wait`)."""
+        if self.broken is not None:
+            raise PoolBroken(
+                f"the workers of pool {self.name!r} were stopped: {self.broken}. Build its "
+                "blocks again with placement.build(...)"
+            )
+        self.round_trips += 1
+        futures = [task(actor, rank) for rank, actor in enumerate(self.actors)]
+        return self.wait(futures, role=role, call=call)
+
+    def calls(
+        self,
+        role: str,
+        per_rank: Sequence[tuple[str, Any, Any]],
+        call: str,
+        *,
+        every: bool = False,
+    ) -> list:
+        """``block.method(*args, **kwargs)`` on each rank's ``role`` block (one ``(method, args,
+        kwargs)`` per rank); only rank 0 sends its answer back unless ``every``."""
+
+        def task(actor: Any, rank: int) -> Any:
+            method, args, kwargs = per_rank[rank]
+            return actor.call.remote(role, method, args, kwargs, every or rank == 0)
+
+        return self.submit(task, role=role, call=call)
+
+    def wait(self, futures: list, *, role: str, call: str) -> list:
+        """Results of ``futures`` (one per rank), failing fast on the first error.
+
+        After a first failure the other ranks get ``GRACE_SECONDS`` to finish: a rank waiting in
+        a collective for a dead peer errors out or stays stuck. A rank that died is reported in
+        preference to the errors it caused elsewhere; if a rank died or some are still running,
+        the pool is stopped so that nothing hangs.
+        """
+        rank_of = {f: r for r, f in enumerate(futures)}
+        results: dict[int, Any] = {}
+        failures: list[WorkerError] = []
+        pending = list(futures)
+        while pending and not failures:
+            ready, pending = ray.wait(pending, num_returns=1)
+            self._collect(ready, rank_of, results, failures, role, call)
+        if not failures:
+            return [results[r] for r in range(len(futures))]
+        still: list = []
+        if pending:
+            done, still = ray.wait(pending, num_returns=len(pending), timeout=GRACE_SECONDS)
+            self._collect(done, rank_of, results, failures, role, call)
+        died = [e for e in failures if isinstance(e, WorkerDied)]
+        error = died[0] if died else failures[0]
+        if died or still:
+            how = "died" if died else "failed"
+            self.stop(reason=f"{error.role} rank {error.rank} {how} in {error.call}")
+        raise error
+
+    def _collect(self, ready, rank_of, results, failures, role: str, call: str) -> None:
+        for future in ready:
+            rank = rank_of[future]
+            try:
+                results[rank] = ray.get(future)
+            except ray.exceptions.RayActorError as e:
+                failures.append(WorkerDied(role, rank, self._node(rank), call, _first_line(e)))
+            except ray.exceptions.RayTaskError as e:
+                cause = e.cause if isinstance(e.cause, WorkerError) else None
+                failures.append(
+                    cause or WorkerError(role, rank, self._node(rank), call, str(e), "")
+                )
+
+    def _node(self, rank: int) -> str:
+        return self.info[rank]["node"][:8] if self.info else "?"
+
+    def stop(self, reason: str = "shut down") -> None:
+        if self.broken is None:
+            self.broken = reason
+        for actor in self.actors:
+            with contextlib.suppress(ValueError, ray.exceptions.RayError):  # already gone
+                ray.kill(actor, no_restart=True)
+        with contextlib.suppress(ValueError, ray.exceptions.RayError):
+            remove_placement_group(self.pg)
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

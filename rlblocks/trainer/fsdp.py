@@ -1,0 +1,253 @@
+"""FSDP2 for the trainers: sharding a model, gathering its weights, its full state.
+
+A trainer sharded over a data-parallel group (``PolicyTrainer.shard``, ``CriticTrainer.shard``)
+has every decoder layer and then the whole model as FSDP2 units
+(``torch.distributed.fsdp.fully_shard``); its gradients are *summed* over the ranks, because
+each rank's loss already carries the mini-batch's global normalizer
+(``rlblocks.trainer.parallel``). Gloo serves CPUs, NCCL GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from rlblocks.trainer.parallel import DataParallel, SingleProcess
+
+
+@dataclass(frozen=True)
+class FSDP:
+    """How a trainer is sharded inside a data-parallel worker group."""
+
+    param_dtype: torch.dtype | None = None
+    """Dtype of the all-gathered parameters used in forward/backward (``torch.bfloat16`` for
+    mixed precision); the sharded master weights and the optimizer stay in their own dtype."""
+    reduce_dtype: torch.dtype | None = None
+    """Dtype of the gradient reduce-scatter; None: ``param_dtype``'s (float32 advised)."""
+    cpu_offload: bool = False
+    """Keep sharded parameters, gradients and optimizer state on the CPU between uses."""
+    reshard_after_forward: bool = True
+    """Free the gathered parameters after each forward (ZeRO-3); False keeps them (ZeRO-2)."""
+
+
+def shard_modules(
+    group: Any, config: FSDP | None, *, trainable: nn.Module, frozen: Iterable[nn.Module | None] = ()
+) -> SingleProcess | DataParallel:
+    """The sharding rule of every trainer: the ``dp`` it keeps for ``group``.
+
+    A group of one process stays whole (:class:`SingleProcess`) unless ``config`` is given: an
+    ``FSDP(...)`` shards even then (FSDP2 at world size 1: mixed precision, CPU offload). Else
+    ``trainable`` (gradients summed over ranks) and every ``frozen`` module (a reference
+    policy) are sharded with :func:`shard_module`. Rebuild the optimizer afterwards.
+    """
+    dp = DataParallel(group)
+    if dp.size == 1 and config is None:
+        return SingleProcess()
+    config = config or FSDP()
+    shard_module(trainable, dp, config, trainable=True)
+    for module in frozen:
+        if module is not None:
+            shard_module(module, dp, config, trainable=False)
+    return dp
+
+
+def shard_module(model: nn.Module, dp: DataParallel, config: FSDP, *, trainable: bool) -> None:
+    """Every decoder layer of ``model`` (the classes its ``_no_split_modules`` names), then the
+    model itself, become FSDP2 units over ``dp``'s group; ``trainable`` ones sum gradients."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        FSDPModule,
+        MixedPrecisionPolicy,
+        fully_shard,
+    )
+
+    device = next(model.parameters()).device
+    mesh = DeviceMesh.from_group(dp.group or dist.group.WORLD, device_type=device.type)
+    kwargs: dict[str, Any] = {
+        "mesh": mesh,
+        "reshard_after_forward": config.reshard_after_forward,
+        "mp_policy": MixedPrecisionPolicy(
+            param_dtype=config.param_dtype, reduce_dtype=config.reduce_dtype
+        ),
+    }
+    if config.cpu_offload:
+        # Pinned host memory speeds up copies to a GPU; without one it cannot be allocated.
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    layers = set(_layer_classes(model))
+    if not layers:
+        raise ValueError(
+            f"shard: {type(model).__name__} names no decoder-layer class in _no_split_modules; "
+            "FSDP needs to know which modules to shard"
+        )
+    for module in list(model.modules()):
+        if type(module).__name__ in layers:
+            fully_shard(module, **kwargs)
+    fully_shard(model, **kwargs)
+    if trainable:
+        # Sum, don't average, the gradients over ranks: each rank's loss already carries the
+        # global normalizer. Gloo has no pre-multiplied sum, hence the forced plain sum. Both
+        # settings are per FSDP unit.
+        for unit in model.modules():
+            if isinstance(unit, FSDPModule):
+                unit.set_gradient_divide_factor(1.0)
+                unit.set_force_sum_reduction_for_comms(True)
+
+
+def _layer_classes(model: nn.Module) -> Iterator[str]:
+    for module in model.modules():
+        yield from getattr(module, "_no_split_modules", None) or ()
+
+
+def gathered(
+    named: Iterable[tuple[str, Tensor]], dp: DataParallel, *, bucket_bytes: int
+) -> Iterator[tuple[str, Tensor]]:
+    """``(name, whole tensor)`` for FSDP-sharded ``(name, DTensor)`` pairs, one collective per
+    bucket of about ``bucket_bytes`` (whole-tensor bytes), in order. Every rank must iterate.
+
+    FSDP2 shards dim 0 like ``torch.chunk``: rank r holds rows [r·c, min((r+1)·c, n)) with
+    c = ⌈n / W⌉. Each rank zero-pads its rows of every tensor of the bucket to c, concatenates
+    them into one flat buffer of the same size on all ranks, and one ``all_gather_single``
+    brings every rank's buffer; tensor i is then rows [0, n) of the W pieces stacked. A tensor
+    that appears under several names (tied weights) is gathered once. Tensors that are not
+    sharded that way (plain tensors, other placements) are gathered alone with ``full_tensor``.
+    """
+    named = list(named)  # references only
+    counts = Counter(id(value) for _, value in named)
+    shared = {i for i, c in counts.items() if c > 1}  # kept after gathering; the rest is not
+    pending: list[tuple[str, Tensor]] = []
+    size = 0
+    done: dict[int, Tensor] = {}
+    for name, value in named:
+        if id(value) in done or not _row_sharded(value, dp):
+            yield from _gather_bucket(pending, dp, done, shared)
+            pending, size = [], 0
+            whole = done.get(id(value))
+            if whole is None:
+                whole = full_tensor(value.detach())
+                if id(value) in shared:
+                    done[id(value)] = whole
+            yield name, whole
+            continue
+        nbytes = value.numel() * value.element_size()
+        dtype_changes = pending and pending[0][1].dtype != value.dtype
+        if pending and (size + nbytes > bucket_bytes or dtype_changes):
+            yield from _gather_bucket(pending, dp, done, shared)
+            pending, size = [], 0
+        pending.append((name, value))
+        size += nbytes
+    yield from _gather_bucket(pending, dp, done, shared)
+
+
+# torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns).
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _row_sharded(x: Tensor, dp: DataParallel) -> bool:
+    from torch.distributed.tensor import DTensor, Shard
+
+    return (
+        isinstance(x, DTensor)
+        and x.dim() > 0
+        and x.device_mesh.size() == dp.size
+        and tuple(x.placements) == (Shard(0),)
+    )
+
+
+def _gather_bucket(
+    bucket: list[tuple[str, Tensor]],
+    dp: DataParallel,
+    done: dict[int, Tensor],
+    shared: set[int] | None = None,
+) -> Iterator[tuple[str, Tensor]]:
+    if not bucket:
+        return
+    shared = shared or set()
+    world = dp.size
+    pieces, layout = [], []
+    for _, value in bucket:
+        n, rest = value.shape[0], tuple(value.shape[1:])
+        rows = -(-n // world)  # ⌈n / W⌉
+        local = value.to_local().detach()
+        piece = local.new_zeros((rows, *rest))
+        piece[: local.shape[0]] = local
+        pieces.append(piece.flatten())
+        layout.append((n, rows, rest))
+    send = torch.cat(pieces)
+    device = dp.device or send.device
+    received = send.new_empty(world * send.numel(), device=device)
+    _all_gather(received, send.to(device), group=dp.group)
+    received = received.view(world, send.numel())
+    offset = 0
+    for (name, value), (n, rows, rest) in zip(bucket, layout, strict=True):
+        width = rows * math.prod(rest)
+        whole = received[:, offset : offset + width].reshape(world * rows, *rest)[:n]
+        offset += width
+        if id(value) in shared:
+            done[id(value)] = whole
+        yield name, whole
+
+
+def full_tensor(x: Tensor) -> Tensor:
+    """The whole tensor behind a DTensor shard (a collective: every rank must call it, in the
+    same order); a plain tensor is returned as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return x.full_tensor() if isinstance(x, DTensor) else x
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """The full (unsharded) trainable parameters and optimizer state, on the CPU, on every rank.
+
+    ``torch.distributed.checkpoint.state_dict`` gathers them; the optimizer state is keyed by
+    parameter name, so it loads into any data-parallel size. (Classic FSDP segfaults gathering
+    a full state dict with CPU offload; FSDP2's path here does not.)
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=False)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    weights = get_model_state_dict(model, options=options)
+    weights = {k: v.detach().cpu() for k, v in weights.items() if k in trainable}
+    optim = get_optimizer_state_dict(model, optimizer, options=options)
+    return weights, _to_cpu(optim)
+
+
+def load_full_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict, optim: dict
+) -> None:
+    """Load what :func:`full_state` returned into a sharded model and its optimizer."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, strict=False)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    if set(weights) != trainable:
+        missing, extra = sorted(trainable - set(weights)), sorted(set(weights) - trainable)
+        raise KeyError(f"state dict mismatch: missing {missing}, extra {extra}")
+    set_model_state_dict(model, weights, options=options)
+    set_optimizer_state_dict(model, optimizer, optim, options=options)
+
+
+def _to_cpu(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return x.detach().cpu()
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_to_cpu(v) for v in x]
+    return x
