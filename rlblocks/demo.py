@@ -186,7 +186,7 @@ def _run(args: argparse.Namespace, task: Task, policy, engine, *, shared: bool) 
     summary = {"before": before, "after": after, "steps": args.steps, "train_minutes": minutes}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if log.records:
-        rb.runlog.plot_metrics(log.records, args.out / "curves.png")
+        rb.plot(log.records, args.out / "curves.png")
     print(f"wrote {args.out}/metrics.jsonl, curves.png, summary.json")
     return summary
 

@@ -1,27 +1,17 @@
-"""A run's metrics as JSON lines, and a PNG of their curves.
+"""A run's metrics as JSON lines.
 
 ``RunLog(path).log(step, metrics)`` appends one line per step and flushes it at once, so a crash
-loses nothing already logged; ``plot_metrics(path, "curves.png")`` draws the curves.
+loses nothing already logged; ``read_metrics(path)`` reads them back. Drawing them is the
+notebook package's job, ``rb.plot(path, "curves.png")``: the notebook code imports this module,
+never the other way round.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-#: The curves drawn by default, when present: (metric key, title).
-DEFAULT_CURVES: tuple[tuple[str, str], ...] = (
-    ("reward/mean", "reward"),
-    ("accuracy", "accuracy"),
-    ("response_length", "response length (tokens)"),
-    ("kl", "KL to reference"),
-    ("kl/token", "KL to reference (per token)"),  # the PPO recipe's name
-    ("entropy", "entropy"),
-    ("clip_frac", "clip fraction"),
-    ("grad_norm", "gradient norm"),
-)
 
 
 class RunLog:
@@ -46,21 +36,6 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The records of a metrics JSONL file, in order."""
     with Path(path).open() as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def plot_metrics(
-    records: str | Path | Sequence[Mapping[str, Any]],
-    out: str | Path,
-    *,
-    curves: Iterable[tuple[str, str]] = DEFAULT_CURVES,
-) -> Path:
-    """Draw each available curve against ``step`` into one PNG; returns its path.
-
-    The same figure as the notebook dashboard's (:func:`rlblocks.notebook.plot`).
-    """
-    from rlblocks.notebook.figure import plot
-
-    return plot(records, out, curves=curves)
 
 
 def _plain(value: Any) -> Any:

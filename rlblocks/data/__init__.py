@@ -7,8 +7,9 @@
     for batch in rb.data.PromptBatches(ds, prompts_per_step=8, seed=0):
         ro = engine.generate(batch.prompts, n=4, metadata=batch.metadata)
 
-- `prompts`: `PromptRow`, `PromptDataset`, `load_prompts` (files, Datasets, dicts; templates,
-  chat messages; malformed rows reported by row and column).
+- `dataset`: `PromptRow`, `PromptDataset` (the rows, and the source indices a filter dropped).
+- `prompts`: `load_prompts` (files, Datasets, dicts; templates, chat messages; malformed rows
+  reported by row and column).
 - `length`: `prompt_token_ids` and `limit_prompt_length` (overlong "error" / "truncate" /
   "filter").
 - `batches`: `PromptBatches`, a deterministic, resumable (``state_dict``) batch iterator.
@@ -24,13 +25,12 @@ from rlblocks.data.arithmetic import (
     arithmetic_prompts,
 )
 from rlblocks.data.batches import PromptBatch, PromptBatches
+from rlblocks.data.dataset import PromptDataset, PromptRow
 from rlblocks.data.gsm8k import gsm8k, gsm8k_final_answer
 from rlblocks.data.length import limit_prompt_length, prompt_token_ids
 from rlblocks.data.prompts import (
     BOXED_INSTRUCTION,
     HASH_INSTRUCTION,
-    PromptDataset,
-    PromptRow,
     instruction_template,
     load_prompts,
     read_rows,

@@ -31,9 +31,9 @@ from typing import Any
 
 from datasets import Dataset
 
+from rlblocks.data.dataset import PromptDataset
 from rlblocks.data.prompts import (
     HASH_INSTRUCTION,
-    PromptDataset,
     instruction_template,
     load_prompts,
 )

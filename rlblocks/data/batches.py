@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from rlblocks.data.prompts import PromptRow
+from rlblocks.data.dataset import PromptRow
 from rlblocks.interfaces import Prompt
 
 __all__ = ["PromptBatch", "PromptBatches"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlblocks.data.dataset import PromptDataset
 from rlblocks.data.prompts import (
     HASH_INSTRUCTION,
-    PromptDataset,
     Source,
     instruction_template,
     load_prompts,

@@ -21,15 +21,18 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from rlblocks.data.prompts import Overlong, PromptDataset, PromptRow
+from rlblocks.data.dataset import PromptDataset, PromptRow
 from rlblocks.interfaces import Prompt
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["limit_prompt_length", "prompt_token_ids"]
+__all__ = ["Overlong", "limit_prompt_length", "prompt_token_ids"]
+
+Overlong = Literal["error", "truncate", "filter"]
+"""What `limit_prompt_length` does with a prompt over the limit."""
 
 
 def prompt_token_ids(

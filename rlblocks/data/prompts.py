@@ -30,13 +30,15 @@ import math
 import os
 import re
 import string
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any
 
 from datasets import Dataset, DatasetDict
 
+from rlblocks.data.dataset import PromptDataset, PromptRow
+from rlblocks.data.length import Overlong, limit_prompt_length
 from rlblocks.interfaces import Prompt
 
 if TYPE_CHECKING:
@@ -66,67 +68,6 @@ _READERS = {
 _RESERVED = ("ground_truth", "data_source")
 
 Source = str | os.PathLike[str] | Dataset | Sequence[Mapping[str, Any]]
-Overlong = Literal["error", "truncate", "filter"]
-
-
-@dataclass(frozen=True)
-class PromptRow:
-    """One prompt: what the engine is fed, the reference answer, and what rewards read."""
-
-    prompt: Prompt
-    """Raw text, or chat messages ``[{"role": ..., "content": ...}, ...]``."""
-    ground_truth: str | None
-    """The reference answer as text, or None for unlabelled prompts."""
-    metadata: dict[str, Any]
-    """``ground_truth``, ``data_source`` and the kept columns; copied onto every rollout row."""
-    index: int
-    """Row index in the source, for error messages and for reporting filtered rows."""
-
-
-class PromptDataset(Sequence[PromptRow]):
-    """A list of `PromptRow` with the source indices of the rows a length filter dropped."""
-
-    def __init__(self, rows: Iterable[PromptRow], *, dropped: Sequence[int] = ()) -> None:
-        self.rows = list(rows)
-        self.dropped = list(dropped)  # source indices of rows removed by overlong="filter"
-
-    @property
-    def num_dropped(self) -> int:
-        """How many source rows were dropped for being too long."""
-        return len(self.dropped)
-
-    @property
-    def prompts(self) -> list[Prompt]:
-        """The prompts, in order: ``engine.generate(ds.prompts, ...)``."""
-        return [row.prompt for row in self.rows]
-
-    @property
-    def ground_truths(self) -> list[str | None]:
-        """The reference answers, in order (None for unlabelled rows)."""
-        return [row.ground_truth for row in self.rows]
-
-    @property
-    def metadata(self) -> list[dict[str, Any]]:
-        """One metadata dict per row: ``engine.generate(..., metadata=ds.metadata)``."""
-        return [row.metadata for row in self.rows]
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    @overload
-    def __getitem__(self, key: int) -> PromptRow: ...
-    @overload
-    def __getitem__(self, key: slice) -> PromptDataset: ...
-    def __getitem__(self, key: int | slice) -> PromptRow | PromptDataset:
-        if isinstance(key, slice):
-            return PromptDataset(self.rows[key], dropped=self.dropped)
-        return self.rows[key]
-
-    def __iter__(self) -> Iterator[PromptRow]:
-        return iter(self.rows)
-
-    def __repr__(self) -> str:
-        return f"PromptDataset({len(self)} rows, {self.num_dropped} dropped)"
 
 
 def load_prompts(
@@ -176,8 +117,6 @@ def load_prompts(
     dataset = PromptDataset(spec.build(i, row, data_source) for i, row in enumerate(rows))
     if max_prompt_tokens is None:
         return dataset
-    from rlblocks.data.length import limit_prompt_length  # length.py imports this module
-
     return limit_prompt_length(
         dataset, tokenizer, max_prompt_tokens=max_prompt_tokens, overlong=overlong
     )

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlblocks.runlog import DEFAULT_CURVES, read_metrics
+from rlblocks.runlog import read_metrics
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -21,11 +21,18 @@ if TYPE_CHECKING:
 #: The curves the dashboard draws, when present: (metric key, panel title). The recipes' names:
 #: ``reward/mean`` from the reward function, ``entropy``, ``clip_frac``, ``approx_kl`` (KL to the
 #: sampling policy π_old, from the clipped surrogate) and ``grad_norm`` from the trainer,
-#: ``response_length`` from the recipe, ``kl`` (KL to the reference) from a KL loss term.
+#: ``response_length`` from the recipe, ``kl`` (KL to the reference) from a KL loss term,
+#: ``kl/token`` from the PPO recipe, ``accuracy`` from the demo.
 CURVES: tuple[tuple[str, str], ...] = (
-    *DEFAULT_CURVES[:4],
+    ("reward/mean", "reward"),
+    ("accuracy", "accuracy"),
+    ("response_length", "response length (tokens)"),
+    ("kl", "KL to reference"),
     ("approx_kl", "KL to π_old (approx.)"),
-    *DEFAULT_CURVES[4:],
+    ("kl/token", "KL to reference (per token)"),
+    ("entropy", "entropy"),
+    ("clip_frac", "clip fraction"),
+    ("grad_norm", "gradient norm"),
 )
 
 #: Panels per row of the figure.

@@ -71,6 +71,12 @@ def test_plot_with_custom_curves(tmp_path):
     assert CURVES[0] == ("reward/mean", "reward")
 
 
+def test_rb_plot_is_the_notebook_plot():
+    import rlblocks as rb
+
+    assert rb.plot is plot  # the demo's curves.png and the docs' rb.plot(...) draw this figure
+
+
 def test_no_pyplot_figures_are_created():
     before = plt.get_fignums()
     data = png_bytes(curves_figure([{"step": 0, "reward/mean": 1.0}]))
