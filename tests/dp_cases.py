@@ -7,6 +7,7 @@ with the same update in one process.
 
 from __future__ import annotations
 
+import copy
 import os
 from datetime import timedelta
 from functools import partial
@@ -20,10 +21,10 @@ from rlblocks.rollouts import Rollouts
 LOSS = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.2))
 
 
-def make_trainer(dtype=torch.float64, **overrides):
+def make_trainer(dtype=torch.float64, device="cpu", **overrides):
     model, _ = rb.models.tiny(seed=0)
     settings = {"lr": 1e-3, "reference": None, **overrides}
-    return rb.trainer.PolicyTrainer(model.to(dtype), **settings)
+    return rb.trainer.PolicyTrainer(model.to(dtype=dtype, device=device), **settings)
 
 
 def make_batch(b: int = 8, nan_rows: tuple[int, ...] = ()) -> tuple[Rollouts, torch.Tensor]:
@@ -54,10 +55,12 @@ def step_locally(trainer, minibatch, ro, advantages, rank):
     return trainer.step(ro.select(rows), advantages[rows], loss_fn=LOSS)
 
 
-def worker(rank: int, world: int, port: int, case: str, out: str) -> None:
+def worker(rank: int, world: int, port: int, case: str, out: str, backend: str = "gloo") -> None:
     torch.set_num_threads(1)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
     dist.init_process_group(
-        "gloo",
+        backend,
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world,
@@ -136,7 +139,49 @@ def every_aggregation(rank: int) -> dict:
     return out
 
 
+def fsdp_world_one(rank: int, device: str = "cpu") -> dict:
+    """FSDP2 over a group of one (``fsdp`` set explicitly): really sharded (DTensor parameters),
+    one step, then a checkpoint round trip that must repeat the next step exactly."""
+    from torch.distributed.tensor import DTensor
+
+    trainer = make_trainer(
+        device=device, fsdp=rb.trainer.FSDP(), mini_batch_size=4, micro_batch_size=2
+    )
+    trainer.shard()
+    ro, advantages = make_batch()
+    metrics = trainer.step(ro, advantages, loss_fn=LOSS)
+    weights = {k: v.cpu() for k, v in trainer.named_weights()}
+    saved = copy.deepcopy(trainer.state_dict())  # state_dict holds references
+    again = trainer.step(ro, advantages, loss_fn=LOSS)
+    trainer.load_state_dict(saved)
+    repeated = trainer.step(ro, advantages, loss_fn=LOSS)
+    return {
+        "metrics": metrics,
+        "weights": weights,
+        "sharded": trainer.dp.sharded
+        and all(isinstance(p, DTensor) for p in trainer.model.parameters()),
+        "device": str(next(trainer.model.parameters()).device),
+        "resumed": repeated["grad_norm"] == again["grad_norm"] and repeated["loss"] == again["loss"],
+    }
+
+
+def fsdp_world_one_cuda(rank: int) -> dict:
+    return fsdp_world_one(rank, device="cuda")
+
+
+def bf16_world_one_cuda(rank: int) -> dict:
+    config = rb.trainer.FSDP(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    trainer = make_trainer(torch.float32, device="cuda", fsdp=config)
+    trainer.shard()
+    ro, advantages = make_batch()
+    metrics = trainer.step(ro, advantages, loss_fn=LOSS)
+    return {"metrics": metrics, "weights": {k: v.cpu() for k, v in trainer.named_weights()}}
+
+
 CASES = {
+    "fsdp_world_one": fsdp_world_one,
+    "fsdp_world_one_cuda": fsdp_world_one_cuda,
+    "bf16_world_one_cuda": bf16_world_one_cuda,
     "every_aggregation": every_aggregation,
     "uneven_micro_batches": uneven_micro_batches,
     "cpu_offload": cpu_offload,
@@ -145,8 +190,9 @@ CASES = {
 }
 
 
-def run(case: str, out: str, world: int = 2) -> dict:
-    """Spawn ``world`` processes on ``case``; rank 0's result."""
+def run(case: str, out: str, world: int = 2, backend: str = "gloo") -> dict:
+    """Spawn ``world`` processes on ``case`` (``backend`` "nccl": one GPU each); rank 0's
+    result."""
     import socket
 
     import torch.multiprocessing as mp
@@ -155,5 +201,5 @@ def run(case: str, out: str, world: int = 2) -> dict:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(worker, args=(world, port, case, out), nprocs=world, join=True)
+    mp.spawn(worker, args=(world, port, case, out, backend), nprocs=world, join=True)
     return torch.load(out, weights_only=False)

@@ -54,3 +54,28 @@ def test_demo_runs_on_two_ray_workers(tmp_path):
     assert [r["sync/version"] for r in records] == [1, 2]
     assert all(r["sync/bytes"] > 0 for r in records)  # two engine copies filled every step
     assert 0.0 <= summary["after"] <= 1.0
+
+
+def test_demo_device_defaults_to_cuda_only_where_there_is_one():
+    import torch
+
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert demo.parse_args([]).device == expected
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="--device cuda: torch sees no CUDA device"):
+            demo.main(["--model", "tiny", "--device", "cuda", "--steps", "1"])
+
+
+@pytest.mark.gpu
+def test_demo_trains_on_the_gpu(tmp_path, monkeypatch):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    monkeypatch.setenv("RLBLOCKS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    argv = ["--model", "tiny", "--device", "cuda", "--steps", "2", "--eval-size", "4"]
+    summary = demo.main([*argv, "--group-size", "2", "--max-new-tokens", "4", "--out", str(out)])
+    assert summary["steps"] == 2
+    records = read_metrics(out / "metrics.jsonl")
+    assert all(r["optimizer_steps"] == 1.0 for r in records)  # the GPU step really updated

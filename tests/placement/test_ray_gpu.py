@@ -1,4 +1,10 @@
-"""The Ray + FSDP2 + HF engine path on NCCL, when a CUDA device is present (never in CI)."""
+"""The Ray + FSDP2 + HF engine path on NCCL, when a CUDA device and Ray are both present.
+
+Never in CI (no GPU), nor on the GPU machines this project borrows (no Ray there): the
+trainer's own GPU paths are tests/trainer/test_gpu.py. One worker shards only because the
+trainer asks for it (``fsdp=FSDP()``): a pool of one keeps a model whole otherwise, so this
+really runs FSDP2 at world size 1 on NCCL.
+"""
 
 import pytest
 import torch
@@ -24,6 +30,7 @@ def test_one_gpu_worker_trains_like_one_process_and_syncs():
             device="cuda",
             lr=1e-3,
             reference=None,
+            fsdp=rb.trainer.FSDP(),
         )
         engine = placement.build(
             "rollout", rb.rollout.HFEngine.from_pretrained, "tiny", device="cuda", progress=False

@@ -83,3 +83,16 @@ def test_every_aggregation_gives_the_one_process_update_at_any_world_size(tmp_pa
         assert result[name]["metrics"]["optimizer_steps"] == metrics["optimizer_steps"] == 4
         assert_same_update(result[name], metrics, dict(trainer.named_weights()))
         assert result[name]["metrics"]["loss"] == pytest.approx(metrics["loss"], abs=1e-7), name
+
+
+def test_fsdp_at_world_size_one_shards_and_gives_the_one_process_update(tmp_path):
+    # TrainConfig.fsdp set: a group of one process is sharded too (the path a single GPU takes
+    # for mixed precision or CPU offload). Same float64 reasoning as above; the checkpoint
+    # round trip must repeat the next step to the bit.
+    result = run("fsdp_world_one", str(tmp_path / "out.pt"), world=1)
+    assert result["sharded"] and result["device"] == "cpu"
+    trainer = make_trainer(mini_batch_size=4, micro_batch_size=2)
+    ro, advantages = make_batch()
+    metrics = trainer.step(ro, advantages, loss_fn=LOSS)
+    assert_same_update(result, metrics, dict(trainer.named_weights()))
+    assert result["resumed"]

@@ -1,0 +1,56 @@
+"""The single-process paths on a CUDA device: the trainer, FSDP2 at world size 1 on NCCL, bf16.
+
+Never in CI (no GPU there): skipped wherever torch sees no CUDA device. The Ray placement
+cannot run on the GPU machines this project borrows (no Ray there), so these are the GPU checks
+of the trainer itself; tests/placement/test_ray_gpu.py adds Ray where both exist.
+"""
+
+import pytest
+import torch
+from dp_cases import LOSS, make_batch, make_trainer, run
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def cpu_reference(**overrides):
+    trainer = make_trainer(**overrides)  # float64 on the CPU
+    ro, advantages = make_batch()
+    return trainer.step(ro, advantages, loss_fn=LOSS), dict(trainer.named_weights())
+
+
+def test_the_trainer_steps_on_a_gpu_like_on_the_cpu():
+    # float32 on the GPU against float64 on the CPU. Matmuls stay float32 (TF32 is off by
+    # default for matmuls in torch), so the gradient norm agrees to float32 accumulation
+    # error over a few hundred terms, ~1e-6 relative; 1e-4 leaves room for cuBLAS's other
+    # summation order, while a wrong normalizer or a missed micro-batch is off by >10%.
+    gpu = make_trainer(torch.float32, device="cuda")
+    ro, advantages = make_batch()
+    metrics = gpu.step(ro, advantages, loss_fn=LOSS)
+    reference, _ = cpu_reference()
+    assert metrics["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-4)
+    assert metrics["optimizer_steps"] == 1.0
+
+
+def test_fsdp2_at_world_size_one_on_nccl(tmp_path):
+    # float64 on the GPU: the same update as one CPU process to 1e-9 (order of additions only),
+    # really sharded (DTensor parameters), and a checkpoint round trip on CUDA repeats the next
+    # step to the bit.
+    result = run("fsdp_world_one_cuda", str(tmp_path / "out.pt"), world=1, backend="nccl")
+    assert result["sharded"] and result["device"].startswith("cuda")
+    reference, weights = cpu_reference(mini_batch_size=4, micro_batch_size=2)
+    assert result["metrics"]["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-9)
+    for name, value in weights.items():
+        torch.testing.assert_close(result["weights"][name], value, rtol=1e-9, atol=1e-9)
+    assert result["resumed"]
+
+
+def test_bf16_parameters_on_nccl_follow_the_float32_update(tmp_path):
+    # bf16 gathered parameters (8 mantissa bits): the gradient norm within a few percent of
+    # the float32 CPU update (tests/trainer/test_parallel.py reasons the same way on gloo).
+    result = run("bf16_world_one_cuda", str(tmp_path / "out.pt"), world=1, backend="nccl")
+    reference, _ = cpu_reference(dtype=torch.float32)
+    assert result["metrics"]["grad_norm"] == pytest.approx(reference["grad_norm"], rel=0.05)
+    assert all(v.dtype == torch.float32 for v in result["weights"].values())
