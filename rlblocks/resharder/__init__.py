@@ -1,5 +1,5 @@
 """Resharders move trainer weights into a rollout engine after an update."""
 
-from rlblocks.resharder.bucketed import Resharder, buckets
+from rlblocks.resharder.bucketed import Resharder, buckets, copy_weights
 
-__all__ = ["Resharder", "buckets"]
+__all__ = ["Resharder", "buckets", "copy_weights"]
