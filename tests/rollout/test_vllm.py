@@ -99,7 +99,7 @@ def test_engine_log_probs_match_the_trainer_and_follow_a_sync(engine, policy):
     gap = (fresh.rollout_logprobs - policy.logprobs(fresh))[fresh.response_mask].abs().max()
     assert gap < 1e-4
     # Put the initial weights back for the other tests of the module.
-    rb.resharder.bucketed.copy_weights(
+    rb.resharder.copy_weights(
         rb.trainer.PolicyTrainer(rb.models.load("tiny")[0], reference=None),
         engine,
         version=0,
