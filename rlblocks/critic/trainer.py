@@ -44,7 +44,7 @@ from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.schedules import constant
-from rlblocks.trainer.update import draw_plan, normalizers, run_update
+from rlblocks.trainer.update import assign, run_update
 
 
 class CriticTrainer:
@@ -176,25 +176,21 @@ class CriticTrainer:
         """
         start = time.perf_counter()
         batch = rollouts.to(self.device)
-        if len(batch) == 0:
-            raise ValueError("CriticTrainer.step: empty batch")
         if isinstance(returns, Advantages):
             returns = returns.returns
         # token_advantages does the (b) / (b t) shape handling, masking and detaching we need.
         batch = batch.replace(returns=token_advantages(returns, batch))
         if old_values is not None:
             batch = batch.replace(old_values=old_values.to(self.device))
-        plan = draw_plan(len(batch), self.config, self.steps, minibatches)
-        norms = normalizers(batch, plan, self.config)
-        share = self.dp.share(batch, plan)
-        local = batch.select(share.rows)
-        if local.old_values is None:  # the values the advantages were computed with
-            local = local.replace(old_values=self.values(local))
-        owned = local.select(share.owned)
+        work = assign(self, batch, minibatches)
+        if work.batch.old_values is None:  # the values the advantages were computed with
+            local = work.batch.replace(old_values=self.values(work.batch))
+            work = dataclasses.replace(work, batch=local)
+        owned = work.batch.select(work.owned)
         explained_var = _explained_variance(
             owned.old_values, owned.returns, owned.response_mask, self.dp
         )
-        summary = run_update(self, local, share.plan, norms, partial(self._micro_loss, clip=clip))
+        summary = run_update(self, work, partial(self._micro_loss, clip=clip))
         return {
             "vf_loss": summary["loss"],
             "vf_clip_frac": summary.get("vf_clip_frac", float("nan")),

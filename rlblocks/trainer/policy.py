@@ -68,7 +68,7 @@ from rlblocks.trainer.fsdp import full_state, gathered, load_full_state, shard_m
 from rlblocks.trainer.lora import is_peft_model, merged_weights, wrap_lora
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.schedules import constant
-from rlblocks.trainer.update import draw_plan, normalizers, run_update, timing
+from rlblocks.trainer.update import assign, run_update, timing
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -283,20 +283,16 @@ class PolicyTrainer:
         start = time.perf_counter()
         wants = loss_inputs(loss_fn)
         batch = rollouts.to(self.device)
-        if len(batch) == 0:
-            raise ValueError("PolicyTrainer.step: empty batch")
         batch = batch.replace(advantages=token_advantages(advantages, batch))
         if old_logprobs is not None:
             batch = batch.replace(old_logprobs=old_logprobs.to(self.device))
-        plan = draw_plan(len(batch), self.config, self.steps, minibatches)
-        norms = normalizers(batch, plan, self.config)
-        share = self.dp.share(batch, plan)
-        local = self._prepare(batch.select(share.rows), wants)
+        work = assign(self, batch, minibatches)
+        work = dataclasses.replace(work, batch=self._prepare(work.batch, wants))
         scored = time.perf_counter()  # old (and reference) log-probs are ready
         loss = partial(self._micro_loss, loss_fn=loss_fn, wants=wants)
-        metrics = run_update(self, local, share.plan, norms, loss)
+        metrics = run_update(self, work, loss)
         return {
-            **self._mismatch(local.select(share.owned)),
+            **self._mismatch(work.batch.select(work.owned)),
             **metrics,
             **timing(
                 self.dp,

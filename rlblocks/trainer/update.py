@@ -21,6 +21,7 @@ ranks (``rlblocks.trainer.metrics``), so every rank returns the metrics of the w
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -52,6 +53,32 @@ class Trainable(Protocol):
     skipped_steps: int
 
 
+@dataclass(frozen=True)
+class Assignment:
+    """This rank's part of an update (all of it in one process)."""
+
+    batch: Rollouts
+    """The rows this rank trains on."""
+    plan: list[Tensor]
+    """Each mini-batch's rows on this rank, as indices into ``batch``."""
+    norms: list[Tensor]
+    """Each whole mini-batch's normalizer (the same on every rank)."""
+    owned: Tensor
+    """(len(batch)) bool: the rows this rank counts in batch-wide metrics."""
+
+
+def assign(
+    trainer: Trainable, batch: Rollouts, minibatches: Sequence[Tensor] | None = None
+) -> Assignment:
+    """Steps 1 to 3 of the module docstring for ``batch`` (the whole batch, on every rank)."""
+    if len(batch) == 0:
+        raise ValueError(f"{type(trainer).__name__}.step: empty batch")
+    plan = draw_plan(len(batch), trainer.config, trainer.steps, minibatches)
+    share = trainer.dp.share(batch, plan)
+    norms = normalizers(batch, plan, trainer.config)
+    return Assignment(batch.select(share.rows), share.plan, norms, share.owned)
+
+
 def draw_plan(
     b: int, config: TrainConfig, steps: int, minibatches: Sequence[Tensor] | None = None
 ) -> list[Tensor]:
@@ -69,17 +96,10 @@ def normalizers(batch: Rollouts, plan: Sequence[Tensor], config: TrainConfig) ->
     return [config.aggregation.normalizer(batch.response_mask[rows]) for rows in plan]
 
 
-def run_update(
-    trainer: Trainable,
-    batch: Rollouts,
-    plan: Sequence[Tensor],
-    norms: Sequence[Tensor],
-    micro_loss: MicroLoss,
-) -> dict[str, float]:
-    """Train ``trainer`` on ``batch`` (this rank's rows) mini-batch by mini-batch (module doc).
+def run_update(trainer: Trainable, work: Assignment, micro_loss: MicroLoss) -> dict[str, float]:
+    """Train ``trainer`` on its :class:`Assignment` mini-batch by mini-batch (module doc step 4).
 
-    ``plan``: each mini-batch's rows as indices into ``batch``; ``norms``: each mini-batch's
-    group-wide normalizer. Counts the call in ``trainer.steps`` and applied / skipped updates in
+    ``work.batch`` must carry what ``micro_loss`` reads (old log-probs, advantages, …). Counts the call in ``trainer.steps`` and applied / skipped updates in
     ``trainer.optimizer_steps`` / ``skipped_steps``. Returns the token-weighted metrics,
     ``loss`` (mean mini-batch loss), ``grad_norm`` (mean pre-clipping norm), ``lr`` (of the
     last applied update), ``optimizer_steps`` and ``skipped_steps`` (of this call), the same on
@@ -90,9 +110,9 @@ def run_update(
     last_lr = trainer.scheduler.get_last_lr()[0]
     trainer.model.train()  # Hugging Face gradient checkpointing runs in training mode only
     try:
-        for rows, normalizer in zip(plan, norms, strict=True):
+        for rows, normalizer in zip(work.plan, work.norms, strict=True):
             lr = trainer.scheduler.get_last_lr()[0]
-            if _minibatch(trainer, batch.select(rows), normalizer, micro_loss, metrics):
+            if _minibatch(trainer, work.batch.select(rows), normalizer, micro_loss, metrics):
                 last_lr = lr
     finally:
         trainer.model.eval()
