@@ -29,7 +29,6 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from torch import Tensor
 from tqdm.auto import tqdm
 
 from rlblocks import resharder as resharders
@@ -49,10 +48,9 @@ from rlblocks.losses import (
     KLEstimator,
     k1,
     k3,
-    kl_loss,
     kl_penalty_rewards,
+    kl_regularized,
 )
-from rlblocks.losses.inputs import loss_inputs
 from rlblocks.masked import masked_mean
 from rlblocks.recipes.grpo import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
 
@@ -159,35 +157,3 @@ def ppo(
                 break
     bar.close()
     return history
-
-
-def kl_regularized(loss_fn: PolicyLoss, *, coef: float, estimator: KLEstimator = k3) -> PolicyLoss:
-    """``loss_fn`` plus a KL loss term: ℓ_t = ℓ^policy_t + β · k(log π_θ(y_t), log π_ref(y_t)).
-
-    The KL-as-loss form of GRPO (Shao et al. 2024, arXiv 2402.03300, eq. 3) with the per-token
-    :func:`rlblocks.losses.kl_loss` (see its docstring for what each estimator's gradient is).
-    β = ``coef``. The returned loss follows the ``PolicyLoss`` protocol: ``(logprobs,
-    old_logprobs, advantages, mask, /, *, ref_logprobs, ...) -> (loss (b t), metrics)``; it
-    requires ``ref_logprobs`` ``(b t)`` (detached) and forwards ``entropy`` /
-    ``rollout_logprobs`` / ``ref_logprobs`` to ``loss_fn`` when ``loss_fn`` takes them. Metrics:
-    those of ``loss_fn`` and ``kl_loss`` (the mean k over valid tokens, detached).
-    """
-    wanted = loss_inputs(loss_fn).accepted
-
-    def loss(
-        logprobs: Tensor,
-        old_logprobs: Tensor,
-        advantages: Tensor,
-        mask: Tensor,
-        /,
-        *,
-        ref_logprobs: Tensor,
-        **inputs: Tensor,
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        inputs["ref_logprobs"] = ref_logprobs
-        kwargs = {k: v for k, v in inputs.items() if k in wanted}
-        per_token, metrics = loss_fn(logprobs, old_logprobs, advantages, mask, **kwargs)
-        kl, kl_metrics = kl_loss(logprobs, ref_logprobs, mask, estimator=estimator)
-        return per_token + coef * kl, {**metrics, "kl_loss": kl_metrics["kl"]}
-
-    return loss
