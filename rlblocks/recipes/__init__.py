@@ -1,5 +1,7 @@
 """Recipes: short functions built only from public blocks, meant to be read and copied.
 
+Each recipe is its own step function; `rlblocks.recipes.loop` runs it (progress, the metrics
+every recipe reports, ``on_step``), `rlblocks.recipes.defaults` holds what they share.
 ``kl_regularized`` lives in `rlblocks.losses` and is re-exported here.
 """
 
