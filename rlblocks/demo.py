@@ -180,7 +180,7 @@ def _run(args: argparse.Namespace, task: Task, policy, engine, *, shared: bool) 
         record = log.log(step, {**metrics, "accuracy": metrics["reward/mean"]})
         tqdm.write(
             f"step {step:3d}  reward {record['reward/mean']:.3f}  "
-            f"length {record['response_length']:.1f}  kl {record['kl']:.4f}  "
+            f"length {record['response_length']:.1f}  kl {record['kl/token']:.4f}  "
             f"entropy {record.get('entropy', 0.0):.3f}  {record['step_seconds']:.1f}s "
             f"(rollout {record['time/rollout']:.1f}, logprobs {record['time/logprobs']:.1f}, "
             f"update {record['time/update']:.1f}, sync {record['time/sync']:.2f})",

@@ -32,6 +32,7 @@ from rlblocks.losses.kl import (
     kl_abs,
     kl_loss,
     kl_penalty_rewards,
+    kl_regularized,
     low_var_kl,
 )
 from rlblocks.losses.mismatch import TruncatedIS, rollout_mismatch
@@ -64,6 +65,7 @@ __all__ = [
     "kl_cov",
     "kl_loss",
     "kl_penalty_rewards",
+    "kl_regularized",
     "low_var_kl",
     "rollout_mismatch",
     "seq_mean_token_mean",

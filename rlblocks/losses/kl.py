@@ -15,7 +15,7 @@ An estimator is any ``(logprobs, ref_logprobs) -> (b t)`` callable; variants are
 There are two ways to use them, and they are not interchangeable:
 
 - :func:`kl_loss` adds β·k to the loss (GRPO, Shao et al. 2024, arXiv 2402.03300, eqs. 3–4):
-  the gradient flows through ``logprobs``.
+  the gradient flows through ``logprobs``; :func:`kl_regularized` adds it to any policy loss.
 - :func:`kl_penalty_rewards` subtracts β·k from the reward (Ziegler et al. 2019, arXiv
   1909.08593, sec. 2.2; InstructGPT, Ouyang et al. 2022, arXiv 2203.02155, sec. 3.5): the
   penalty is a detached number and reaches the policy through the advantage estimator.
@@ -29,6 +29,8 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from rlblocks.interfaces import PolicyLoss
+from rlblocks.losses.inputs import loss_inputs
 from rlblocks.masked import masked_mean, masked_sum
 
 KLEstimator = Callable[[Tensor, Tensor], Tensor]
@@ -140,6 +142,40 @@ def kl_loss(
     loss = torch.where(mask, kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
     metrics = {"kl": masked_mean(kl.detach(), mask).float()}
     return loss, metrics
+
+
+def kl_regularized(loss_fn: PolicyLoss, *, coef: float, estimator: KLEstimator = k3) -> PolicyLoss:
+    """``loss_fn`` plus a KL loss term: ℓ_t = ℓ^policy_t + β · k(log π_θ(y_t), log π_ref(y_t)).
+
+    The KL-as-loss form of GRPO (Shao et al. 2024, arXiv 2402.03300, eq. 3) with the per-token
+    :func:`kl_loss` (see its docstring for what each estimator's gradient is). β = ``coef``.
+    The returned loss follows the ``PolicyLoss`` protocol: ``(logprobs, old_logprobs,
+    advantages, mask, /, *, ref_logprobs, ...) -> (loss (b t), metrics)``; it requires
+    ``ref_logprobs`` ``(b t)`` (detached) and forwards ``entropy`` / ``rollout_logprobs`` /
+    ``ref_logprobs`` to ``loss_fn`` when ``loss_fn`` takes them (read once from its signature,
+    as the trainer reads a loss's, with :func:`rlblocks.losses.inputs.loss_inputs`). Metrics:
+    those of ``loss_fn`` and ``kl_loss`` (the mean k over valid tokens, detached; the recipes
+    also report it as ``kl/token``, see `rlblocks.recipes.loop`).
+    """
+    wanted = loss_inputs(loss_fn).accepted
+
+    def loss(
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        /,
+        *,
+        ref_logprobs: Tensor,
+        **inputs: Tensor,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        inputs["ref_logprobs"] = ref_logprobs
+        kwargs = {k: v for k, v in inputs.items() if k in wanted}
+        per_token, metrics = loss_fn(logprobs, old_logprobs, advantages, mask, **kwargs)
+        kl, kl_metrics = kl_loss(logprobs, ref_logprobs, mask, estimator=estimator)
+        return per_token + coef * kl, {**metrics, "kl_loss": kl_metrics["kl"]}
+
+    return loss
 
 
 def _last_valid_index(mask: Tensor) -> tuple[Tensor, Tensor]:

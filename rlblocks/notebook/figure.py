@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 #: The curves the dashboard draws, when present: (metric key, panel title). The recipes' names:
 #: ``reward/mean`` from the reward function, ``entropy``, ``clip_frac``, ``approx_kl`` (KL to the
 #: sampling policy π_old, from the clipped surrogate) and ``grad_norm`` from the trainer,
-#: ``response_length`` from the recipe, ``kl`` (KL to the reference) from a KL loss term,
-#: ``kl/token`` from the PPO recipe, ``accuracy`` from the demo.
+#: ``response_length`` from the recipe, ``kl/token`` (KL to the reference) from every recipe
+#: that has one (rlblocks.recipes.loop), ``kl`` from a KL loss term in a hand-written loop,
+#: ``accuracy`` from the demo.
 CURVES: tuple[tuple[str, str], ...] = (
     ("reward/mean", "reward"),
     ("accuracy", "accuracy"),
@@ -35,6 +36,11 @@ CURVES: tuple[tuple[str, str], ...] = (
     ("grad_norm", "gradient norm"),
 )
 
+#: Curves that repeat another under a name of their own: no panel when the other one is drawn.
+#: A recipe copies a KL loss term's ``kl`` to ``kl/token`` (rlblocks.recipes.loop), so a run of
+#: the demo has both; a hand-written loop with a KL loss term has only ``kl``.
+REPEATS = {"kl": "kl/token"}
+
 #: Panels per row of the figure.
 COLUMNS = 3
 #: Width and height of one panel, in inches.
@@ -46,8 +52,12 @@ MAX_MARKERS = 60
 def present_curves(
     records: Sequence[Mapping[str, Any]], curves: Iterable[tuple[str, str]] = CURVES
 ) -> list[tuple[str, str]]:
-    """The ``(key, title)`` pairs of ``curves`` that have at least one finite value in ``records``."""
-    return [(k, t) for k, t in curves if any(_finite(r.get(k)) for r in records)]
+    """The ``(key, title)`` pairs of ``curves`` that have at least one finite value in ``records``,
+    less those that repeat another present curve (:data:`REPEATS`)."""
+    curves = list(curves)
+    present = [(k, t) for k, t in curves if any(_finite(r.get(k)) for r in records)]
+    keys = {k for k, _ in present}
+    return [(k, t) for k, t in present if REPEATS.get(k) not in keys]
 
 
 def curves_figure(

@@ -1,9 +1,15 @@
-"""Recipes: short functions built only from public blocks, meant to be read and copied."""
+"""Recipes: short functions built only from public blocks, meant to be read and copied.
 
+Each recipe is its own step function; `rlblocks.recipes.loop` runs it (progress, the metrics
+every recipe reports, ``on_step``), `rlblocks.recipes.defaults` holds what they share.
+``kl_regularized`` lives in `rlblocks.losses` and is re-exported here.
+"""
+
+from rlblocks.losses import kl_regularized
 from rlblocks.recipes.dapo import InformativeGroups, dapo, sample_informative_groups
 from rlblocks.recipes.evaluate import Evaluation, evaluate
 from rlblocks.recipes.grpo import grpo
-from rlblocks.recipes.ppo import kl_regularized, ppo
+from rlblocks.recipes.ppo import ppo
 from rlblocks.recipes.variants import greedy_baseline_rewards, remax
 
 __all__ = [

@@ -28,19 +28,21 @@ Choices made here:
 - More groups than needed: the first ``groups_needed`` (whole groups) are kept, the others are
   thrown away, as verl does; they are not carried over to the next step (they would be stale).
 - Like the GRPO recipe, no KL term by default (DAPO drops it, §2.3).
+- The loop around the step (progress, ``time/*``, ``on_step``) is `rlblocks.recipes.loop`,
+  shared by every recipe. Every generation round is ``time/rollout``, every scoring
+  ``time/reward``.
 """
 
 from __future__ import annotations
 
-import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from functools import partial
+from itertools import repeat
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from rlblocks import resharder as resharders
 from rlblocks.advantage import grpo as grpo_advantage
@@ -55,11 +57,9 @@ from rlblocks.interfaces import (
     SamplingParams,
 )
 from rlblocks.losses import TokenMean, clipped_surrogate
+from rlblocks.recipes.defaults import DEFAULT_SAMPLING, DapoStepCallback
+from rlblocks.recipes.loop import Clock, Step, run_steps
 from rlblocks.rewards import combine, keep_informative_groups, overlong
-
-DapoStepCallback = Callable[[int, dict[str, Any], Rollouts | None], None]
-
-DEFAULT_SAMPLING = SamplingParams(max_new_tokens=128)
 
 
 class InformativeGroups(NamedTuple):
@@ -176,54 +176,51 @@ def dapo(
     when its ``config.aggregation`` is something else.
 
     Metrics: those of `sample_informative_groups` (``sampling/…``, ``accuracy/mean``,
-    ``overlong/mean``, ``reward/mean`` = the shaped total), the trainer's, the resharder's,
-    ``response_length`` and ``step_seconds``; ``sampling/skipped`` is 1.0 for a step with no
-    informative group (no update). ``on_step(step, metrics, rollouts)`` gets the trained rows
-    (None for a skipped step); raise ``StopIteration`` in it to end early. The run also ends
-    when ``batches`` runs out. ``reuse_rollout_logprobs``: see `rlblocks.recipes.grpo`.
+    ``overlong/mean``, ``reward/mean`` = the shaped total), the trainer's, the resharder's, and
+    the ones every recipe reports (`rlblocks.recipes.loop`): ``time/*`` (all generation rounds
+    are ``time/rollout``, all scoring ``time/reward``), ``step_seconds``, ``response_length``
+    (of the trained rows) and ``kl/token`` when the loss has a KL term; ``sampling/skipped``
+    is 1.0 for a step with no informative group (no update, no sync, no
+    ``response_length``). ``on_step(step, metrics, rollouts)`` gets the trained rows (None for
+    a skipped step); raise ``StopIteration`` in it to end early. The run also ends when
+    ``batches`` runs out. ``reuse_rollout_logprobs``: see `rlblocks.recipes.grpo`.
     """
     _warn_unless_token_mean(policy)
     resharder = resharder or resharders.Resharder()
     loss_fn = partial(clipped_surrogate, clip=clip)  # clip-higher, §3.1
     task = _scored_once(reward_fn)  # scored once, read by the shaped reward and the filter
     shaped = _shaped_reward(task, sampling, max_length, cache_length, overlong_factor)
-    prompts = iter(batches)
-    history: list[dict[str, Any]] = []
-    bar = tqdm(total=steps, desc="DAPO", disable=not progress, unit="step")
-    for step in range(steps):
-        start = time.perf_counter()
-        sampled = sample_informative_groups(  # 1.-2. dynamic sampling, shaped reward
-            engine,
-            shaped,
-            prompts,
-            groups_needed=groups_per_step,
-            group_size=group_size,
-            sampling=sampling,
-            max_rounds=max_rounds,
-            accuracy_fn=task,
-        )
+
+    def step(index: int, prompts: Iterator[Any], clock: Clock) -> Step | None:
+        with clock("rollout"):  # 1.-2. dynamic sampling, shaped reward; scoring is "reward"
+            sampled = sample_informative_groups(
+                engine,
+                clock.timed("reward", shaped),
+                prompts,
+                groups_needed=groups_per_step,
+                group_size=group_size,
+                sampling=sampling,
+                max_rounds=max_rounds,
+                accuracy_fn=clock.timed("reward", task),
+            )
         if sampled.metrics["sampling/rounds"] == 0:
-            break  # the prompt batches ran out
+            return None  # the prompt batches ran out: the run ends
         metrics = {**sampled.metrics, "sampling/skipped": float(sampled.rollouts is None)}
-        if sampled.rollouts is not None:
-            rollouts = sampled.rollouts
-            advantages, _ = advantage(sampled.rewards, rollouts.response_mask, rollouts.group_ids)
-            if reuse_rollout_logprobs:
-                rollouts = rollouts.replace(old_logprobs=rollouts.rollout_logprobs)
-            metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)  # 3.-4.
-            metrics |= resharder.sync(policy, engine)  # 5.
-            metrics["response_length"] = rollouts.response_lengths.float().mean().item()
-        metrics["step_seconds"] = time.perf_counter() - start
-        history.append(metrics)
-        bar.update()
-        bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}")
-        if on_step is not None:
-            try:
-                on_step(step, metrics, sampled.rollouts)
-            except StopIteration:
-                break
-    bar.close()
-    return history
+        if sampled.rollouts is None:
+            return Step(metrics, None)  # nothing informative: no update, no sync
+        rollouts = sampled.rollouts.replace(rewards=sampled.rewards)
+        advantages, _ = advantage(sampled.rewards, rollouts.response_mask, rollouts.group_ids)
+        if reuse_rollout_logprobs:
+            rollouts = rollouts.replace(old_logprobs=rollouts.rollout_logprobs)
+        with clock("update"):  # 3.-4.
+            metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)
+        with clock("sync"):  # 5.
+            metrics |= resharder.sync(policy, engine)
+        return Step(metrics, rollouts)
+
+    # Each step draws as many prompt batches as it needs from one iterator: every step gets it.
+    source = repeat(iter(batches))
+    return run_steps("DAPO", step, source, steps=steps, on_step=on_step, progress=progress)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -314,9 +311,8 @@ def _shaped_reward(
 
 def _warn_unless_token_mean(policy: PolicyTrainer) -> None:
     """DAPO's token-level loss (§3.3) is the trainer's aggregation; say so if it is not."""
-    config = getattr(policy, "config", None)
-    aggregation = getattr(config, "aggregation", None)
-    if aggregation is not None and not isinstance(aggregation, TokenMean):
+    aggregation = policy.config.aggregation  # a declared attribute, read once before the loop
+    if not isinstance(aggregation, TokenMean):
         warnings.warn(
             f"DAPO uses token-mean loss aggregation (arXiv 2503.14476, §3.3) but the policy "
             f"aggregates with {aggregation!r}; build it with aggregation=rb.losses.token_mean",

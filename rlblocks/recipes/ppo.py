@@ -20,22 +20,19 @@ Ziegler et al. 2019, arXiv 1909.08593, sec. 2.2, and InstructGPT, Ouyang et al. 
 
 Simplifications: every step draws fresh prompts; the critic and the policy are updated from the
 same batch one after the other (not interleaved per mini-batch); the reward is an outcome
-reward put on each response's last token.
+reward put on each response's last token. The loop around the step (progress, ``time/*``,
+``on_step``) is `rlblocks.recipes.loop`, shared by every recipe.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import Any
 
-from torch import Tensor
-from tqdm.auto import tqdm
-
 from rlblocks import resharder as resharders
 from rlblocks.advantage import gae, whiten
-from rlblocks.critic import CriticTrainer
 from rlblocks.interfaces import (
+    Critic,
     PolicyLoss,
     PolicyTrainer,
     Resharder,
@@ -49,17 +46,17 @@ from rlblocks.losses import (
     KLEstimator,
     k1,
     k3,
-    kl_loss,
     kl_penalty_rewards,
+    kl_regularized,
 )
-from rlblocks.losses.inputs import loss_inputs
 from rlblocks.masked import masked_mean
-from rlblocks.recipes.grpo import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
+from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
+from rlblocks.recipes.loop import Clock, Step, run_steps
 
 
 def ppo(
     policy: PolicyTrainer,
-    critic: CriticTrainer,
+    critic: Critic,
     engine: RolloutEngine,
     reward_fn: RewardFn,
     batches: Iterable[Any],
@@ -83,6 +80,7 @@ def ppo(
     """Run ``steps`` PPO steps (module docstring); returns one metrics dict per step.
 
     ``policy`` needs a reference model (``PolicyTrainer``'s default ``reference="auto"``).
+    ``critic``: any `rlblocks.interfaces.Critic` (``rb.critic.CriticTrainer``).
     ``kl_controller``: a ``FixedKLController`` or ``AdaptiveKLController`` (anything with
     ``.value`` and ``.update(kl, n_steps)``); None means ``FixedKLController(kl_coef)``. It is
     updated once per step with the mean per-sequence KL Σ_t k_t (the ``kl_per_seq`` metric of
@@ -93,26 +91,31 @@ def ppo(
     clipped value loss, in units of the returns (None: no clipping). GAE: ``gamma`` (γ),
     ``lam`` (λ).
 
-    Metrics: the reward function's, ``kl/token``, ``kl/seq`` and ``kl/coef`` (the β used this
-    step), ``returns_mean``, the critic's ``vf_*`` and ``values_mean``, the policy's (absent
-    during warm-up), the resharder's, ``critic_warmup`` (1 during warm-up), ``response_length``
-    and ``step_seconds``. ``batches`` and ``on_step`` work as in :func:`~rlblocks.recipes.grpo`.
+    Metrics: the reward function's (``reward/mean``), ``kl/token``, ``kl/seq`` and ``kl/coef``
+    (the β used this step), ``returns_mean``, the critic's ``vf_*`` and ``values_mean``, the
+    policy's (absent during warm-up; ``kl_loss`` with ``kl_in_reward=False``), the
+    resharder's, ``critic_warmup`` (1 during warm-up), and the ones every recipe reports
+    (`rlblocks.recipes.loop`): ``time/*`` (π_old, π_ref and V are ``time/logprobs``, the critic
+    and policy updates ``time/update``), ``step_seconds``, ``response_length``. ``batches``
+    and ``on_step`` work as in :func:`~rlblocks.recipes.grpo`.
     """
     resharder = resharder or resharders.Resharder()
     controller = kl_controller or FixedKLController(kl_coef)
     estimator = kl_estimator or (k1 if kl_in_reward else k3)
-    history: list[dict[str, Any]] = []
-    bar = tqdm(total=steps, desc="PPO", disable=not progress, unit="step")
-    for step, batch in zip(range(steps), batches, strict=False):
-        start = time.perf_counter()
-        rollouts = engine.generate(  # 1.
-            batch.prompts, n=samples_per_prompt, sampling=sampling, metadata=batch.metadata
-        )
-        rewards, reward_metrics = reward_fn(rollouts)  # 2. one scalar per response
+
+    def step(index: int, batch: Any, clock: Clock) -> Step:
+        with clock("rollout"):  # 1.
+            rollouts = engine.generate(
+                batch.prompts, n=samples_per_prompt, sampling=sampling, metadata=batch.metadata
+            )
+        with clock("reward"):  # 2. one scalar per response
+            rewards, reward_metrics = reward_fn(rollouts)
         mask = rollouts.response_mask
-        old_logprobs = policy.logprobs(rollouts)  # 3. all before any update
-        ref_logprobs = policy.ref_logprobs(rollouts)
-        values = critic.values(rollouts)
+        with clock("logprobs"):  # 3. all before any update
+            old_logprobs = policy.logprobs(rollouts)
+            ref_logprobs = policy.ref_logprobs(rollouts)
+            values = critic.values(rollouts)
+        rollouts = rollouts.replace(rewards=rewards, ref_logprobs=ref_logprobs)
         beta = controller.value  # 4. KL penalty with the current β, then adapt β
         penalized, kl = kl_penalty_rewards(
             rewards, old_logprobs, ref_logprobs, mask, coef=beta, estimator=estimator
@@ -123,71 +126,26 @@ def ppo(
             token_rewards, mask, rollouts.group_ids, values=values, gamma=gamma, lam=lam
         )
         advantages = whiten(advantages, mask)
-        critic_metrics = critic.step(rollouts, returns, old_values=values, clip=value_clip)  # 6.
-        policy_metrics: dict[str, float] = {}
-        warmup = step < critic_warmup_steps
-        if not warmup:  # 7. and 8.
-            policy_loss = (
-                loss_fn if kl_in_reward else kl_regularized(loss_fn, coef=beta, estimator=estimator)
-            )
-            policy_metrics = policy.step(
-                rollouts.replace(ref_logprobs=ref_logprobs),
-                advantages,
-                loss_fn=policy_loss,
-                old_logprobs=old_logprobs,
-            )
-            policy_metrics.update(resharder.sync(policy, engine))
         metrics = {
             **reward_metrics,
             "kl/token": float(kl["kl"]),
             "kl/seq": float(kl["kl_per_seq"]),
             "kl/coef": beta,
             "returns_mean": float(masked_mean(returns, mask)),
-            **critic_metrics,
-            **policy_metrics,
-            "critic_warmup": float(warmup),
-            "response_length": rollouts.response_lengths.float().mean().item(),
-            "step_seconds": time.perf_counter() - start,
         }
-        history.append(metrics)
-        bar.update()
-        bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}")
-        if on_step is not None:
-            try:
-                on_step(step, metrics, rollouts)
-            except StopIteration:
-                break
-    bar.close()
-    return history
+        with clock("update"):  # 6.
+            metrics |= critic.step(rollouts, returns, old_values=values, clip=value_clip)
+        warmup = index < critic_warmup_steps
+        if not warmup:  # 7. and 8.
+            policy_loss = (
+                loss_fn if kl_in_reward else kl_regularized(loss_fn, coef=beta, estimator=estimator)
+            )
+            with clock("update"):
+                metrics |= policy.step(
+                    rollouts, advantages, loss_fn=policy_loss, old_logprobs=old_logprobs
+                )
+            with clock("sync"):
+                metrics |= resharder.sync(policy, engine)
+        return Step({**metrics, "critic_warmup": float(warmup)}, rollouts)
 
-
-def kl_regularized(loss_fn: PolicyLoss, *, coef: float, estimator: KLEstimator = k3) -> PolicyLoss:
-    """``loss_fn`` plus a KL loss term: ℓ_t = ℓ^policy_t + β · k(log π_θ(y_t), log π_ref(y_t)).
-
-    The KL-as-loss form of GRPO (Shao et al. 2024, arXiv 2402.03300, eq. 3) with the per-token
-    :func:`rlblocks.losses.kl_loss` (see its docstring for what each estimator's gradient is).
-    β = ``coef``. The returned loss follows the ``PolicyLoss`` protocol: ``(logprobs,
-    old_logprobs, advantages, mask, /, *, ref_logprobs, ...) -> (loss (b t), metrics)``; it
-    requires ``ref_logprobs`` ``(b t)`` (detached) and forwards ``entropy`` /
-    ``rollout_logprobs`` / ``ref_logprobs`` to ``loss_fn`` when ``loss_fn`` takes them. Metrics:
-    those of ``loss_fn`` and ``kl_loss`` (the mean k over valid tokens, detached).
-    """
-    wanted = loss_inputs(loss_fn).accepted
-
-    def loss(
-        logprobs: Tensor,
-        old_logprobs: Tensor,
-        advantages: Tensor,
-        mask: Tensor,
-        /,
-        *,
-        ref_logprobs: Tensor,
-        **inputs: Tensor,
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        inputs["ref_logprobs"] = ref_logprobs
-        kwargs = {k: v for k, v in inputs.items() if k in wanted}
-        per_token, metrics = loss_fn(logprobs, old_logprobs, advantages, mask, **kwargs)
-        kl, kl_metrics = kl_loss(logprobs, ref_logprobs, mask, estimator=estimator)
-        return per_token + coef * kl, {**metrics, "kl_loss": kl_metrics["kl"]}
-
-    return loss
+    return run_steps("PPO", step, batches, steps=steps, on_step=on_step, progress=progress)

@@ -12,18 +12,17 @@ ReMax (Li et al. 2023, arXiv 2310.10505) subtracts the reward of the *greedy* re
 same prompt. The GRPO recipe calls ``advantage(rewards, mask, group_ids)``, which cannot
 generate, so `remax` is the GRPO loop with one line more: `greedy_baseline_rewards` (generate
 greedily, score, give each row its prompt's score) feeding ``rb.advantage.remax``'s
-``baseline_rewards=``.
+``baseline_rewards=``. The loop around the step (progress, ``time/*``, ``on_step``) is
+`rlblocks.recipes.loop`, shared by every recipe.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterable
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from rlblocks import resharder as resharders
 from rlblocks.advantage import remax as remax_advantage
@@ -37,7 +36,8 @@ from rlblocks.interfaces import (
     Rollouts,
     SamplingParams,
 )
-from rlblocks.recipes.grpo import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
+from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
+from rlblocks.recipes.loop import Clock, Step, run_steps
 
 
 def greedy_baseline_rewards(
@@ -96,44 +96,37 @@ def remax(
     The GRPO recipe's loop with the greedy baseline (`greedy_baseline_rewards`) passed to
     ``rb.advantage.remax(baseline_rewards=...)``. ``group_size`` samples per prompt (the paper
     uses 1; the baseline needs no group). One greedy generation per prompt per step more than
-    GRPO, in exchange for no group statistics. Metrics: the reward's, ``baseline/…`` (the greedy
-    answers'), the trainer's, the resharder's, ``response_length`` and ``step_seconds``.
-    ``on_step``: as in `rlblocks.recipes.grpo`.
+    GRPO, in exchange for no group statistics. Metrics: the reward's (``reward/mean``),
+    ``baseline/…`` (the greedy answers'), the trainer's, the resharder's, and the ones every
+    recipe reports (`rlblocks.recipes.loop`): ``time/*`` (the greedy generation is
+    ``time/rollout``, its scoring ``time/reward``), ``step_seconds``, ``response_length`` and
+    ``kl/token`` when the loss has a KL term. ``on_step``: as in `rlblocks.recipes.grpo`.
     """
     resharder = resharder or resharders.Resharder()
-    history: list[dict[str, Any]] = []
-    bar = tqdm(total=steps, desc="ReMax", disable=not progress, unit="step")
-    for step, batch in zip(range(steps), batches, strict=False):
-        start = time.perf_counter()
-        rollouts = engine.generate(
-            batch.prompts, n=group_size, sampling=sampling, metadata=batch.metadata
-        )
-        rewards, reward_metrics = reward_fn(rollouts)
-        baseline, baseline_metrics = greedy_baseline_rewards(  # the one extra line of ReMax
-            engine, reward_fn, rollouts, batch, sampling=sampling
-        )
+
+    def step(index: int, batch: Any, clock: Clock) -> Step:
+        with clock("rollout"):
+            rollouts = engine.generate(
+                batch.prompts, n=group_size, sampling=sampling, metadata=batch.metadata
+            )
+        with clock("reward"):
+            rewards, reward_metrics = reward_fn(rollouts)
+        with clock("rollout"):  # the one extra line of ReMax: greedy answers, scored
+            baseline, baseline_metrics = greedy_baseline_rewards(
+                engine, clock.timed("reward", reward_fn), rollouts, batch, sampling=sampling
+            )
+        rollouts = rollouts.replace(rewards=rewards)  # kept with the rows (dashboards read it)
         advantages, _ = remax_advantage(
             rewards, rollouts.response_mask, rollouts.group_ids, baseline_rewards=baseline
         )
-        train_metrics = policy.step(rollouts, advantages, loss_fn=loss_fn)
-        metrics = {
-            **reward_metrics,
-            **baseline_metrics,
-            **train_metrics,
-            **resharder.sync(policy, engine),
-            "response_length": rollouts.response_lengths.float().mean().item(),
-            "step_seconds": time.perf_counter() - start,
-        }
-        history.append(metrics)
-        bar.update()
-        bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}")
-        if on_step is not None:
-            try:
-                on_step(step, metrics, rollouts)
-            except StopIteration:
-                break
-    bar.close()
-    return history
+        with clock("update"):
+            train_metrics = policy.step(rollouts, advantages, loss_fn=loss_fn)
+        with clock("sync"):
+            sync_metrics = resharder.sync(policy, engine)
+        metrics = {**reward_metrics, **baseline_metrics, **train_metrics, **sync_metrics}
+        return Step(metrics, rollouts)
+
+    return run_steps("ReMax", step, batches, steps=steps, on_step=on_step, progress=progress)
 
 
 __all__ = ["greedy_baseline_rewards", "remax"]

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from rlblocks.losses.inputs import loss_inputs
 from rlblocks.losses.kl import (
     AdaptiveKLController,
     FixedKLController,
@@ -13,8 +14,10 @@ from rlblocks.losses.kl import (
     kl_abs,
     kl_loss,
     kl_penalty_rewards,
+    kl_regularized,
     low_var_kl,
 )
+from rlblocks.losses.ppo import clipped_surrogate
 
 ESTIMATORS = [k1, k2, k3, kl_abs, low_var_kl]
 LN2 = math.log(2.0)
@@ -337,3 +340,50 @@ def test_masked_out_nan_and_inf_never_leak():
     clean_out, clean_metrics = kl_penalty_rewards(rewards, logprobs, ref, mask, coef=0.1)
     assert_close(out, clean_out)
     assert_close(metrics, clean_metrics)
+
+
+# ---------------------------------------------------------------------- kl_regularized
+def test_kl_regularized_hand_worked():
+    # β = 0.5, k1 = log π − log π_ref. Token 0: lp = −1, ref = −2: k1 = 1, term 0.5.
+    # Token 1: lp = −1, ref = −0.5: k1 = −0.5, term −0.25. Token 2 masked: 0.
+    # ratio = 1 (old = lp), A = [1, 2]: the clipped surrogate is −A = [−1, −2].
+    lp = torch.tensor([[-1.0, -1.0, -3.0]])
+    ref = torch.tensor([[-2.0, -0.5, -1.0]])
+    adv = torch.tensor([[1.0, 2.0, 0.0]])
+    mask = torch.tensor([[True, True, False]])
+    loss_fn = kl_regularized(clipped_surrogate, coef=0.5, estimator=k1)
+    loss, metrics = loss_fn(lp, lp, adv, mask, ref_logprobs=ref)
+    assert_close(loss, torch.tensor([[-1.0 + 0.5, -2.0 - 0.25, 0.0]]))
+    assert_close(metrics["kl_loss"], torch.tensor(0.25))  # (1 − 0.5) / 2
+    assert "clip_frac" in metrics
+    # Limit: β = 0 gives back the wrapped loss.
+    plain, _ = clipped_surrogate(lp, lp, adv, mask)
+    assert_close(
+        kl_regularized(clipped_surrogate, coef=0.0)(lp, lp, adv, mask, ref_logprobs=ref)[0], plain
+    )
+
+
+def test_kl_regularized_forwards_what_the_wrapped_loss_takes():
+    seen = {}
+
+    def wants_entropy(logprobs, old_logprobs, advantages, mask, /, *, entropy):
+        seen["entropy"] = entropy
+        return torch.zeros_like(logprobs), {}
+
+    x = torch.zeros(1, 2)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    loss_fn = kl_regularized(wants_entropy, coef=1.0)
+    # The wrapped loss gets entropy; rollout_logprobs, which it does not take, is dropped.
+    loss_fn(x, x, x, mask, ref_logprobs=x, entropy=x + 3, rollout_logprobs=x)
+    assert_close(seen["entropy"], x + 3)
+    required = loss_inputs(loss_fn).required
+    assert required == {"ref_logprobs"}  # the trainer must supply the reference
+
+
+def test_kl_regularized_is_a_loss_and_the_recipes_reexport_it():
+    # A loss combinator lives with the losses; rb.recipes.kl_regularized (older docs and
+    # notebooks) is the same function, not a copy.
+    import rlblocks as rb
+
+    assert rb.losses.kl_regularized is kl_regularized
+    assert rb.recipes.kl_regularized is kl_regularized

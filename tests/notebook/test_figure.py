@@ -44,6 +44,16 @@ def test_nan_values_are_left_out_and_blank_panels_hidden():
     assert len(fig.axes) == 6 and not fig.axes[5].axison
 
 
+def test_a_repeated_curve_gets_no_panel_of_its_own():
+    # A recipe reports a KL loss term's "kl" also as "kl/token": one KL panel, not two. Alone
+    # (a hand-written loop), "kl" keeps its panel.
+    both = [{"step": 0, "kl": 0.1, "kl/token": 0.1}]
+    assert present_curves(both) == [("kl/token", "KL to reference (per token)")]
+    assert present_curves([{"step": 0, "kl": 0.1}]) == [("kl", "KL to reference")]
+    only_kl = [{"step": 0, "kl": 0.1, "kl/token": math.nan}]  # no finite kl/token: not drawn
+    assert present_curves(only_kl) == [("kl", "KL to reference")]
+
+
 def test_present_curves_ignores_non_numbers():
     records = [{"step": 0, "reward/mean": "0.5", "kl": True, "entropy": math.inf}]
     assert present_curves(records) == []

@@ -1,0 +1,189 @@
+"""The loop every recipe shares: progress bar, metrics, the ``time/*`` breakdown, ``on_step`` and
+early stop. A recipe is its step function, read top to bottom; `run_steps` runs it::
+
+    def grpo(policy, engine, reward_fn, batches, *, steps, ..., on_step=None, progress=True):
+        def step(index: int, batch: Any, clock: Clock) -> Step:
+            with clock("rollout"):
+                rollouts = engine.generate(batch.prompts, n=group_size, ...)
+            with clock("reward"):
+                rewards, reward_metrics = reward_fn(rollouts)
+            ...
+            with clock("update"):
+                train_metrics = policy.step(rollouts, advantages, loss_fn=loss_fn)
+            with clock("sync"):
+                sync_metrics = resharder.sync(policy, engine)
+            return Step({**reward_metrics, **train_metrics, **sync_metrics}, rollouts)
+
+        return run_steps("GRPO", step, batches, steps=steps, on_step=on_step, progress=progress)
+
+The loop adds the metrics every recipe reports, so that they cannot drift apart:
+
+- ``time/rollout``, ``time/reward``, ``time/logprobs``, ``time/update``, ``time/sync``: wall
+  seconds of the step's lines in each phase (`Clock`), always all five (0.0 for a phase the
+  step did not enter). The trainer scores π_old / π_ref inside ``policy.step``, where the
+  recipe cannot time it: its ``logprob_seconds`` metric is moved from ``time/update`` to
+  ``time/logprobs``. Wall time, not the blocks' own ``seconds``, so that on a Ray placement a
+  remote call's round trip counts in the phase that made it; in one process the two agree.
+- ``step_seconds``: the whole step. The ``time/*`` add up to a little less: the rest is the
+  recipe's own arithmetic (advantages, the KL penalty) and bookkeeping.
+- ``response_length``: mean response tokens of the rows the step returns (absent when it
+  returns none: DAPO's skipped step).
+- ``kl/token``, filled in as below.
+
+The step function reports the rest: ``reward/mean`` from the reward function (every rlblocks
+reward reports it), the trainer's metrics, the resharder's (``sync/…``), its own.
+
+**The KL to the reference** has one set of names in every recipe. PPO measures it itself,
+before the update (π_old against π_ref, with its KL estimator), and reports ``kl/token`` (mean
+per-token estimate), ``kl/seq`` (mean over responses of Σ_t k_t) and ``kl/coef`` (the β used
+this step). The GRPO family has a KL only when its loss has a KL term, and then the trainer
+measures it during the update: ``kl_loss`` from `rlblocks.losses.kl_regularized`, ``kl`` from
+`rlblocks.losses.kl_loss` composed into a loss by hand. When the step reported no ``kl/token``
+of its own, the loop copies that value to ``kl/token``: same name, same quantity (with one
+mini-batch and one epoch the update's first forward is π_old, so the two measurements are
+equal; with more they differ by how far the update moved). The loss's own name stays beside it,
+and a ``kl/token`` the step measured is never overwritten (PPO with ``kl_in_reward=False``
+reports both its ``kl/token`` and the loss's ``kl_loss``). ``kl/seq`` and ``kl/coef`` are
+PPO's only: they come from its KL penalty and KL controller; in the GRPO family β sits inside
+the loss.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple, ParamSpec, TypeVar
+
+from tqdm.auto import tqdm
+
+from rlblocks.interfaces import Rollouts
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: The phases of a step, reported as ``time/<phase>``.
+PHASES = ("rollout", "reward", "logprobs", "update", "sync")
+
+#: Where a KL loss term reports the KL to the reference: `kl_regularized`'s, then `kl_loss`'s.
+KL_LOSS_METRICS = ("kl_loss", "kl")
+
+
+class Clock:
+    """Wall seconds per phase of one step: ``with clock("rollout"): ...``.
+
+    A phase entered inside another pauses the outer one, so every second counts once: DAPO's
+    generation rounds run under ``clock("rollout")`` and score with a reward wrapped by
+    ``clock.timed("reward", reward_fn)``. Entering a phase again adds to it. ``timer`` is the
+    time source (``time.perf_counter``; a test passes a fake).
+    """
+
+    def __init__(self, timer: Callable[[], float] = time.perf_counter) -> None:
+        self.timer = timer
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self._open: list[str] = []
+        self._since = 0.0
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        if phase not in self.seconds:
+            raise ValueError(f"unknown phase {phase!r}; the phases are {PHASES}")
+        self._switch()
+        self._open.append(phase)
+        try:
+            yield
+        finally:
+            self._switch()
+            self._open.pop()
+
+    def timed(self, phase: str, fn: Callable[P, R]) -> Callable[P, R]:
+        """``fn`` with every call timed as ``phase`` (for calls made inside another block)."""
+
+        def timed_fn(*args: P.args, **kwargs: P.kwargs) -> R:
+            with self(phase):
+                return fn(*args, **kwargs)
+
+        return timed_fn
+
+    def _switch(self) -> None:
+        # Charge the time since the last switch to the innermost open phase.
+        now = self.timer()
+        if self._open:
+            self.seconds[self._open[-1]] += now - self._since
+        self._since = now
+
+
+class Step(NamedTuple):
+    """What a recipe's step function returns."""
+
+    metrics: dict[str, Any]
+    """The step's own metrics: the reward's, the trainer's, the resharder's, the recipe's."""
+    rollouts: Rollouts | None
+    """The rows the step trained on, handed to ``on_step``; None when there were none."""
+
+
+#: ``step_fn(index, batch, clock) -> Step``, or None when it found no data (the run ends there).
+StepFn = Callable[[int, Any, Clock], Step | None]
+
+
+def run_steps(
+    name: str,
+    step_fn: StepFn,
+    batches: Iterable[Any],
+    *,
+    steps: int,
+    on_step: Callable[[int, dict[str, Any], Any], None] | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Run ``step_fn(index, batch, clock)`` for ``index, batch in zip(range(steps), batches)``.
+
+    Each step gets a fresh `Clock`; its metrics are the step's plus the shared ones (module
+    docstring). After each step the progress bar (``desc=name``, postfix the step's
+    ``reward/mean``) moves and ``on_step(index, metrics, rollouts)`` is called. The run ends
+    after ``steps`` steps, when ``batches`` runs out (no batch is drawn beyond ``steps``), when
+    ``step_fn`` returns None (that step is not recorded), or when ``on_step`` raises
+    ``StopIteration`` (that step is recorded). Returns one metrics dict per recorded step.
+    """
+    history: list[dict[str, Any]] = []
+    with tqdm(total=steps, desc=name, disable=not progress, unit="step") as bar:
+        for index, batch in zip(range(steps), batches, strict=False):
+            clock = Clock()
+            start = time.perf_counter()
+            out = step_fn(index, batch, clock)
+            if out is None:
+                break
+            metrics = shared_metrics(out, clock, step_seconds=time.perf_counter() - start)
+            history.append(metrics)
+            bar.update()
+            bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}")
+            if on_step is not None:
+                try:
+                    on_step(index, metrics, out.rollouts)
+                except StopIteration:
+                    break
+    return history
+
+
+def shared_metrics(out: Step, clock: Clock, *, step_seconds: float) -> dict[str, Any]:
+    """The step's metrics plus ``response_length``, ``step_seconds``, ``time/*`` and
+    ``kl/token`` (module docstring)."""
+    metrics = dict(out.metrics)
+    if out.rollouts is not None:
+        metrics["response_length"] = out.rollouts.response_lengths.float().mean().item()
+    metrics["step_seconds"] = step_seconds
+    seconds = dict(clock.seconds)
+    scoring = float(metrics.get("logprob_seconds", 0.0))  # inside policy.step, timed as update
+    scoring = min(scoring, seconds["update"]) if math.isfinite(scoring) else 0.0
+    seconds["logprobs"] += scoring
+    seconds["update"] -= scoring
+    metrics |= {f"time/{phase}": s for phase, s in seconds.items()}
+    if "kl/token" not in metrics:
+        for key in KL_LOSS_METRICS:
+            if key in metrics:
+                metrics["kl/token"] = float(metrics[key])
+                break
+    return metrics
+
+
+__all__ = ["KL_LOSS_METRICS", "PHASES", "Clock", "Step", "StepFn", "run_steps", "shared_metrics"]
