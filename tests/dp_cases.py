@@ -161,7 +161,8 @@ def fsdp_world_one(rank: int, device: str = "cpu") -> dict:
         "sharded": trainer.dp.sharded
         and all(isinstance(p, DTensor) for p in trainer.model.parameters()),
         "device": str(next(trainer.model.parameters()).device),
-        "resumed": repeated["grad_norm"] == again["grad_norm"] and repeated["loss"] == again["loss"],
+        "resumed": repeated["grad_norm"] == again["grad_norm"]
+        and repeated["loss"] == again["loss"],
     }
 
 

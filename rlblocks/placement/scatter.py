@@ -65,11 +65,15 @@ def gather_answers(answers: list, index: list[list[int]], b: int, weights: list[
     if isinstance(first, Tensor) and first.dim() >= 1:
         return gather_rows(answers, index, b)
     if isinstance(first, tuple):
-        fields = [gather_answers([a[i] for a in answers], index, b, weights) for i in range(len(first))]
+        fields = [
+            gather_answers([a[i] for a in answers], index, b, weights) for i in range(len(first))
+        ]
         return type(first)(*fields) if hasattr(first, "_fields") else tuple(fields)
     if isinstance(first, dict) and all(isinstance(v, int | float) for v in first.values()):
         total = sum(weights)
-        return {k: sum(w * a[k] for w, a in zip(weights, answers, strict=True)) / total for k in first}
+        return {
+            k: sum(w * a[k] for w, a in zip(weights, answers, strict=True)) / total for k in first
+        }
     return first
 
 

@@ -38,7 +38,11 @@ class FSDP:
 
 
 def shard_modules(
-    group: Any, config: FSDP | None, *, trainable: nn.Module, frozen: Iterable[nn.Module | None] = ()
+    group: Any,
+    config: FSDP | None,
+    *,
+    trainable: nn.Module,
+    frozen: Iterable[nn.Module | None] = (),
 ) -> SingleProcess | DataParallel:
     """The sharding rule of every trainer: the ``dp`` it keeps for ``group``.
 
