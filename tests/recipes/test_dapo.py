@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 from toy_tasks import run_group_recipe
+from weightless import Weightless
 
 import rlblocks as rb
 from rlblocks.interfaces import RewardOutput, Rollouts, SamplingParams
@@ -30,15 +31,12 @@ def batches(*rounds: list[str]):
     return iter([Batch(list(r), [{"round": k} for _ in r]) for k, r in enumerate(rounds)])
 
 
-class ScriptedEngine:
+class ScriptedEngine(Weightless):
     """A deterministic `RolloutEngine`: sample k of prompt "a b c" is word k mod 3.
 
     Each character of a completion is one token (id 5), so a completion's length in tokens is
     its length in characters. Like `HFEngine`, every call numbers its groups 0..p-1.
     """
-
-    model = None  # no torch module: the resharder streams weights into update_weights
-    serves_adapters = False
 
     def __init__(self) -> None:
         self.calls: list[tuple[list[str], int, SamplingParams | None]] = []
@@ -65,19 +63,6 @@ class ScriptedEngine:
             completions=[c for _, _, c in rows],
             metadata=[dict(meta[i]) for i, _, _ in rows],
         )
-
-    def update_weights(self, weights, *, version: int) -> None:
-        for _ in weights:  # consume the stream like a real engine; nothing to load
-            pass
-
-    def load_adapter(self, path, *, version: int) -> None:
-        raise NotImplementedError("ScriptedEngine serves no adapters")
-
-    def sleep(self) -> None:
-        pass
-
-    def wake_up(self) -> None:
-        pass
 
 
 class Accuracy:

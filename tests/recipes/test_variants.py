@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 from toy_tasks import run_group_recipe
+from weightless import Weightless
 
 import rlblocks as rb
 from rlblocks.interfaces import RewardOutput, Rollouts, SamplingParams
@@ -74,13 +75,10 @@ class Batch(NamedTuple):
     metadata: list[dict[str, Any]]
 
 
-class ScriptedEngine:
+class ScriptedEngine(Weightless):
     """A deterministic `RolloutEngine`. Sample k of prompt "a b" is word k mod 2; the greedy
     answer (temperature 0) is the last word. Rows come back in *reverse* order, which the
     protocol allows, with group ids 10·(prompt index)."""
-
-    model = None  # no torch module: the resharder streams weights into update_weights
-    serves_adapters = False
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, SamplingParams]] = []
@@ -108,19 +106,6 @@ class ScriptedEngine:
             completions=[c for _, _, c in rows],
             metadata=[dict(metadata[i]) if metadata else {} for i, _, _ in rows],
         )
-
-    def update_weights(self, weights, *, version: int) -> None:
-        for _ in weights:
-            pass
-
-    def load_adapter(self, path, *, version: int) -> None:
-        raise NotImplementedError("ScriptedEngine serves no adapters")
-
-    def sleep(self) -> None:
-        pass
-
-    def wake_up(self) -> None:
-        pass
 
 
 def accuracy(rollouts: Rollouts, /) -> RewardOutput:
