@@ -7,7 +7,8 @@
 Subpackages: ``advantage`` (estimators), ``losses`` (per-token losses and ``aggregate``),
 ``rewards`` (rule-based rewards), ``placement`` (where blocks run), ``models`` (loading, the
 tiny and built-in models), ``rollout`` (engines), ``trainer`` (``PolicyTrainer``), ``critic`` (value model), ``resharder``,
-``data`` (prompt datasets, the built-in arithmetic task), ``recipes`` (GRPO...), ``runlog``
+``data`` (prompt datasets, the built-in arithmetic task), ``recipes`` (GRPO...), ``checkpoint``
+(whole-run checkpoints and resume), ``runlog``
 (metrics JSONL), ``notebook`` (the live ``Dashboard``); ``rb.plot`` draws a run's curves. ``interfaces`` holds the block contracts, ``Rollouts`` the batch type.
 
 The subpackages that pull in transformers or datasets are imported on first use, so that
@@ -24,6 +25,7 @@ from rlblocks.rollouts import Rollouts
 __version__ = "0.1.0"
 
 _LAZY = (
+    "checkpoint",
     "critic",
     "data",
     "models",
@@ -41,6 +43,7 @@ __all__ = [
     "Rollouts",
     "SamplingParams",
     "advantage",
+    "checkpoint",
     "critic",
     "data",
     "interfaces",

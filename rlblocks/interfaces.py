@@ -39,6 +39,7 @@ __all__ = [
     "AdvantageEstimator",
     "Advantages",
     "Aggregation",
+    "Checkpointable",
     "Critic",
     "Dispatch",
     "Handle",
@@ -220,6 +221,21 @@ class Stateful(Protocol):
 
 
 @runtime_checkable
+class Checkpointable(Protocol):
+    """A block that writes its own part of a run's checkpoint into a folder (the trainers).
+
+    Preferred over `Stateful` by ``rlblocks.checkpoint``: a trainer writes its model in the
+    Hugging Face format and its optimizer sharded, which a dict in memory cannot do. On a
+    placement with several workers every worker is called with the same folder; they write
+    their own shards there (the folder must be on a file system they all see).
+    """
+
+    def save_checkpoint(self, folder: str | Path) -> None: ...
+
+    def load_checkpoint(self, folder: str | Path) -> None: ...
+
+
+@runtime_checkable
 class RolloutEngine(Protocol):
     """Samples responses. Token-in/token-out: generated ids are never re-tokenized."""
 
@@ -349,6 +365,10 @@ class Resharder(Protocol):
 
     def sync(self, trainer: PolicyTrainer, engine: RolloutEngine) -> dict[str, float]:
         """Push the weights; return metrics such as ``sync/seconds`` and ``sync/bytes``."""
+        ...
+
+    def resync(self, trainer: PolicyTrainer, engine: RolloutEngine) -> dict[str, float]:
+        """Push the weights again without a new version (a run resumed from a checkpoint)."""
         ...
 
 

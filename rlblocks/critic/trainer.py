@@ -40,6 +40,7 @@ from rlblocks.losses.aggregate import aggregate
 from rlblocks.losses.value import value_loss
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.batches import micro_batch_pairs, pad_columns, token_advantages
+from rlblocks.trainer.checkpoint import load_trainer, save_trainer
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
@@ -216,6 +217,16 @@ class CriticTrainer:
         return loss, metrics
 
     # ------------------------------------------------------------------ state
+    def save_checkpoint(self, folder: str | Path) -> None:
+        """This critic's part of a run checkpoint (``rb.checkpoint``): value model and
+        optimizer sharded, scheduler, counters, random state (`rlblocks.trainer.checkpoint`).
+        Every rank of a sharded critic calls it with the same folder."""
+        save_trainer(self, folder, model_state=True, frozen=())
+
+    def load_checkpoint(self, folder: str | Path) -> None:
+        """Restore what :meth:`save_checkpoint` wrote, onto any number of ranks."""
+        load_trainer(self, folder, model_state=True, frozen=())
+
     def state_dict(self) -> dict[str, Any]:
         """Value model (backbone and head), optimizer, scheduler and counters (references, not
         copies: ``copy.deepcopy`` it to keep a snapshot while training goes on)."""

@@ -38,7 +38,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Iterator
 from functools import partial
-from itertools import repeat
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -46,6 +46,7 @@ from torch import Tensor
 
 from rlblocks import resharder as resharders
 from rlblocks.advantage import grpo as grpo_advantage
+from rlblocks.checkpoint import Checkpointer, Resume
 from rlblocks.interfaces import (
     AdvantageEstimator,
     PolicyTrainer,
@@ -58,7 +59,7 @@ from rlblocks.interfaces import (
 )
 from rlblocks.losses import TokenMean, clipped_surrogate
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, DapoStepCallback
-from rlblocks.recipes.loop import Clock, Step, run_steps
+from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
 from rlblocks.rewards import combine, keep_informative_groups, overlong
 
 
@@ -162,6 +163,9 @@ def dapo(
     on_step: DapoStepCallback | None = None,
     reuse_rollout_logprobs: bool = False,
     progress: bool = True,
+    checkpoint: Checkpointer | str | Path | None = None,
+    resume: Resume = False,
+    tracker: Tracker | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` DAPO steps (module docstring); returns one metrics dict per step.
 
@@ -186,6 +190,7 @@ def dapo(
     ``batches`` runs out. ``reuse_rollout_logprobs``: see `rlblocks.recipes.grpo`.
     """
     _warn_unless_token_mean(policy)
+    config = run_config("dapo", locals())  # logged once, checked on resume
     resharder = resharder or resharders.Resharder()
     loss_fn = partial(clipped_surrogate, clip=clip)  # clip-higher, §3.1
     task = _scored_once(reward_fn)  # scored once, read by the shaped reward and the filter
@@ -218,9 +223,21 @@ def dapo(
             metrics |= resharder.sync(policy, engine)
         return Step(metrics, rollouts)
 
-    # Each step draws as many prompt batches as it needs from one iterator: every step gets it.
-    source = repeat(iter(batches))
-    return run_steps("DAPO", step, source, steps=steps, on_step=on_step, progress=progress)
+    return run_steps(
+        "DAPO",
+        step,
+        batches,
+        batch_per_step=False,  # each step draws as many prompt batches as it needs
+        steps=steps,
+        on_step=on_step,
+        progress=progress,
+        blocks={"policy": policy, "resharder": resharder},
+        config=config,
+        checkpoint=checkpoint,
+        resume=resume,
+        after_resume=partial(resharder.resync, policy, engine),  # the engine has initial weights
+        tracker=tracker,
+    )
 
 
 # ---------------------------------------------------------------------- helpers

@@ -17,10 +17,13 @@ back), and every step draws fresh prompts. The loop around the step (progress, `
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from rlblocks import resharder as resharders
 from rlblocks.advantage import grpo as grpo_advantage
+from rlblocks.checkpoint import Checkpointer, Resume
 from rlblocks.interfaces import (
     AdvantageEstimator,
     PolicyLoss,
@@ -31,7 +34,7 @@ from rlblocks.interfaces import (
     SamplingParams,
 )
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
-from rlblocks.recipes.loop import Clock, Step, run_steps
+from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
 
 
 def grpo(
@@ -49,6 +52,9 @@ def grpo(
     on_step: StepCallback | None = None,
     reuse_rollout_logprobs: bool = False,
     progress: bool = True,
+    checkpoint: Checkpointer | str | Path | None = None,
+    resume: Resume = False,
+    tracker: Tracker | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` GRPO steps; returns one metrics dict per step.
 
@@ -66,6 +72,7 @@ def grpo(
     ``time/logprobs``, ``time/update``, ``time/sync``, ``step_seconds``, ``response_length``,
     and ``kl/token`` when the loss has a KL term.
     """
+    config = run_config("grpo", locals())  # logged once, checked on resume
     resharder = resharder or resharders.Resharder()
 
     def step(index: int, batch: Any, clock: Clock) -> Step:
@@ -85,4 +92,17 @@ def grpo(
             sync_metrics = resharder.sync(policy, engine)
         return Step({**reward_metrics, **train_metrics, **sync_metrics}, rollouts)
 
-    return run_steps("GRPO", step, batches, steps=steps, on_step=on_step, progress=progress)
+    return run_steps(
+        "GRPO",
+        step,
+        batches,
+        steps=steps,
+        on_step=on_step,
+        progress=progress,
+        blocks={"policy": policy, "resharder": resharder},
+        config=config,
+        checkpoint=checkpoint,
+        resume=resume,
+        after_resume=partial(resharder.resync, policy, engine),  # the engine has initial weights
+        tracker=tracker,
+    )

@@ -52,22 +52,37 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, NamedTuple, ParamSpec, TypeVar
+from pathlib import Path
+from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
 
 from tqdm.auto import tqdm
 
+from rlblocks.checkpoint import Checkpointer, Resume, warn_if_config_differs
 from rlblocks.interfaces import Rollouts
+from rlblocks.recipes.run import Drawn, run_config
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+_END = object()  # the batches ran out
 
 #: The phases of a step, reported as ``time/<phase>``.
 PHASES = ("rollout", "reward", "logprobs", "update", "sync")
 
 #: Where a KL loss term reports the KL to the reference: `kl_regularized`'s, then `kl_loss`'s.
 KL_LOSS_METRICS = ("kl_loss", "kl")
+
+
+class Tracker(Protocol):
+    """What the loop asks of a tracker (``rb.tracking.Tracker``)."""
+
+    def start(self, config: Mapping[str, Any], *, resume_step: int | None = None) -> None: ...
+
+    def log(
+        self, step: int, metrics: Mapping[str, Any], rollouts: Rollouts | None = None
+    ) -> Any: ...
 
 
 class Clock:
@@ -135,34 +150,89 @@ def run_steps(
     steps: int,
     on_step: Callable[[int, dict[str, Any], Any], None] | None = None,
     progress: bool = True,
+    blocks: Mapping[str, Any] | None = None,
+    config: Mapping[str, Any] | None = None,
+    checkpoint: Checkpointer | str | Path | None = None,
+    resume: Resume = False,
+    after_resume: Callable[[], Any] | None = None,
+    tracker: Tracker | None = None,
+    batch_per_step: bool = True,
 ) -> list[dict[str, Any]]:
-    """Run ``step_fn(index, batch, clock)`` for ``index, batch in zip(range(steps), batches)``.
+    """Run ``step_fn(index, batch, clock)`` for ``index`` in ``range(steps)``, one batch drawn
+    from ``batches`` per step (``batch_per_step=False``: ``step_fn`` gets the iterator and
+    draws as many as it needs, as DAPO's dynamic sampling does).
 
     Each step gets a fresh `Clock`; its metrics are the step's plus the shared ones (module
     docstring). After each step the progress bar (``desc=name``, postfix the step's
-    ``reward/mean``) moves and ``on_step(index, metrics, rollouts)`` is called. The run ends
-    after ``steps`` steps, when ``batches`` runs out (no batch is drawn beyond ``steps``), when
-    ``step_fn`` returns None (that step is not recorded), or when ``on_step`` raises
-    ``StopIteration`` (that step is recorded). Returns one metrics dict per recorded step.
+    ``reward/mean``) moves, ``tracker.log(index, metrics, rollouts)`` and
+    ``on_step(index, metrics, rollouts)`` are called, and a checkpoint is saved when it is due.
+    The run ends after ``steps`` steps, when ``batches`` runs out (no batch is drawn beyond
+    ``steps``), when ``step_fn`` returns None (that step is not recorded), or when ``on_step``
+    raises ``StopIteration`` (that step is recorded). Returns one metrics dict per recorded
+    step, the resumed ones included.
+
+    Checkpoints: ``checkpoint`` (a `rlblocks.checkpoint.Checkpointer`, or a folder for one
+    that saves every step) saves ``blocks`` (name -> block: the trainers, the KL controller,
+    the resharder, ...), the data position, the random state, the history and ``config`` every
+    ``checkpoint.every`` steps and after the last step. ``resume``: False refuses a folder that
+    already holds a checkpoint, True resumes from its newest, ``"auto"`` resumes if there is
+    one. After resuming, ``after_resume()`` runs (the recipes push the restored weights into
+    the engine there). ``tracker``: started with ``config`` (and the step resumed from).
     """
-    history: list[dict[str, Any]] = []
-    with tqdm(total=steps, desc=name, disable=not progress, unit="step") as bar:
-        for index, batch in zip(range(steps), batches, strict=False):
+    if checkpoint is None and resume is True:
+        raise ValueError("resume=True needs checkpoint= (the folder to resume from)")
+    data = Drawn(batches)
+    saver = Checkpointer(checkpoint) if isinstance(checkpoint, str | Path) else checkpoint
+    state = {**(blocks or {}), "data": data}
+    config = dict(config or {})
+    start, history = 0, []
+    resumed = saver is not None and saver.resume_step(resume) is not None
+    if resumed:
+        restored = saver.load(state)
+        warn_if_config_differs(restored.config, config)
+        start, history = restored.step, list(restored.history)
+        if after_resume is not None:
+            after_resume()
+    if tracker is not None:
+        tracker.start(config, resume_step=start if resumed else None)
+    with tqdm(total=steps, initial=start, desc=name, disable=not progress, unit="step") as bar:
+        for index in range(start, steps):
+            batch = next(data, _END) if batch_per_step else data
+            if batch is _END:
+                break
             clock = Clock()
-            start = time.perf_counter()
+            begin = time.perf_counter()
             out = step_fn(index, batch, clock)
             if out is None:
                 break
-            metrics = shared_metrics(out, clock, step_seconds=time.perf_counter() - start)
+            metrics = shared_metrics(out, clock, step_seconds=time.perf_counter() - begin)
             history.append(metrics)
             bar.update()
             bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}")
-            if on_step is not None:
-                try:
-                    on_step(index, metrics, out.rollouts)
-                except StopIteration:
-                    break
+            stop = _report(index, metrics, out.rollouts, tracker, on_step)
+            if saver is not None and (stop or index + 1 == steps or saver.due(index + 1)):
+                saver.save(index + 1, state, history=history, config=config)
+            if stop:
+                break
     return history
+
+
+def _report(
+    index: int,
+    metrics: dict[str, Any],
+    rollouts: Rollouts | None,
+    tracker: Tracker | None,
+    on_step: Callable[[int, dict[str, Any], Any], None] | None,
+) -> bool:
+    """Hand the step to the tracker and ``on_step``; True when ``on_step`` asks to stop."""
+    if tracker is not None:
+        tracker.log(index, metrics, rollouts)
+    if on_step is not None:
+        try:
+            on_step(index, metrics, rollouts)
+        except StopIteration:
+            return True
+    return False
 
 
 def shared_metrics(out: Step, clock: Clock, *, step_seconds: float) -> dict[str, Any]:
@@ -186,4 +256,14 @@ def shared_metrics(out: Step, clock: Clock, *, step_seconds: float) -> dict[str,
     return metrics
 
 
-__all__ = ["KL_LOSS_METRICS", "PHASES", "Clock", "Step", "StepFn", "run_steps", "shared_metrics"]
+__all__ = [
+    "KL_LOSS_METRICS",
+    "PHASES",
+    "Clock",
+    "Step",
+    "StepFn",
+    "Tracker",
+    "run_config",
+    "run_steps",
+    "shared_metrics",
+]

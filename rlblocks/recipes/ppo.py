@@ -27,10 +27,13 @@ reward put on each response's last token. The loop around the step (progress, ``
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from rlblocks import resharder as resharders
 from rlblocks.advantage import gae, whiten
+from rlblocks.checkpoint import Checkpointer, Resume
 from rlblocks.interfaces import (
     Critic,
     PolicyLoss,
@@ -51,7 +54,7 @@ from rlblocks.losses import (
 )
 from rlblocks.masked import masked_mean
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
-from rlblocks.recipes.loop import Clock, Step, run_steps
+from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
 
 
 def ppo(
@@ -76,6 +79,9 @@ def ppo(
     resharder: Resharder | None = None,
     on_step: StepCallback | None = None,
     progress: bool = True,
+    checkpoint: Checkpointer | str | Path | None = None,
+    resume: Resume = False,
+    tracker: Tracker | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` PPO steps (module docstring); returns one metrics dict per step.
 
@@ -99,6 +105,7 @@ def ppo(
     and policy updates ``time/update``), ``step_seconds``, ``response_length``. ``batches``
     and ``on_step`` work as in :func:`~rlblocks.recipes.grpo`.
     """
+    config = run_config("ppo", locals())  # logged once, checked on resume
     resharder = resharder or resharders.Resharder()
     controller = kl_controller or FixedKLController(kl_coef)
     estimator = kl_estimator or (k1 if kl_in_reward else k3)
@@ -148,4 +155,22 @@ def ppo(
                 metrics |= resharder.sync(policy, engine)
         return Step({**metrics, "critic_warmup": float(warmup)}, rollouts)
 
-    return run_steps("PPO", step, batches, steps=steps, on_step=on_step, progress=progress)
+    return run_steps(
+        "PPO",
+        step,
+        batches,
+        steps=steps,
+        on_step=on_step,
+        progress=progress,
+        blocks={
+            "policy": policy,
+            "critic": critic,
+            "kl_controller": controller,
+            "resharder": resharder,
+        },
+        config=config,
+        checkpoint=checkpoint,
+        resume=resume,
+        after_resume=partial(resharder.resync, policy, engine),  # the engine has initial weights
+        tracker=tracker,
+    )

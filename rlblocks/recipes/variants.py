@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlblocks import resharder as resharders
 from rlblocks.advantage import remax as remax_advantage
+from rlblocks.checkpoint import Checkpointer, Resume
 from rlblocks.interfaces import (
     PolicyLoss,
     PolicyTrainer,
@@ -37,7 +40,7 @@ from rlblocks.interfaces import (
     SamplingParams,
 )
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
-from rlblocks.recipes.loop import Clock, Step, run_steps
+from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
 
 
 def greedy_baseline_rewards(
@@ -85,6 +88,9 @@ def remax(
     resharder: Resharder | None = None,
     on_step: StepCallback | None = None,
     progress: bool = True,
+    checkpoint: Checkpointer | str | Path | None = None,
+    resume: Resume = False,
+    tracker: Tracker | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` ReMax steps; returns one metrics dict per step.
 
@@ -102,6 +108,7 @@ def remax(
     ``time/rollout``, its scoring ``time/reward``), ``step_seconds``, ``response_length`` and
     ``kl/token`` when the loss has a KL term. ``on_step``: as in `rlblocks.recipes.grpo`.
     """
+    config = run_config("remax", locals())  # logged once, checked on resume
     resharder = resharder or resharders.Resharder()
 
     def step(index: int, batch: Any, clock: Clock) -> Step:
@@ -126,7 +133,20 @@ def remax(
         metrics = {**reward_metrics, **baseline_metrics, **train_metrics, **sync_metrics}
         return Step(metrics, rollouts)
 
-    return run_steps("ReMax", step, batches, steps=steps, on_step=on_step, progress=progress)
+    return run_steps(
+        "ReMax",
+        step,
+        batches,
+        steps=steps,
+        on_step=on_step,
+        progress=progress,
+        blocks={"policy": policy, "resharder": resharder},
+        config=config,
+        checkpoint=checkpoint,
+        resume=resume,
+        after_resume=partial(resharder.resync, policy, engine),  # the engine has initial weights
+        tracker=tracker,
+    )
 
 
 __all__ = ["greedy_baseline_rewards", "remax"]

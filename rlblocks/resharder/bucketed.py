@@ -98,6 +98,15 @@ class Resharder:
     def sync(self, trainer: PolicyTrainer, engine: RolloutEngine) -> dict[str, float]:
         """Give ``engine`` the trainer's current weights; metrics back (module docstring)."""
         self.version += 1
+        return self._send(trainer, engine)
+
+    def resync(self, trainer: PolicyTrainer, engine: RolloutEngine) -> dict[str, float]:
+        """Send the trainer's weights again under the current version: after a run resumed
+        from a checkpoint, the engine was built with the initial weights, the trainer and this
+        resharder (its ``version``) were restored."""
+        return self._send(trainer, engine)
+
+    def _send(self, trainer: PolicyTrainer, engine: RolloutEngine) -> dict[str, float]:
         start = time.perf_counter()
         move = partial(copy_weights, version=self.version, bucket_bytes=self.bucket_bytes)
         if isinstance(trainer, Handle):  # the trainer lives in worker processes: go there

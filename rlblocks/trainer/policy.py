@@ -62,6 +62,12 @@ from rlblocks.losses.mismatch import mismatch_metrics, mismatch_sums
 from rlblocks.masked import masked_mean
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.batches import micro_batch_pairs, pad_columns, token_advantages
+from rlblocks.trainer.checkpoint import (
+    load_pretrained_weights,
+    load_trainer,
+    save_model,
+    save_trainer,
+)
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.fsdp import full_state, gathered, load_full_state, shard_modules
@@ -375,6 +381,27 @@ class PolicyTrainer:
         if not self.has_adapter:
             raise ValueError("PolicyTrainer.save_adapter: the policy has no LoRA adapter")
         self.model.save_pretrained(folder)
+
+    def save_checkpoint(self, folder: str | Path) -> None:
+        """This trainer's part of a run checkpoint (``rb.checkpoint``): the model in the Hugging
+        Face format in ``folder/model``, the optimizer sharded, scheduler, counters, random
+        state and the reference's fingerprint (`rlblocks.trainer.checkpoint`). Every rank of a
+        sharded trainer calls it with the same folder."""
+        save_model(self, Path(folder) / "model")
+        save_trainer(self, folder, model_state=False, frozen=self._reference_tensors())
+
+    def load_checkpoint(self, folder: str | Path) -> None:
+        """Restore what :meth:`save_checkpoint` wrote, onto any number of ranks; refuses a
+        reference other than the one the checkpoint was taken with."""
+        load_pretrained_weights(self, Path(folder) / "model")
+        load_trainer(self, folder, model_state=False, frozen=self._reference_tensors())
+
+    def _reference_tensors(self) -> list[tuple[str, Tensor]]:
+        """What ``ref_logprobs`` comes from: the reference model, or the frozen base weights."""
+        if self.reference is not None:
+            return list(self.reference.state_dict().items())
+        frozen = self.model.named_parameters() if self._adapter_reference else ()
+        return [(name, p) for name, p in frozen if not p.requires_grad]
 
     def state_dict(self) -> dict[str, Any]:
         """Trainable parameters, optimizer, scheduler, counters and RNG state (references, not

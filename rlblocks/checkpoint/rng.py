@@ -1,0 +1,44 @@
+"""The random state of a process: Python's, NumPy's, torch's on the CPU and on every CUDA device.
+
+A run resumed with `set_rng_state(rng_state())` of the moment it was saved draws the same
+samples as the run that was not interrupted: the HF engine samples from torch's global
+generator, `PromptBatches` and Python's ``random`` are used by data code, NumPy's by users.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def rng_state() -> dict[str, Any]:
+    """A copy of every global random state of this process."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore what `rng_state` returned. A CUDA state saved on a machine with another number of
+    GPUs, or saved without CUDA, is an error only when CUDA is here and the counts differ."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if len(cuda) != torch.cuda.device_count():
+            raise ValueError(
+                f"the checkpoint holds the random state of {len(cuda)} CUDA devices, this "
+                f"process sees {torch.cuda.device_count()}"
+            )
+        torch.cuda.set_rng_state_all(cuda)
+
+
+__all__ = ["rng_state", "set_rng_state"]

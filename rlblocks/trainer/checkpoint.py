@@ -1,0 +1,234 @@
+"""A trainer's part of a run checkpoint: what ``save_checkpoint(folder)`` writes and reads back.
+
+The folder holds:
+
+- ``model/``: the policy in the Hugging Face format (``PolicyTrainer.save_pretrained`` with
+  ``merge_lora=False``: the full model, or the LoRA adapter), loadable by transformers and vLLM
+  as it is. The critic's value model has no such format: it goes into ``state/`` with the
+  optimizer.
+- ``state/``: the optimizer (and the critic's model) through ``torch.distributed.checkpoint``
+  (DCP): every rank writes its own shards, keyed by parameter name, and DCP reads them back into
+  any sharding, so a run saved on 2 workers resumes on 1 or 4.
+- ``trainer.pt`` (rank 0): scheduler, counters, the world size, and the reference's fingerprint.
+- ``rng-{rank}.pt``: the random state of each rank's process (`rlblocks.checkpoint.rng`).
+
+**The reference's identity.** A resumed run must keep the *initial* policy as its reference,
+not the checkpointed one. The reference is frozen and rebuilt by the user's code, so instead of
+saving it again the checkpoint keeps a fingerprint (per tensor: shape and the float64 sums of
+the values and of their squares) and loading refuses a reference whose fingerprint differs.
+The sums are computed over each rank's shard and added up, so they do not depend on the
+sharding beyond float64 rounding; they are compared with a relative tolerance of 1e-6, far above
+that rounding (≈ n·2⁻⁵³ ≤ 1e-8 for n ≤ 10⁸ values) and far below what two different models
+differ by.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+
+from rlblocks.checkpoint.rng import rng_state, set_rng_state
+
+COUNTERS = ("steps", "optimizer_steps", "skipped_steps")
+
+
+def save_trainer(
+    trainer: Any, folder: str | Path, *, model_state: bool, frozen: Iterable[tuple[str, Tensor]]
+) -> None:
+    """Write ``trainer``'s part (module docstring) into ``folder``; every rank calls it.
+    ``model_state``: the model goes into ``state/`` with the optimizer (the critic) instead of
+    the Hugging Face folder the policy writes itself before calling this. ``frozen``: the
+    tensors the reference log-probs come from (none for a critic), fingerprinted."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = Path(folder)
+    state = {"optimizer": _optimizer_state(trainer)}
+    if model_state:
+        state["model"] = _model_state(trainer)
+    with _quiet():
+        dcp.save(state, checkpoint_id=folder / "state", process_group=_group(trainer))
+    if trainer.dp.rank == 0:
+        torch.save(
+            {
+                "scheduler": trainer.scheduler.state_dict(),
+                "counters": {k: getattr(trainer, k) for k in COUNTERS},
+                "world_size": trainer.dp.size,
+                "reference": fingerprint(frozen, trainer.dp),
+            },
+            folder / "trainer.pt",
+        )
+    torch.save(rng_state(), folder / f"rng-{trainer.dp.rank}.pt")
+
+
+def load_trainer(
+    trainer: Any, folder: str | Path, *, model_state: bool, frozen: Iterable[tuple[str, Tensor]]
+) -> None:
+    """Read back what `save_trainer` wrote (the policy's model is read by the caller first).
+    Checks ``frozen``'s fingerprint against the saved one; restores this rank's random state
+    when the saved run had this rank."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    folder = Path(folder)
+    meta = torch.load(folder / "trainer.pt", weights_only=False)
+    check_reference(meta["reference"], fingerprint(frozen, trainer.dp), folder)
+    state = {"optimizer": _optimizer_state(trainer)}
+    if model_state:
+        state["model"] = _model_state(trainer)
+    with _quiet():
+        dcp.load(state, checkpoint_id=folder / "state", process_group=_group(trainer))
+        if model_state:
+            set_model_state_dict(trainer.model, state["model"])
+        set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"])
+    trainer.scheduler.load_state_dict(meta["scheduler"])
+    for name, value in meta["counters"].items():
+        setattr(trainer, name, int(value))
+    rng = folder / f"rng-{trainer.dp.rank}.pt"
+    if rng.is_file():  # a rank the saved run did not have starts with its own random state
+        set_rng_state(torch.load(rng, weights_only=False))
+
+
+# ---------------------------------------------------------------------- the policy's weights
+def save_model(trainer: Any, folder: str | Path) -> None:
+    """The policy in the Hugging Face format, LoRA as its adapter (interim: unsharded only)."""
+    if trainer.dp.sharded:
+        raise NotImplementedError("saving a sharded policy's model is not wired yet")
+    trainer.model.save_pretrained(folder)
+
+
+def load_pretrained_weights(trainer: Any, folder: str | Path) -> None:
+    """Load the weights ``save_pretrained(folder, merge_lora=False)`` wrote into ``trainer``'s
+    model, exactly: the adapter for a LoRA policy, every tensor otherwise (a tied weight is
+    saved once and restored through the tie)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors file in {folder}")
+    saved: dict[str, Tensor] = {}
+    for file in files:
+        saved |= load_file(file)
+    if trainer.has_adapter:
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(trainer.model, saved)
+        unexpected = list(result.unexpected_keys)
+        if unexpected:
+            raise KeyError(f"{folder}: adapter tensors the policy does not have: {unexpected}")
+        return
+    _load_full_weights(trainer, saved, folder)
+
+
+def _load_full_weights(trainer: Any, saved: Mapping[str, Tensor], folder: Path) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model = trainer.model
+    names = set(model.state_dict())
+    extra = sorted(set(saved) - names)
+    missing = sorted(names - set(saved) - _tied_names(model))
+    if extra or missing:
+        raise KeyError(f"{folder} does not fit the policy: missing {missing}, extra {extra}")
+    if trainer.dp.sharded:
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        set_model_state_dict(model, dict(saved), options=options)
+    else:
+        model.load_state_dict(saved, strict=False)
+
+
+def _tied_names(model: nn.Module) -> set[str]:
+    """Names under which a tensor appears a second time (tied embeddings): saved once."""
+    seen: set[int] = set()
+    tied = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            tied.add(name)
+        seen.add(id(tensor))
+    return tied
+
+
+# ---------------------------------------------------------------------- reference identity
+def fingerprint(tensors: Iterable[tuple[str, Tensor]], dp: Any) -> dict[str, list[float]]:
+    """Per tensor: its numel and the float64 sums of its values and squares, added over ranks."""
+    names, rows = [], []
+    for name, tensor in tensors:
+        local = (tensor.to_local() if isinstance(tensor, DTensor) else tensor).detach().double()
+        names.append(name)
+        rows.append(
+            torch.stack([local.new_tensor(local.numel()), local.sum(), local.square().sum()])
+        )
+    if not rows:
+        return {}
+    stacked = torch.stack(rows)
+    if dp.sharded and dp.device is not None:  # NCCL reduces CUDA tensors
+        stacked = stacked.to(dp.device)
+    total = dp.all_sum(stacked).cpu()
+    return {name: row.tolist() for name, row in zip(names, total, strict=True)}
+
+
+def check_reference(
+    saved: Mapping[str, list[float]], now: Mapping[str, list[float]], where: Path
+) -> None:
+    """Raise if the reference differs from the one the checkpoint was taken with."""
+    if set(saved) != set(now):
+        raise ValueError(
+            f"{where}: the checkpoint was taken with a reference of {len(saved)} tensors, this "
+            f"policy's has {len(now)}: build the policy from the same initial model"
+        )
+    for name, (n, s, q) in saved.items():
+        n2, s2, q2 = now[name]
+        same = n == n2 and math.isclose(s, s2, rel_tol=1e-6, abs_tol=1e-6)
+        if not (same and math.isclose(q, q2, rel_tol=1e-6, abs_tol=1e-6)):
+            raise ValueError(
+                f"{where}: the reference differs from the checkpoint's at {name!r} (sum "
+                f"{s2:.6g} instead of {s:.6g}): a resumed run must keep the initial policy as "
+                f"its reference; build the policy from the same initial model"
+            )
+
+
+# ---------------------------------------------------------------------- helpers
+def _optimizer_state(trainer: Any) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    with _quiet():
+        return get_optimizer_state_dict(trainer.model, trainer.optimizer)
+
+
+def _model_state(trainer: Any) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(trainer.model)
+
+
+def _group(trainer: Any) -> Any:
+    return trainer.dp.group if trainer.dp.sharded else None
+
+
+@contextmanager
+def _quiet():
+    """DCP warns that it runs "in a single process" when torch.distributed is not initialized:
+    that is the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        yield
+
+
+__all__ = [
+    "check_reference",
+    "fingerprint",
+    "load_pretrained_weights",
+    "load_trainer",
+    "save_model",
+    "save_trainer",
+]

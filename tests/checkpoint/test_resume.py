@@ -1,0 +1,109 @@
+"""N steps == k steps + SIGKILL + resume + (N - k) steps, bitwise, for GRPO, PPO and DAPO.
+
+Every run is a real process (`resume_job.py`): the uninterrupted run, a run killed with SIGKILL
+right after a random step k (while it trains step k + 1 or writes its checkpoint), and the
+resumed run. Metrics (timings aside) and final weights must be identical, not close: the resumed
+run restores the weights, the optimizer and scheduler, the data position, the KL controller,
+the resharder version and every random generator, so each floating-point operation repeats.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import rlblocks as rb
+
+JOB = Path(__file__).with_name("resume_job.py")
+STEPS = 6
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def job(recipe: str, out: Path, *flags: str, steps: int = STEPS) -> subprocess.Popen:
+    cmd = [sys.executable, str(JOB), recipe, str(out), str(steps), *flags]
+    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen) -> str:
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err[-3000:]
+    return out
+
+
+def kill_after(process: subprocess.Popen, line: str) -> None:
+    """SIGKILL ``process`` as soon as it prints ``line``."""
+    for got in process.stdout:
+        if got.strip() == line:
+            process.send_signal(signal.SIGKILL)
+            break
+    process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL, process.stderr.read()[-3000:]
+
+
+def result(out: Path) -> dict:
+    return torch.load(out / "result.pt", weights_only=False)
+
+
+def untimed(history: list[dict]) -> list[dict]:
+    """The metrics without the wall-clock ones (``time/*``, ``*seconds*``, throughput)."""
+    timing = re.compile(r"^time/|seconds|per_second")
+    return [{k: v for k, v in h.items() if not timing.search(k)} for h in history]
+
+
+def assert_identical(a: dict, b: dict) -> None:
+    ha, hb = untimed(a["history"]), untimed(b["history"])
+    assert len(ha) == len(hb) == STEPS
+    for step, (x, y) in enumerate(zip(ha, hb, strict=True)):
+        assert x.keys() == y.keys(), step
+        for key in x:
+            same = x[key] == y[key] or (math.isnan(x[key]) and math.isnan(y[key]))
+            assert same, (step, key, x[key], y[key])
+    for part in ("policy", "critic"):
+        if part in a:
+            for name, tensor in a[part].items():
+                assert torch.equal(tensor, b[part][name]), (part, name)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The N-step run of each recipe, started together (each is one process)."""
+    root = tmp_path_factory.mktemp("full")
+    runs = {r: job(r, root / r) for r in ("grpo", "ppo", "dapo")}
+    return {r: (finish(p), result(root / r))[1] for r, p in runs.items()}
+
+
+@pytest.mark.parametrize("recipe", ["grpo", "ppo", "dapo"])
+def test_killed_and_resumed_run_equals_the_uninterrupted_one(recipe, tmp_path, uninterrupted):
+    # Killed once step k is done (k >= 1: the checkpoint of step k - 1 exists by then), while it
+    # writes the checkpoint of step k or trains step k + 1.
+    k = random.randrange(1, STEPS - 1)
+    killed = job(recipe, tmp_path)
+    kill_after(killed, f"STEP {k}")
+    saved = rb.checkpoint.Checkpointer(tmp_path / "checkpoints").steps()
+    assert saved and saved[-1] < STEPS, (k, saved)  # it died before the end, with a checkpoint
+    finish(job(recipe, tmp_path, "--resume"))
+    assert_identical(result(tmp_path), uninterrupted[recipe])
+
+
+def test_resume_without_a_checkpoint_is_refused_and_a_used_folder_too(tmp_path):
+    process = job("grpo", tmp_path, "--resume", steps=2)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode != 0 and "holds no complete checkpoint" in err
+    finish(job("grpo", tmp_path, steps=2))
+    process = job("grpo", tmp_path, steps=2)  # the same folder, without --resume
+    _, err = process.communicate(timeout=300)
+    assert process.returncode != 0 and "already holds checkpoints" in err
