@@ -158,7 +158,7 @@ class Checkpointer:
             meta = {"step": step, "saved_at": time.time(), "blocks": kinds, "config": config}
             (partial / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
             publish(partial, final)
-        except (OSError, RuntimeError) as err:
+        except Exception as err:  # a full disk may surface as OSError, SafetensorError, ...
             _remove(partial)
             raise CheckpointError(
                 f"could not write the checkpoint of step {step} into {final}: {err} (the "

@@ -9,7 +9,7 @@ epoch boundaries). The tiny model, the toy "Count: i" task, checkpoints in OUT/c
 Prints ``STEP i`` after each step; at the end writes OUT/result.pt: the history and the final
 weights of the policy (and critic).
 
-``--fsize-limit``: after the first checkpoint, limit the size of any file this process writes
+``--fsize-limit``: after the checkpoint of step 1, limit the size of any file this process writes
 (RLIMIT_FSIZE), with SIGXFSZ ignored so that a write past it fails with EFBIG as a full disk
 would. ``--hang-in-save STEP``: a block that prints ``SAVING`` and sleeps while the checkpoint
 of STEP is being written (for a kill in the middle of a save).
@@ -70,7 +70,7 @@ def main() -> None:
 
     def on_step(index, metrics, rollouts) -> None:
         print(f"STEP {index}", flush=True)
-        if args.fsize_limit and index == 0:
+        if args.fsize_limit and index == 1:  # after the checkpoint of step 1, before step 2
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (args.fsize_limit, args.fsize_limit))
 

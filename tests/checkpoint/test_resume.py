@@ -107,3 +107,29 @@ def test_resume_without_a_checkpoint_is_refused_and_a_used_folder_too(tmp_path):
     process = job("grpo", tmp_path, steps=2)  # the same folder, without --resume
     _, err = process.communicate(timeout=300)
     assert process.returncode != 0 and "already holds checkpoints" in err
+
+
+def test_a_kill_during_a_save_leaves_the_previous_checkpoint_selected(tmp_path, uninterrupted):
+    process = job("dapo", tmp_path, "--hang-in-save", "3")  # the 3rd save hangs half-written
+    kill_after(process, "SAVING")
+    root = tmp_path / "checkpoints"
+    assert (root / ".partial-step-00000003" / "policy" / "model").is_dir()  # written in part
+    assert rb.checkpoint.Checkpointer(root).steps() == [1, 2]
+    finish(job("dapo", tmp_path, "--resume"))  # resumes from 2, sweeps the partial folder
+    assert not (root / ".partial-step-00000003").exists()
+    assert_identical(result(tmp_path), uninterrupted["dapo"])
+
+
+def test_a_save_that_runs_out_of_space_fails_loudly_and_loses_nothing(tmp_path, uninterrupted):
+    # 200 kB: the files of a checkpoint of the tiny model include a 398 kB model.safetensors,
+    # so the save of step 2 fails in the middle, as on a full disk (EFBIG instead of ENOSPC).
+    process = job("ppo", tmp_path, "--fsize-limit", str(200_000))
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 1
+    assert "CheckpointError: could not write the checkpoint of step 2" in err, err[-2000:]
+    assert "File too large" in err and "untouched: [1]" in err
+    root = tmp_path / "checkpoints"
+    assert rb.checkpoint.Checkpointer(root).steps() == [1]
+    assert [p.name for p in root.iterdir()] == ["step-00000001"]  # no partial folder left
+    finish(job("ppo", tmp_path, "--resume"))
+    assert_identical(result(tmp_path), uninterrupted["ppo"])

@@ -1,0 +1,147 @@
+"""The checkpoint block's parts: folders, pruning, what resume accepts, the data position, the
+run configuration, the reference's identity."""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import rlblocks as rb
+from rlblocks.checkpoint import Checkpointer, CheckpointError
+from rlblocks.checkpoint.folders import to_prune
+from rlblocks.data import PromptBatches, load_prompts
+from rlblocks.recipes.run import Drawn, describe, run_config
+
+
+class Counter:
+    """A `Stateful` block."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n = state["n"]
+
+
+def test_pruning_keeps_the_newest_and_every_kth():
+    assert to_prune(range(1, 11), keep_last=2, keep_every=None) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert to_prune(range(1, 11), keep_last=2, keep_every=4) == [1, 2, 3, 5, 6, 7]
+    assert to_prune(range(1, 11), keep_last=None, keep_every=None) == []
+
+
+def test_save_load_prune_and_the_random_state(tmp_path):
+    ckpt = Checkpointer(tmp_path, keep_last=2, keep_every=3)
+    counter = Counter()
+    for step in range(1, 7):
+        counter.n = 10 * step
+        ckpt.save(step, {"counter": counter}, history=[{"step": s} for s in range(step)])
+    assert ckpt.steps() == [3, 5, 6] and ckpt.latest() == 6
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    ckpt.save(7, {"counter": counter}, config={"lr": 0.1})
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    random.seed(2), np.random.seed(2), torch.manual_seed(2)  # moved away, then restored
+    fresh = Counter()
+    restored = ckpt.load({"counter": fresh})
+    assert (restored.step, restored.config, fresh.n) == (7, {"lr": 0.1}, 60)
+    assert (random.random(), np.random.rand(), torch.rand(1)) == expected
+    assert ckpt.steps() == [3, 6, 7]  # 5 pruned once 7 is complete
+    assert ckpt.load({"counter": fresh}, step=3).history == [{"step": s} for s in range(3)]
+
+
+def test_only_marked_folders_count_and_leftovers_are_swept(tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(1, {"counter": Counter()})
+    (tmp_path / "step-00000002").mkdir()  # renamed, killed before its marker
+    (tmp_path / ".partial-step-00000003").mkdir()  # killed while writing
+    assert ckpt.steps() == [1]
+    ckpt.save(4, {"counter": Counter()})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001", "step-00000004"]
+
+
+def test_what_resume_accepts(tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    assert ckpt.resume_step(False) is None and ckpt.resume_step("auto") is None
+    with pytest.raises(FileNotFoundError, match="holds no complete checkpoint"):
+        ckpt.resume_step(True)
+    ckpt.save(3, {"counter": Counter()})
+    with pytest.raises(FileExistsError, match=r"after step 3\): pass resume=True"):
+        ckpt.resume_step(False)
+    assert ckpt.resume_step(True) == ckpt.resume_step("auto") == 3
+    with pytest.raises(CheckpointError, match=r"holds the blocks \['counter'\]"):
+        ckpt.load({"other": Counter()})
+
+
+def test_a_block_that_cannot_be_saved_is_named(tmp_path):
+    with pytest.raises(CheckpointError, match="block 'engine' \\(object\\) has neither"):
+        Checkpointer(tmp_path).save(1, {"engine": object()})
+    assert not any(tmp_path.iterdir())  # the partial folder is gone
+
+
+def _rows(n: int):
+    return load_prompts([{"prompt": f"p{i}", "ground_truth": "0"} for i in range(n)])
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+def test_drawn_resumes_at_the_next_batch(stateful):
+    def source():
+        batches = PromptBatches(_rows(10), prompts_per_step=3, seed=0, epochs=4)  # 12 batches
+        return batches if stateful else list(batches)
+
+    whole = [b.prompts for b in Drawn(source())]
+    drawn = Drawn(source())
+    first = [next(drawn).prompts for _ in range(5)]  # crosses the end of epoch 0 (3 batches)
+    resumed = Drawn(source())
+    resumed.load_state_dict(drawn.state_dict())
+    rest = [batch.prompts for batch in resumed]
+    assert len(whole) == 12 and first + rest == whole
+
+
+def test_drawn_refuses_a_shorter_source():
+    drawn = Drawn([1, 2])
+    with pytest.raises(ValueError, match="had drawn 3 batches, this source holds only 2"):
+        drawn.load_state_dict({"drawn": 3, "source": None})
+
+
+def test_run_config_is_plain_json_without_addresses():
+    loss = functools.partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))
+    config = run_config(
+        "grpo",
+        {
+            "steps": 3,
+            "sampling": rb.SamplingParams(max_new_tokens=8),
+            "loss_fn": loss,
+            "advantage": rb.advantage.grpo,
+            "on_step": print,
+            "engine": object(),
+        },
+    )
+    assert config["loss_fn"] == "rlblocks.losses.ppo.clipped_surrogate(clip=[0.2, 0.28])"
+    assert config["sampling"]["max_new_tokens"] == 8 and config["engine"] == "object"
+    assert "on_step" not in config and config["recipe"] == "grpo"
+    assert describe(lambda x: x) == "function"
+
+
+def test_a_changed_configuration_is_named_on_resume():
+    with pytest.warns(UserWarning, match=r"lr: 0\.1 -> 0\.2"):
+        rb.checkpoint.warn_if_config_differs({"lr": 0.1, "steps": 5}, {"lr": 0.2, "steps": 9})
+
+
+def test_the_reference_must_be_the_initial_policy(tmp_path):
+    model, tokenizer = rb.models.tiny(seed=0)
+    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, reference="copy")
+    policy.save_checkpoint(tmp_path)
+    trained, _ = rb.models.tiny(seed=0)
+    with torch.no_grad():
+        trained.model.norm.weight.add_(0.01)  # e.g. a reference built from a checkpoint
+    other = rb.trainer.PolicyTrainer(trained, tokenizer=tokenizer, reference="copy")
+    with pytest.raises(ValueError, match="must keep the initial policy as its reference"):
+        other.load_checkpoint(tmp_path)
+    same = rb.trainer.PolicyTrainer(rb.models.tiny(seed=0)[0], reference="copy")
+    same.load_checkpoint(tmp_path)  # the same initial model: accepted
