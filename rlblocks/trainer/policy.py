@@ -61,6 +61,7 @@ from rlblocks.losses.inputs import LossInputs, loss_inputs
 from rlblocks.losses.mismatch import mismatch_metrics, mismatch_sums
 from rlblocks.masked import masked_mean
 from rlblocks.rollouts import Rollouts
+from rlblocks.trainer import export
 from rlblocks.trainer.batches import micro_batch_pairs, pad_columns, token_advantages
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.forward import score_responses
@@ -375,6 +376,21 @@ class PolicyTrainer:
         if not self.has_adapter:
             raise ValueError("PolicyTrainer.save_adapter: the policy has no LoRA adapter")
         self.model.save_pretrained(folder)
+
+    @dispatch(Dispatch.ALL)
+    def save_pretrained(
+        self, folder: str | Path, *, merge_lora: bool = True, **options: Any
+    ) -> Path:
+        """Export a Hugging Face folder (``rlblocks.trainer.export.save_pretrained``): full model
+        (LoRA merged), or peft's adapter with ``merge_lora=False``; tokenizer and generation
+        config too. Every data-parallel rank must call; rank 0 writes, atomically."""
+        return export.save_pretrained(self, folder, merge_lora=merge_lora, **options)
+
+    @dispatch(Dispatch.ALL)
+    def push_to_hub(self, repo_id: str, **options: Any) -> str | None:
+        """``save_pretrained`` into a temporary folder, uploaded to the Hugging Face hub by rank 0
+        (``rlblocks.trainer.export.push_to_hub``); the commit URL on rank 0, else None."""
+        return export.push_to_hub(self, repo_id, **options)
 
     def state_dict(self) -> dict[str, Any]:
         """Trainable parameters, optimizer, scheduler, counters and RNG state (references, not
