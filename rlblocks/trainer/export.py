@@ -57,6 +57,8 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
+    from huggingface_hub import CommitInfo
+
     from rlblocks.trainer.policy import PolicyTrainer
 
 DEFAULT_COMMIT_MESSAGE = "Upload a policy trained with rlblocks"
@@ -105,13 +107,14 @@ def push_to_hub(
     merge_lora: bool = True,
     base_model: str | None = None,
     max_shard_size: int | str = "5GB",
-) -> str | None:
+) -> CommitInfo | None:
     """:func:`save_pretrained` into a temporary folder, then upload it to the Hugging Face hub.
 
     ``HfApi(token=token).create_repo(repo_id, private=private, exist_ok=True)`` and
     ``upload_folder`` (one commit with ``commit_message``, on ``revision``: default the main
     branch). ``token`` None: the one ``huggingface-cli login`` stored or ``HF_TOKEN``. Returns
-    the commit's URL on rank 0 and None on the other ranks, which only join the gathering.
+    huggingface_hub's ``CommitInfo`` (a ``str``: the commit's URL; ``.oid`` its hash) on rank 0
+    and None on the other ranks, which only join the gathering.
     With ``HF_HUB_OFFLINE=1`` huggingface_hub raises ``OfflineModeIsEnabled`` once the folder
     is written; the temporary folder is removed in every case.
     """
@@ -129,14 +132,13 @@ def push_to_hub(
 
         api = HfApi(token=token)
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        info = api.upload_folder(
+        return api.upload_folder(
             repo_id=repo_id,
             folder_path=folder,
             commit_message=commit_message,
             revision=revision,
             repo_type="model",
         )
-        return str(info.commit_url)  # a plain str: CommitInfo itself does not pickle (Ray)
 
 
 # ---------------------------------------------------------------------- the full model

@@ -387,10 +387,27 @@ class PolicyTrainer:
         return export.save_pretrained(self, folder, merge_lora=merge_lora, **options)
 
     @dispatch(Dispatch.ALL)
-    def push_to_hub(self, repo_id: str, **options: Any) -> str | None:
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        private: bool | None = None,
+        token: str | None = None,
+        commit_message: str = export.DEFAULT_COMMIT_MESSAGE,
+        merge_lora: bool = True,
+        **options: Any,
+    ) -> Any:
         """``save_pretrained`` into a temporary folder, uploaded to the Hugging Face hub by rank 0
-        (``rlblocks.trainer.export.push_to_hub``); the commit URL on rank 0, else None."""
-        return export.push_to_hub(self, repo_id, **options)
+        (``rlblocks.trainer.export.push_to_hub``): its ``CommitInfo`` on rank 0, else None."""
+        return export.push_to_hub(
+            self,
+            repo_id,
+            private=private,
+            token=token,
+            commit_message=commit_message,
+            merge_lora=merge_lora,
+            **options,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Trainable parameters, optimizer, scheduler, counters and RNG state (references, not

@@ -144,12 +144,15 @@ def test_a_lora_adapter_sync_samples_like_the_merged_model():
     assert torch.equal(again.response_ids, fresh.response_ids)
 
 
-def test_an_exported_policy_serves_with_the_trainers_log_probs(engine, policy, tmp_path):
+def test_an_exported_policy_serves_with_the_trainers_log_probs(policy, tmp_path):
     # PolicyTrainer.save_pretrained writes a folder vLLM loads as it is (config.json with
     # architectures, tied head written once, tokenizer, generation_config.json). The trained
-    # weights, not the initial ones, must be what the new engine samples with.
+    # weights, not the initial ones, must be what the new engine samples with. (The module's
+    # engine is not used: the LoRA test's engine, once collected, tears down vLLM's
+    # process-wide parallel state that engine relies on.)
     sampling = rb.SamplingParams(max_new_tokens=8, seed=5)
-    ro = engine.generate(PROMPTS, n=2, sampling=sampling)
+    hf = rb.rollout.HFEngine(policy.model, policy.tokenizer, progress=False)
+    ro = hf.generate(PROMPTS, n=2, sampling=sampling)
     policy.step(ro, torch.linspace(-1, 1, ro.batch_size), loss_fn=rb.losses.clipped_surrogate)
     exported = VLLMEngine(
         policy.save_pretrained(tmp_path / "policy"), max_model_len=256, enforce_eager=True

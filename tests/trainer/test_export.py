@@ -240,7 +240,7 @@ def test_push_to_hub_uploads_the_exported_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
     trainer = tiny_trainer()
     url = trainer.push_to_hub("org/policy", private=True, commit_message="step 10")
-    assert url == "https://huggingface.co/org/policy/commit/abc" and type(url) is str
+    assert url == "https://huggingface.co/org/policy/commit/abc" and url.oid == "abc"
     (_, repo, create), (_, uploaded, upload) = calls
     assert repo == "org/policy" and create["private"] is True and create["exist_ok"] is True
     assert upload["repo_id"] == "org/policy" and upload["commit_message"] == "step 10"
