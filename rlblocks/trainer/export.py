@@ -51,7 +51,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -59,14 +59,25 @@ from torch import Tensor, nn
 if TYPE_CHECKING:
     from huggingface_hub import CommitInfo
 
-    from rlblocks.trainer.policy import PolicyTrainer
+    from rlblocks.trainer.parallel import DataParallel, SingleProcess
 
 DEFAULT_COMMIT_MESSAGE = "Upload a policy trained with rlblocks"
 EXPORT_MARKERS = ("config.json", "adapter_config.json")  # an existing export may be replaced
 
 
+class Exportable(Protocol):
+    """What export needs of a trainer (``PolicyTrainer`` has it all)."""
+
+    model: nn.Module  # a Hugging Face causal LM, peft-wrapped when has_adapter
+    tokenizer: Any  # saved with the weights when not None
+    has_adapter: bool
+    dp: SingleProcess | DataParallel  # its rank: 0 writes
+
+    def named_weights(self) -> Iterator[tuple[str, Tensor]]: ...
+
+
 def save_pretrained(
-    trainer: PolicyTrainer,
+    trainer: Exportable,
     folder: str | Path,
     *,
     merge_lora: bool = True,
@@ -97,7 +108,7 @@ def save_pretrained(
 
 
 def push_to_hub(
-    trainer: PolicyTrainer,
+    trainer: Exportable,
     repo_id: str,
     *,
     private: bool | None = None,
@@ -142,7 +153,7 @@ def push_to_hub(
 
 
 # ---------------------------------------------------------------------- the full model
-def _gathered_weights(trainer: PolicyTrainer, *, keep: bool) -> dict[str, Tensor]:
+def _gathered_weights(trainer: Exportable, *, keep: bool) -> dict[str, Tensor]:
     """``named_weights()`` on the CPU, each tied parameter under its first name only; every
     rank iterates (a sharded trainer all-gathers), only ``keep`` holds on to them (rank 0)."""
     tied = _tied_names(hf_model(trainer)) if keep else {}
@@ -189,7 +200,7 @@ def _owning(tensor: Tensor) -> Tensor:
 
 
 def _write_full(
-    trainer: PolicyTrainer, folder: Path, weights: dict[str, Tensor], max_shard_size: int | str
+    trainer: Exportable, folder: Path, weights: dict[str, Tensor], max_shard_size: int | str
 ) -> None:
     from huggingface_hub import save_torch_state_dict
 
@@ -202,7 +213,7 @@ def _write_full(
     _write_generation_and_tokenizer(trainer, folder)
 
 
-def hf_model(trainer: PolicyTrainer) -> nn.Module:
+def hf_model(trainer: Exportable) -> nn.Module:
     """The Hugging Face model under the trainer's wrappers (peft's, not FSDP's)."""
     return trainer.model.get_base_model() if trainer.has_adapter else trainer.model
 
@@ -224,7 +235,7 @@ def _main_dtype(weights: dict[str, Tensor]) -> torch.dtype:
     return max(sizes, key=sizes.__getitem__) if sizes else torch.float32
 
 
-def _write_generation_and_tokenizer(trainer: PolicyTrainer, folder: Path) -> None:
+def _write_generation_and_tokenizer(trainer: Exportable, folder: Path) -> None:
     generation_config(hf_model(trainer), trainer.tokenizer).save_pretrained(folder)
     if trainer.tokenizer is not None:
         trainer.tokenizer.save_pretrained(folder)
@@ -253,7 +264,7 @@ def generation_config(model: nn.Module, tokenizer: Any = None) -> Any:
 
 
 # ---------------------------------------------------------------------- the LoRA adapter
-def _write_adapter(trainer: PolicyTrainer, folder: Path, base_model: str | None) -> None:
+def _write_adapter(trainer: Exportable, folder: Path, base_model: str | None) -> None:
     """peft's adapter files, ``base_model_name_or_path`` set to ``base_model`` if given (in the
     file written: the trainer's peft config is left alone), the generation config, tokenizer."""
     trainer.model.save_pretrained(folder)

@@ -61,9 +61,9 @@ from rlblocks.losses.inputs import LossInputs, loss_inputs
 from rlblocks.losses.mismatch import mismatch_metrics, mismatch_sums
 from rlblocks.masked import masked_mean
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer import export
 from rlblocks.trainer.batches import micro_batch_pairs, pad_columns, token_advantages
 from rlblocks.trainer.config import TrainConfig
+from rlblocks.trainer.export import DEFAULT_COMMIT_MESSAGE, push_to_hub, save_pretrained
 from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.fsdp import full_state, gathered, load_full_state, shard_modules
 from rlblocks.trainer.lora import is_peft_model, merged_weights, wrap_lora
@@ -384,7 +384,7 @@ class PolicyTrainer:
         """Export a Hugging Face folder (``rlblocks.trainer.export.save_pretrained``): full model
         (LoRA merged), or peft's adapter with ``merge_lora=False``; tokenizer and generation
         config too. Every data-parallel rank must call; rank 0 writes, atomically."""
-        return export.save_pretrained(self, folder, merge_lora=merge_lora, **options)
+        return save_pretrained(self, folder, merge_lora=merge_lora, **options)
 
     @dispatch(Dispatch.ALL)
     def push_to_hub(
@@ -393,13 +393,13 @@ class PolicyTrainer:
         *,
         private: bool | None = None,
         token: str | None = None,
-        commit_message: str = export.DEFAULT_COMMIT_MESSAGE,
+        commit_message: str = DEFAULT_COMMIT_MESSAGE,
         merge_lora: bool = True,
         **options: Any,
     ) -> Any:
         """``save_pretrained`` into a temporary folder, uploaded to the Hugging Face hub by rank 0
         (``rlblocks.trainer.export.push_to_hub``): its ``CommitInfo`` on rank 0, else None."""
-        return export.push_to_hub(
+        return push_to_hub(
             self,
             repo_id,
             private=private,
