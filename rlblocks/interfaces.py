@@ -326,6 +326,13 @@ class PolicyTrainer(Stateful, Protocol):
         ``folder``; trainers with ``has_adapter`` False raise."""
         ...
 
+    def save_pretrained(self, folder: str | Path, *, merge_lora: bool = True) -> Path:
+        """Export the policy as a Hugging Face folder (weights, config, tokenizer, generation
+        config) that transformers and vLLM load; with LoRA, ``merge_lora=False`` writes the
+        adapter (peft's layout) instead of the merged model. Every data-parallel rank calls;
+        rank 0 writes."""
+        ...
+
 
 @runtime_checkable
 class Critic(Stateful, Protocol):

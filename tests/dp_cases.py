@@ -179,7 +179,36 @@ def bf16_world_one_cuda(rank: int) -> dict:
     return {"metrics": metrics, "weights": {k: v.cpu() for k, v in trainer.named_weights()}}
 
 
+def export_sharded(rank: int) -> dict:
+    """``save_pretrained`` on every rank of an FSDP2 pair, each with a folder of its own under
+    ``$RLBLOCKS_EXPORT_DIR`` (only rank 0's may appear): before a step, then after one."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    base = Path(os.environ["RLBLOCKS_EXPORT_DIR"])
+    trainer = sharded(dtype=torch.float32)
+    trainer.tokenizer = rb.models.tiny_tokenizer()
+    initial = dict(trainer.named_weights())  # gathered: whole tensors on every rank
+    initial = {k: v.clone() for k, v in initial.items()}
+    trainer.save_pretrained(base / f"initial-{rank}")
+    ro, advantages = make_batch()
+    step_locally(trainer, UNEVEN, ro, advantages, rank)
+    weights = {k: v.clone() for k, v in trainer.named_weights()}
+    returned = trainer.save_pretrained(base / f"trained-{rank}")
+    if rank != 0:
+        return {}
+    saved = load_file(returned / "model.safetensors")
+    return {
+        "returned": str(returned),
+        "trained_exact": set(saved) == set(weights) - {"lm_head.weight"}
+        and all(torch.equal(saved[k], weights[k]) for k in saved),
+        "trained_differs": any(not torch.equal(saved[k], initial[k]) for k in saved),
+    }
+
+
 CASES = {
+    "export_sharded": export_sharded,
     "fsdp_world_one": fsdp_world_one,
     "fsdp_world_one_cuda": fsdp_world_one_cuda,
     "bf16_world_one_cuda": bf16_world_one_cuda,

@@ -100,13 +100,6 @@ def load_trainer(
 
 
 # ---------------------------------------------------------------------- the policy's weights
-def save_model(trainer: Any, folder: str | Path) -> None:
-    """The policy in the Hugging Face format, LoRA as its adapter (interim: unsharded only)."""
-    if trainer.dp.sharded:
-        raise NotImplementedError("saving a sharded policy's model is not wired yet")
-    trainer.model.save_pretrained(folder)
-
-
 def load_pretrained_weights(trainer: Any, folder: str | Path) -> None:
     """Load the weights ``save_pretrained(folder, merge_lora=False)`` wrote into ``trainer``'s
     model, exactly: the adapter for a LoRA policy, every tensor otherwise (a tied weight is
@@ -229,6 +222,5 @@ __all__ = [
     "fingerprint",
     "load_pretrained_weights",
     "load_trainer",
-    "save_model",
     "save_trainer",
 ]

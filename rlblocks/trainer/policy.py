@@ -62,13 +62,9 @@ from rlblocks.losses.mismatch import mismatch_metrics, mismatch_sums
 from rlblocks.masked import masked_mean
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.batches import micro_batch_pairs, pad_columns, token_advantages
-from rlblocks.trainer.checkpoint import (
-    load_pretrained_weights,
-    load_trainer,
-    save_model,
-    save_trainer,
-)
+from rlblocks.trainer.checkpoint import load_pretrained_weights, load_trainer, save_trainer
 from rlblocks.trainer.config import TrainConfig
+from rlblocks.trainer.export import DEFAULT_COMMIT_MESSAGE, push_to_hub, save_pretrained
 from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.fsdp import full_state, gathered, load_full_state, shard_modules
 from rlblocks.trainer.lora import is_peft_model, merged_weights, wrap_lora
@@ -382,12 +378,44 @@ class PolicyTrainer:
             raise ValueError("PolicyTrainer.save_adapter: the policy has no LoRA adapter")
         self.model.save_pretrained(folder)
 
+    @dispatch(Dispatch.ALL)
+    def save_pretrained(
+        self, folder: str | Path, *, merge_lora: bool = True, **options: Any
+    ) -> Path:
+        """Export a Hugging Face folder (``rlblocks.trainer.export.save_pretrained``): full model
+        (LoRA merged), or peft's adapter with ``merge_lora=False``; tokenizer and generation
+        config too. Every data-parallel rank must call; rank 0 writes, atomically."""
+        return save_pretrained(self, folder, merge_lora=merge_lora, **options)
+
+    @dispatch(Dispatch.ALL)
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        private: bool | None = None,
+        token: str | None = None,
+        commit_message: str = DEFAULT_COMMIT_MESSAGE,
+        merge_lora: bool = True,
+        **options: Any,
+    ) -> Any:
+        """``save_pretrained`` into a temporary folder, uploaded to the Hugging Face hub by rank 0
+        (``rlblocks.trainer.export.push_to_hub``): its ``CommitInfo`` on rank 0, else None."""
+        return push_to_hub(
+            self,
+            repo_id,
+            private=private,
+            token=token,
+            commit_message=commit_message,
+            merge_lora=merge_lora,
+            **options,
+        )
+
     def save_checkpoint(self, folder: str | Path) -> None:
         """This trainer's part of a run checkpoint (``rb.checkpoint``): the model in the Hugging
         Face format in ``folder/model``, the optimizer sharded, scheduler, counters, random
         state and the reference's fingerprint (`rlblocks.trainer.checkpoint`). Every rank of a
         sharded trainer calls it with the same folder."""
-        save_model(self, Path(folder) / "model")
+        self.save_pretrained(Path(folder) / "model", merge_lora=False)
         save_trainer(self, folder, model_state=False, frozen=self._reference_tensors())
 
     def load_checkpoint(self, folder: str | Path) -> None:

@@ -196,3 +196,18 @@ def test_a_missing_attribute_is_an_attribute_error_as_in_one_process(ray_blocks)
     with pytest.raises(AttributeError, match="HFEngine"):
         engine.no_such_thing  # noqa: B018
     assert policy.config.lr > 0  # plain attributes still come from rank 0
+
+
+def test_save_pretrained_through_the_handle_writes_the_gathered_weights(ray_blocks, tmp_path):
+    # Dispatch.ALL: both workers call (the weights are all-gathered), rank 0 alone writes, and
+    # the folder holds the full weights of the group, those its state_dict gathers too.
+    from safetensors.torch import load_file
+
+    ray_policy, _ = ray_blocks
+    folder = ray_policy.save_pretrained(tmp_path / "policy")
+    assert folder == tmp_path / "policy"
+    saved = load_file(folder / "model.safetensors")
+    full = ray_policy.state_dict()["model"]
+    assert "model.embed_tokens.weight" in saved and "lm_head.weight" not in saved  # tied
+    assert saved.keys() <= full.keys() and len(saved) == 26
+    assert all(torch.equal(saved[k], full[k]) for k in saved)

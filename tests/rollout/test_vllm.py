@@ -144,6 +144,29 @@ def test_a_lora_adapter_sync_samples_like_the_merged_model():
     assert torch.equal(again.response_ids, fresh.response_ids)
 
 
+def test_an_exported_policy_serves_with_the_trainers_log_probs(policy, tmp_path):
+    # PolicyTrainer.save_pretrained writes a folder vLLM loads as it is (config.json with
+    # architectures, tied head written once, tokenizer, generation_config.json). The trained
+    # weights, not the initial ones, must be what the new engine samples with. (The module's
+    # engine is not used: the LoRA test's engine, once collected, tears down vLLM's
+    # process-wide parallel state that engine relies on.)
+    sampling = rb.SamplingParams(max_new_tokens=8, seed=5)
+    hf = rb.rollout.HFEngine(policy.model, policy.tokenizer, progress=False)
+    ro = hf.generate(PROMPTS, n=2, sampling=sampling)
+    policy.step(ro, torch.linspace(-1, 1, ro.batch_size), loss_fn=rb.losses.clipped_surrogate)
+    exported = VLLMEngine(
+        policy.save_pretrained(tmp_path / "policy"), max_model_len=256, enforce_eager=True
+    )
+    fresh = exported.generate(PROMPTS, n=2, sampling=sampling)
+    assert torch.equal(fresh.prompt_ids, ro.prompt_ids)  # the exported tokenizer and template
+    gap = (fresh.rollout_logprobs - policy.logprobs(fresh))[fresh.response_mask].abs().max()
+    assert gap < 1e-4  # float32 on both sides, as in the tests above
+    initial = rb.trainer.PolicyTrainer(rb.models.load("tiny")[0], reference=None)
+    assert (fresh.rollout_logprobs - initial.logprobs(fresh))[
+        fresh.response_mask
+    ].abs().max() > 1e-2
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("layout", ["colocated", "split"])
 def test_vllm_engines_in_ray_workers_follow_the_sharded_trainer(layout):
