@@ -18,7 +18,7 @@ leaves MLflow's process-wide state alone.
 The experiment is named after the tracker's ``project``, the run after its ``run_name``.
 **Resume** (``resume_step=k``): MLflow cannot delete logged metric values, so reopening the run
 would keep two values for each step from k on; a new run ``<run_name>-resume<k>`` is started
-in the same experiment, with the tag ``rlblocks.resume_step = k``.
+in the same experiment, with the tag ``resume_step = k``.
 
 Browse with ``mlflow ui --backend-store-uri sqlite:///<folder>/mlflow/mlflow.db`` (the UI comes
 with the full ``mlflow`` package).
@@ -68,7 +68,7 @@ class MLflow:
             experiment_id = experiment.experiment_id
         name, tags = self.run_name, {}
         if resume_step is not None:
-            name, tags = f"{name}-resume{resume_step}", {"rlblocks.resume_step": str(resume_step)}
+            name, tags = f"{name}-resume{resume_step}", {"resume_step": str(resume_step)}
         self.run_id = self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
         params = [Param(k, str(v)[:PARAM_CHARS]) for k, v in flatten(config).items()]
         self.client.log_batch(self.run_id, params=params)

@@ -66,7 +66,7 @@ def test_resume_starts_a_new_run_tagged_with_the_step(tmp_path):
     by_name = runs(client)
     assert sorted(by_name) == ["run", "run-resume2"]
     resumed = by_name["run-resume2"]
-    assert resumed.data.tags["rlblocks.resume_step"] == "2"
+    assert resumed.data.tags["resume_step"] == "2"
     assert sorted(metric_steps(client, resumed.info.run_id)) == [2, 3]
     assert metric_steps(client, resumed.info.run_id) == {
         s: r for s, r in scalar_steps(tmp_path).items() if s >= 2

@@ -107,3 +107,11 @@ def test_a_missing_backend_says_what_to_install(tmp_path, monkeypatch, name):
         Tracker(tmp_path, report_to=name)
     names = [b.name for b in Tracker(tmp_path, report_to="all").backends]
     assert name not in names  # "all" means every installed backend
+
+
+def test_plot_reads_the_tracked_jsonl(tmp_path):
+    import rlblocks as rb
+
+    log_script(tmp_path, "none")
+    rb.plot(tmp_path / "metrics.jsonl", tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
