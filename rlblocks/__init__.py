@@ -8,8 +8,10 @@ Subpackages: ``advantage`` (estimators), ``losses`` (per-token losses and ``aggr
 ``rewards`` (rule-based rewards), ``placement`` (where blocks run), ``models`` (loading, the
 tiny and built-in models), ``rollout`` (engines), ``trainer`` (``PolicyTrainer``), ``critic`` (value model), ``resharder``,
 ``data`` (prompt datasets, the built-in arithmetic task), ``recipes`` (GRPO...), ``checkpoint``
-(whole-run checkpoints and resume), ``runlog``
-(metrics JSONL), ``notebook`` (the live ``Dashboard``); ``rb.plot`` draws a run's curves. ``interfaces`` holds the block contracts, ``Rollouts`` the batch type.
+(whole-run checkpoints and resume), ``runlog`` (metrics JSONL), ``tracking`` (the ``Tracker``:
+metrics JSONL plus TensorBoard, W&B, MLflow, trackio), ``notebook`` (the live ``Dashboard``);
+``rb.plot`` draws a run's curves. ``interfaces`` holds the block contracts, ``Rollouts`` the
+batch type.
 
 The subpackages that pull in transformers or datasets are imported on first use, so that
 ``import rlblocks`` stays fast.
@@ -34,6 +36,7 @@ _LAZY = (
     "resharder",
     "rollout",
     "runlog",
+    "tracking",
     "trainer",
 )
 
@@ -57,6 +60,7 @@ __all__ = [
     "rewards",
     "rollout",
     "runlog",
+    "tracking",
     "trainer",
 ]
 

