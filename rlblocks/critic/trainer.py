@@ -217,12 +217,14 @@ class CriticTrainer:
         return loss, metrics
 
     # ------------------------------------------------------------------ state
+    @dispatch(Dispatch.ALL)
     def save_checkpoint(self, folder: str | Path) -> None:
         """This critic's part of a run checkpoint (``rb.checkpoint``): value model and
         optimizer sharded, scheduler, counters, random state (`rlblocks.trainer.checkpoint`).
         Every rank of a sharded critic calls it with the same folder."""
         save_trainer(self, folder, model_state=True, frozen=())
 
+    @dispatch(Dispatch.ALL)
     def load_checkpoint(self, folder: str | Path) -> None:
         """Restore what :meth:`save_checkpoint` wrote, onto any number of ranks."""
         load_trainer(self, folder, model_state=True, frozen=())

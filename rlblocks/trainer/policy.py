@@ -410,17 +410,17 @@ class PolicyTrainer:
             **options,
         )
 
+    @dispatch(Dispatch.ALL)
     def save_checkpoint(self, folder: str | Path) -> None:
-        """This trainer's part of a run checkpoint (``rb.checkpoint``): the model in the Hugging
-        Face format in ``folder/model``, the optimizer sharded, scheduler, counters, random
-        state and the reference's fingerprint (`rlblocks.trainer.checkpoint`). Every rank of a
-        sharded trainer calls it with the same folder."""
+        """This trainer's part of a run checkpoint (`rlblocks.trainer.checkpoint`): the model in
+        the Hugging Face format in ``folder/model``, optimizer (sharded), scheduler, counters,
+        random state, the reference's fingerprint. Every rank calls it with the same folder."""
         self.save_pretrained(Path(folder) / "model", merge_lora=False)
         save_trainer(self, folder, model_state=False, frozen=self._reference_tensors())
 
+    @dispatch(Dispatch.ALL)
     def load_checkpoint(self, folder: str | Path) -> None:
-        """Restore what :meth:`save_checkpoint` wrote, onto any number of ranks; refuses a
-        reference other than the one the checkpoint was taken with."""
+        """Restore :meth:`save_checkpoint`'s folder onto any number of ranks (same reference)."""
         load_pretrained_weights(self, Path(folder) / "model")
         load_trainer(self, folder, model_state=False, frozen=self._reference_tensors())
 
