@@ -7,7 +7,15 @@
     python -m rlblocks.demo --device cpu         # the default is cuda when a GPU is there
 
 It measures held-out accuracy (greedy) before training, runs GRPO, measures it again, and
-writes ``metrics.jsonl``, ``curves.png`` and ``summary.json`` into ``--out``.
+writes ``metrics.jsonl``, ``samples.jsonl``, ``config.json``, ``curves.png`` and
+``summary.json`` into ``--out``, with a checkpoint after every step in ``--out/checkpoints``
+(the newest two are kept). A run that was killed goes on where it stopped::
+
+    python -m rlblocks.demo --out runs/demo --resume     # the same arguments plus --resume
+
+``--out`` of an existing run without ``--resume`` is refused: two runs' metrics never mix.
+``--report-to tensorboard wandb mlflow trackio`` also sends the metrics there
+(``rlblocks.tracking``).
 """
 
 from __future__ import annotations
@@ -77,6 +85,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/demo"))
     p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its newest checkpoint (same arguments)",
+    )
+    p.add_argument("--checkpoint-every", type=int, default=1, help="steps between checkpoints")
+    p.add_argument(
+        "--report-to",
+        nargs="+",
+        default=["none"],
+        help="tracking backends besides metrics.jsonl: tensorboard, wandb, mlflow, trackio, all",
+    )
+    p.add_argument(
         "--engine",
         choices=("hf", "vllm"),
         default="hf",
@@ -101,6 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     task = TASKS[args.task]
+    _check_out(args.out, resume=args.resume)
     args.out.mkdir(parents=True, exist_ok=True)
 
     # The blocks, one line each. With --workers the placement is the only thing that changes.
@@ -139,6 +160,19 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         return _run(args, task, policy, engine, shared=shared)
 
 
+def _check_out(out: Path, *, resume: bool) -> None:
+    """Refuse to mix two runs in ``out``: a new run needs an unused folder, --resume a
+    checkpoint to go on from."""
+    checkpoints = rb.checkpoint.Checkpointer(out / "checkpoints").latest()
+    used = checkpoints is not None or (out / "metrics.jsonl").exists()
+    if not resume and used:
+        raise SystemExit(
+            f"{out} holds a run already: pass --resume to continue it, or choose another --out"
+        )
+    if resume and checkpoints is None:
+        raise SystemExit(f"--resume: {out / 'checkpoints'} holds no complete checkpoint")
+
+
 def _placement(workers: int, gpu: bool) -> rb.placement.Local | rb.placement.Ray:
     """This process, or one pool of ``workers`` Ray workers (a GPU each with ``gpu``)."""
     if not workers:
@@ -170,14 +204,16 @@ def _run(args: argparse.Namespace, task: Task, policy, engine, *, shared: bool) 
             print(f"  [{score:.0f}] {completion.strip()[:100]!r}")
         return result.score
 
-    print(f"held-out accuracy before training ({len(held_out)} problems, greedy):")
-    before = accuracy()
+    summary_file = args.out / "summary.json"
+    if args.resume:  # measured by the run that started: the untrained policy is gone
+        before = json.loads(summary_file.read_text())["before"]
+    else:
+        print(f"held-out accuracy before training ({len(held_out)} problems, greedy):")
+        before = accuracy()
+        summary_file.write_text(json.dumps({"before": before}, indent=2) + "\n")
     print(f"  = {before:.3f}")
 
-    log = rb.runlog.RunLog(args.out / "metrics.jsonl")
-
-    def on_step(step: int, metrics: dict, rollouts: rb.Rollouts) -> None:
-        record = log.log(step, {**metrics, "accuracy": metrics["reward/mean"]})
+    def on_step(step: int, record: dict, rollouts: rb.Rollouts) -> None:
         tqdm.write(
             f"step {step:3d}  reward {record['reward/mean']:.3f}  "
             f"length {record['response_length']:.1f}  kl {record['kl/token']:.4f}  "
@@ -187,20 +223,26 @@ def _run(args: argparse.Namespace, task: Task, policy, engine, *, shared: bool) 
         )
 
     start = time.perf_counter()
-    rb.recipes.grpo(
-        policy,
-        engine,
-        reward,
-        PromptBatches(train, prompts_per_step=args.prompts_per_step, seed=args.seed),
-        steps=args.steps,
-        group_size=args.group_size,
-        sampling=rb.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0),
-        advantage=advantage,
-        loss_fn=loss,
-        on_step=on_step,
-        # With a shared model the engine's log-probs are π_old exactly: one forward pass less.
-        reuse_rollout_logprobs=shared,
-    )
+    with rb.tracking.Tracker(args.out, report_to=args.report_to) as tracker:
+        history = rb.recipes.grpo(
+            policy,
+            engine,
+            reward,
+            PromptBatches(train, prompts_per_step=args.prompts_per_step, seed=args.seed),
+            steps=args.steps,
+            group_size=args.group_size,
+            sampling=rb.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0),
+            advantage=advantage,
+            loss_fn=loss,
+            on_step=on_step,
+            # With a shared model the engine's log-probs are π_old exactly: one forward pass less.
+            reuse_rollout_logprobs=shared,
+            checkpoint=rb.checkpoint.Checkpointer(
+                args.out / "checkpoints", every=args.checkpoint_every
+            ),
+            resume=args.resume,
+            tracker=tracker,
+        )
     minutes = (time.perf_counter() - start) / 60
     print(f"held-out accuracy after {args.steps} steps ({minutes:.1f} min of training):")
     after = accuracy()
@@ -208,9 +250,9 @@ def _run(args: argparse.Namespace, task: Task, policy, engine, *, shared: bool) 
 
     summary = {"before": before, "after": after, "steps": args.steps, "train_minutes": minutes}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if log.records:
-        rb.plot(log.records, args.out / "curves.png")
-    print(f"wrote {args.out}/metrics.jsonl, curves.png, summary.json")
+    if history:
+        rb.plot(args.out / "metrics.jsonl", args.out / "curves.png")  # the whole run, resumed too
+    print(f"wrote {args.out}/metrics.jsonl, curves.png, summary.json, checkpoints/")
     return summary
 
 

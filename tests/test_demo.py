@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+import rlblocks as rb
 from rlblocks import demo
 from rlblocks.runlog import read_metrics
 
@@ -20,9 +21,28 @@ def test_demo_smoke_run_writes_its_outputs(tmp_path, monkeypatch):
     assert json.loads((out / "summary.json").read_text()) == summary
     records = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1]
-    for key in ("reward/mean", "accuracy", "response_length", "kl", "entropy", "grad_norm"):
+    for key in ("reward/mean", "response_length", "kl", "entropy", "grad_norm", "time/update"):
         assert key in records[0], key
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_demo_resumes_and_never_mixes_two_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLBLOCKS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    argv = ["--model", "tiny", "--eval-size", "4", "--group-size", "2", "--out", str(out)]
+    argv += ["--prompts-per-step", "2", "--max-new-tokens", "4"]
+    with pytest.raises(SystemExit, match="holds no complete checkpoint"):
+        demo.main([*argv, "--steps", "2", "--resume"])
+    first = demo.main([*argv, "--steps", "2"])
+    with pytest.raises(SystemExit, match="holds a run already: pass --resume"):
+        demo.main([*argv, "--steps", "2"])
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1]  # untouched
+    summary = demo.main([*argv, "--steps", "3", "--resume"])  # one more step
+    assert summary["before"] == first["before"] and summary["steps"] == 3
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert [r["sync/version"] for r in records] == [1, 2, 3]  # the resharder's version goes on
+    assert rb.checkpoint.Checkpointer(out / "checkpoints").steps() == [2, 3]
 
 
 def test_demo_rejects_unknown_task():
