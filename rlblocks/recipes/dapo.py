@@ -188,6 +188,11 @@ def dapo(
     ``response_length``). ``on_step(step, metrics, rollouts)`` gets the trained rows (None for
     a skipped step); raise ``StopIteration`` in it to end early. The run also ends when
     ``batches`` runs out. ``reuse_rollout_logprobs``: see `rlblocks.recipes.grpo`.
+
+    ``checkpoint`` (a `rlblocks.checkpoint.Checkpointer` or a folder), ``resume`` (False, True or
+    ``"auto"``) and ``tracker`` (`rlblocks.tracking.Tracker`): the run is saved after every
+    ``checkpoint.every`` steps and goes on from there, bit for bit; see
+    `rlblocks.recipes.loop.run_steps` and docs/checkpoints.md.
     """
     _warn_unless_token_mean(policy)
     config = run_config("dapo", locals())  # logged once, checked on resume

@@ -71,6 +71,11 @@ def grpo(
     ones every recipe reports (`rlblocks.recipes.loop`): ``time/rollout``, ``time/reward``,
     ``time/logprobs``, ``time/update``, ``time/sync``, ``step_seconds``, ``response_length``,
     and ``kl/token`` when the loss has a KL term.
+
+    ``checkpoint`` (a `rlblocks.checkpoint.Checkpointer` or a folder), ``resume`` (False, True or
+    ``"auto"``) and ``tracker`` (`rlblocks.tracking.Tracker`): the run is saved after every
+    ``checkpoint.every`` steps and goes on from there, bit for bit; see
+    `rlblocks.recipes.loop.run_steps` and docs/checkpoints.md.
     """
     config = run_config("grpo", locals())  # logged once, checked on resume
     resharder = resharder or resharders.Resharder()

@@ -104,6 +104,11 @@ def ppo(
     (`rlblocks.recipes.loop`): ``time/*`` (π_old, π_ref and V are ``time/logprobs``, the critic
     and policy updates ``time/update``), ``step_seconds``, ``response_length``. ``batches``
     and ``on_step`` work as in :func:`~rlblocks.recipes.grpo`.
+
+    ``checkpoint`` (a `rlblocks.checkpoint.Checkpointer` or a folder), ``resume`` (False, True or
+    ``"auto"``) and ``tracker`` (`rlblocks.tracking.Tracker`): the run is saved after every
+    ``checkpoint.every`` steps and goes on from there, bit for bit; see
+    `rlblocks.recipes.loop.run_steps` and docs/checkpoints.md.
     """
     config = run_config("ppo", locals())  # logged once, checked on resume
     resharder = resharder or resharders.Resharder()

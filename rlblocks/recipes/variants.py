@@ -107,6 +107,11 @@ def remax(
     recipe reports (`rlblocks.recipes.loop`): ``time/*`` (the greedy generation is
     ``time/rollout``, its scoring ``time/reward``), ``step_seconds``, ``response_length`` and
     ``kl/token`` when the loss has a KL term. ``on_step``: as in `rlblocks.recipes.grpo`.
+
+    ``checkpoint`` (a `rlblocks.checkpoint.Checkpointer` or a folder), ``resume`` (False, True or
+    ``"auto"``) and ``tracker`` (`rlblocks.tracking.Tracker`): the run is saved after every
+    ``checkpoint.every`` steps and goes on from there, bit for bit; see
+    `rlblocks.recipes.loop.run_steps` and docs/checkpoints.md.
     """
     config = run_config("remax", locals())  # logged once, checked on resume
     resharder = resharder or resharders.Resharder()

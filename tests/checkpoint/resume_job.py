@@ -6,8 +6,8 @@
 RECIPE is grpo (an engine with its own copy of the weights, synced by the resharder; a KL loss
 to the reference), ppo (a critic and an adaptive KL controller) or dapo (dynamic sampling over
 epoch boundaries). The tiny model, the toy "Count: i" task, checkpoints in OUT/checkpoints.
-Prints ``STEP i`` after each step; at the end writes OUT/result.pt: the history and the final
-weights of the policy (and critic).
+Prints ``STEP i`` after each step; logs metrics.jsonl and samples.jsonl in OUT (a Tracker); at
+the end writes OUT/result.pt: the history and the final weights of the policy (and critic).
 
 ``--fsize-limit``: after the checkpoint of step 1, limit the size of any file this process writes
 (RLIMIT_FSIZE), with SIGXFSZ ignored so that a write past it fails with EFBIG as a full disk
@@ -81,6 +81,7 @@ def main() -> None:
         "progress": False,
         "checkpoint": ckpt,
         "resume": args.resume,
+        "tracker": rb.tracking.Tracker(args.out, samples_every=2),  # metrics.jsonl, samples.jsonl
     }
     reward = rb.rewards.per_sample(digit_fraction, timeout=None)
     data = HangingBatches(count_prompts(), prompts_per_step=4, seed=0, hang_at=args.hang_in_save)

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import rlblocks as rb
+from rlblocks.runlog import read_metrics
 
 JOB = Path(__file__).with_name("resume_job.py")
 STEPS = 6
@@ -55,7 +56,11 @@ def kill_after(process: subprocess.Popen, line: str) -> None:
 
 
 def result(out: Path) -> dict:
-    return torch.load(out / "result.pt", weights_only=False)
+    """What the run returned and saved, and what its tracker logged."""
+    saved = torch.load(out / "result.pt", weights_only=False)
+    saved["logged"] = read_metrics(out / "metrics.jsonl")
+    saved["samples"] = read_metrics(out / "samples.jsonl")
+    return saved
 
 
 def untimed(history: list[dict]) -> list[dict]:
@@ -64,14 +69,24 @@ def untimed(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in h.items() if not timing.search(k)} for h in history]
 
 
-def assert_identical(a: dict, b: dict) -> None:
-    ha, hb = untimed(a["history"]), untimed(b["history"])
-    assert len(ha) == len(hb) == STEPS
-    for step, (x, y) in enumerate(zip(ha, hb, strict=True)):
+def assert_same_records(xs: list[dict], ys: list[dict]) -> None:
+    """Equal lists of metric dicts, NaN equal to NaN."""
+    assert len(xs) == len(ys)
+    for step, (x, y) in enumerate(zip(xs, ys, strict=True)):
         assert x.keys() == y.keys(), step
         for key in x:
             same = x[key] == y[key] or (math.isnan(x[key]) and math.isnan(y[key]))
             assert same, (step, key, x[key], y[key])
+
+
+def assert_identical(a: dict, b: dict) -> None:
+    """Same metrics (timings aside) returned and logged once per step, same samples, same
+    weights."""
+    assert len(a["history"]) == len(b["history"]) == STEPS
+    assert_same_records(untimed(a["history"]), untimed(b["history"]))
+    logged = [{"step": i, **h} for i, h in enumerate(a["history"])]
+    assert_same_records(untimed(a["logged"]), untimed(logged))  # no step twice, none lost
+    assert a["samples"] == b["samples"]
     for part in ("policy", "critic"):
         if part in a:
             for name, tensor in a[part].items():
