@@ -100,7 +100,16 @@ def load_trainer(
 
 
 # ---------------------------------------------------------------------- the policy's weights
-def load_pretrained_weights(trainer: Any, folder: str | Path) -> None:
+def save_weights(trainer: Any, folder: str | Path) -> None:
+    """The policy's ``save_pretrained(folder, merge_lora=False)``: its full weights or its LoRA
+    adapter, exactly. An adapter of an in-memory base model is fine here (the resumed run has
+    the base): the warning that ``AutoPeftModelForCausalLM`` could not load it is left out."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*names no base model.*")
+        trainer.save_pretrained(folder, merge_lora=False)
+
+
+def load_weights(trainer: Any, folder: str | Path) -> None:
     """Load the weights ``save_pretrained(folder, merge_lora=False)`` wrote into ``trainer``'s
     model, exactly: the adapter for a LoRA policy, every tensor otherwise (a tied weight is
     saved once and restored through the tie)."""
@@ -220,7 +229,8 @@ def _quiet():
 __all__ = [
     "check_reference",
     "fingerprint",
-    "load_pretrained_weights",
     "load_trainer",
+    "load_weights",
     "save_trainer",
+    "save_weights",
 ]

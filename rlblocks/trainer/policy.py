@@ -62,7 +62,7 @@ from rlblocks.losses.mismatch import mismatch_metrics, mismatch_sums
 from rlblocks.masked import masked_mean
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.batches import micro_batch_pairs, pad_columns, token_advantages
-from rlblocks.trainer.checkpoint import load_pretrained_weights, load_trainer, save_trainer
+from rlblocks.trainer.checkpoint import load_trainer, load_weights, save_trainer, save_weights
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.export import DEFAULT_COMMIT_MESSAGE, push_to_hub, save_pretrained
 from rlblocks.trainer.forward import score_responses
@@ -415,13 +415,13 @@ class PolicyTrainer:
         """This trainer's part of a run checkpoint (`rlblocks.trainer.checkpoint`): the model in
         the Hugging Face format in ``folder/model``, optimizer (sharded), scheduler, counters,
         random state, the reference's fingerprint. Every rank calls it with the same folder."""
-        self.save_pretrained(Path(folder) / "model", merge_lora=False)
+        save_weights(self, Path(folder) / "model")
         save_trainer(self, folder, model_state=False, frozen=self._reference_tensors())
 
     @dispatch(Dispatch.ALL)
     def load_checkpoint(self, folder: str | Path) -> None:
         """Restore :meth:`save_checkpoint`'s folder onto any number of ranks (same reference)."""
-        load_pretrained_weights(self, Path(folder) / "model")
+        load_weights(self, Path(folder) / "model")
         load_trainer(self, folder, model_state=False, frozen=self._reference_tensors())
 
     def _reference_tensors(self) -> list[tuple[str, Tensor]]:

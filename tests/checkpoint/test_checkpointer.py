@@ -145,3 +145,45 @@ def test_the_reference_must_be_the_initial_policy(tmp_path):
         other.load_checkpoint(tmp_path)
     same = rb.trainer.PolicyTrainer(rb.models.tiny(seed=0)[0], reference="copy")
     same.load_checkpoint(tmp_path)  # the same initial model: accepted
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_restored_trainer_takes_the_same_next_step(tmp_path, lora):
+    """save_checkpoint / load_checkpoint of a policy (LoRA: the adapter and its optimizer) and
+    a critic: the next step of the restored pair equals the original's, bit for bit."""
+    from peft import LoraConfig
+
+    def build():
+        model, tokenizer = rb.models.tiny(seed=0)
+        config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear") if lora else None
+        policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, lora=config)
+        return policy, rb.critic.CriticTrainer(model, lr=1e-2)
+
+    policy, critic = build()
+    engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, progress=False)
+    torch.manual_seed(0)
+    ro = engine.generate(
+        ["Count: 1", "Count: 2"], n=4, sampling=rb.SamplingParams(max_new_tokens=6)
+    )
+    adv, returns = torch.randn(8), torch.randn(ro.response_mask.shape)
+    loss = rb.recipes.defaults.PPO_CLIP
+
+    def step(p, c):
+        metrics = {**p.step(ro, adv, loss_fn=loss), **c.step(ro, returns, old_values=c.values(ro))}
+        return {k: v for k, v in metrics.items() if "second" not in k}  # wall clock
+
+    step(policy, critic)
+    policy.save_checkpoint(tmp_path / "policy")
+    critic.save_checkpoint(tmp_path / "critic")
+    if lora:
+        assert (tmp_path / "policy" / "model" / "adapter_model.safetensors").is_file()
+    restored, restored_critic = build()
+    restored.load_checkpoint(tmp_path / "policy")
+    restored_critic.load_checkpoint(tmp_path / "critic")
+    untouched, untouched_critic = build()  # negative control: no state
+    step(untouched, untouched_critic)
+    assert step(policy, critic) == step(restored, restored_critic)
+    for a, b in ((policy, restored), (critic, restored_critic)):
+        for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+            assert torch.equal(x, y), name
+    assert step(untouched, untouched_critic) != step(policy, critic)
