@@ -1,8 +1,7 @@
 """Tracking: one logger for every recipe and the dashboard, with the same metric names everywhere.
 
     tracker = rb.tracking.Tracker("runs/grpo", report_to=("tensorboard", "mlflow"))
-    tracker.start(config)
-    rb.recipes.grpo(..., on_step=tracker)
+    rb.recipes.grpo(..., tracker=tracker)
     tracker.close()
 
 ``metrics.jsonl`` is always written (when there is a folder); TensorBoard, Weights & Biases

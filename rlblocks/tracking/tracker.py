@@ -1,8 +1,7 @@
 """`Tracker`: one run's metrics, configuration and sample completions, sent to every backend.
 
     tracker = rb.tracking.Tracker("runs/grpo", report_to=("tensorboard", "wandb"))
-    tracker.start({"lr": 2e-5, "group_size": 8})
-    rb.recipes.grpo(..., on_step=tracker)           # tracker(step, metrics, rollouts)
+    rb.recipes.grpo(..., tracker=tracker)   # starts it with the run's configuration, logs each step
     tracker.close()
 
 ``metrics.jsonl`` is always written when there is a folder (`rlblocks.tracking.jsonl`); the
