@@ -9,28 +9,20 @@ the resharder version and every random generator, so each floating-point operati
 
 from __future__ import annotations
 
-import math
-import os
 import random
-import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
+from resume_helpers import ENV, result
+from resume_helpers import assert_identical as identical
 
 import rlblocks as rb
 
 JOB = Path(__file__).with_name("resume_job.py")
 STEPS = 6
-ENV = {
-    **os.environ,
-    "OMP_NUM_THREADS": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
 
 
 def job(recipe: str, out: Path, *flags: str, steps: int = STEPS) -> subprocess.Popen:
@@ -44,6 +36,10 @@ def finish(process: subprocess.Popen) -> str:
     return out
 
 
+def assert_identical(a: dict, b: dict) -> None:
+    identical(a, b, steps=STEPS)
+
+
 def kill_after(process: subprocess.Popen, line: str) -> None:
     """SIGKILL ``process`` as soon as it prints ``line``."""
     for got in process.stdout:
@@ -52,30 +48,6 @@ def kill_after(process: subprocess.Popen, line: str) -> None:
             break
     process.wait(timeout=60)
     assert process.returncode == -signal.SIGKILL, process.stderr.read()[-3000:]
-
-
-def result(out: Path) -> dict:
-    return torch.load(out / "result.pt", weights_only=False)
-
-
-def untimed(history: list[dict]) -> list[dict]:
-    """The metrics without the wall-clock ones (``time/*``, ``*seconds*``, throughput)."""
-    timing = re.compile(r"^time/|seconds|per_second")
-    return [{k: v for k, v in h.items() if not timing.search(k)} for h in history]
-
-
-def assert_identical(a: dict, b: dict) -> None:
-    ha, hb = untimed(a["history"]), untimed(b["history"])
-    assert len(ha) == len(hb) == STEPS
-    for step, (x, y) in enumerate(zip(ha, hb, strict=True)):
-        assert x.keys() == y.keys(), step
-        for key in x:
-            same = x[key] == y[key] or (math.isnan(x[key]) and math.isnan(y[key]))
-            assert same, (step, key, x[key], y[key])
-    for part in ("policy", "critic"):
-        if part in a:
-            for name, tensor in a[part].items():
-                assert torch.equal(tensor, b[part][name]), (part, name)
 
 
 @pytest.fixture(scope="module")
