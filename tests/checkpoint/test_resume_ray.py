@@ -17,6 +17,7 @@ rank as ``rng-{rank}.pt``): resumed on 2 workers it is bitwise too (the slow tes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -63,11 +64,7 @@ def kill_driver_after(process: subprocess.Popen, line: str) -> None:
     """SIGKILL the driver as soon as it prints ``line``; its Ray instance must die with it."""
     for got in process.stdout:
         if got.strip() == line:
-            ray = [
-                p
-                for p in psutil.Process(process.pid).children(recursive=True)
-                if p.name().startswith(RAY_PROCESSES)
-            ]
+            ray = ray_processes(process.pid)
             process.send_signal(signal.SIGKILL)
             break
     process.wait(timeout=60)
@@ -75,6 +72,17 @@ def kill_driver_after(process: subprocess.Popen, line: str) -> None:
     assert {"gcs_server", "raylet", "ray::Worker"} <= {p.name()[:11] for p in ray}
     _, alive = psutil.wait_procs(ray, timeout=30)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+
+
+def ray_processes(pid: int) -> list[psutil.Process]:
+    """The Ray instance's processes among ``pid``'s descendants (short-lived helpers that end
+    while they are listed are skipped)."""
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.name().startswith(RAY_PROCESSES):
+                found.append(child)
+    return found
 
 
 def killed_run(out: Path, *flags: str) -> int:
