@@ -11,6 +11,7 @@ import copy
 import os
 from datetime import timedelta
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -27,8 +28,10 @@ def make_trainer(dtype=torch.float64, device="cpu", **overrides):
     return rb.trainer.PolicyTrainer(model.to(dtype=dtype, device=device), **settings)
 
 
-def make_batch(b: int = 8, nan_rows: tuple[int, ...] = ()) -> tuple[Rollouts, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
+def make_batch(
+    b: int = 8, nan_rows: tuple[int, ...] = (), seed: int = 1
+) -> tuple[Rollouts, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
     tp, t = 5, 7
     lengths = torch.randint(1, t + 1, (b,), generator=g)
     response_mask = torch.arange(t)[None] < lengths[:, None]
@@ -182,8 +185,6 @@ def bf16_world_one_cuda(rank: int) -> dict:
 def export_sharded(rank: int) -> dict:
     """``save_pretrained`` on every rank of an FSDP2 pair, each with a folder of its own under
     ``$RLBLOCKS_EXPORT_DIR`` (only rank 0's may appear): before a step, then after one."""
-    from pathlib import Path
-
     from safetensors.torch import load_file
 
     base = Path(os.environ["RLBLOCKS_EXPORT_DIR"])
@@ -207,6 +208,73 @@ def export_sharded(rank: int) -> dict:
     }
 
 
+# ---------------------------------------------------------------------- checkpoints
+# tests/trainer/test_checkpoint_resharding.py: a trainer checkpointed after one step, the next
+# step taken straight on (the uninterrupted run) and again by a fresh trainer of the same kind
+# that loads the checkpoint. float32, KL to the reference (its fingerprint is checked on load).
+CHECKPOINTED = {"reference": "copy", **SCHEDULE}
+KL_LOSS = rb.losses.kl_regularized(LOSS, coef=0.1)
+
+
+def make_critic(**overrides):
+    model, _ = rb.models.tiny(seed=0)
+    return rb.critic.CriticTrainer(model, lr=1e-3, **{**SCHEDULE, **overrides})
+
+
+def train(trainer, step: int) -> dict:
+    """Step ``step`` of a policy or critic on its own batch; metrics and the whole weights."""
+    ro, advantages = make_batch(seed=step)
+    if isinstance(trainer, rb.critic.CriticTrainer):
+        metrics = trainer.step(ro, advantages)
+    else:
+        metrics = trainer.step(ro, advantages, loss_fn=KL_LOSS)
+    weights = {k: v.detach().clone() for k, v in gathered_weights(trainer)}
+    return {"metrics": metrics, "weights": weights}
+
+
+def gathered_weights(trainer):
+    if isinstance(trainer, rb.critic.CriticTrainer):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True)
+        return get_model_state_dict(trainer.model, options=options).items()
+    return trainer.named_weights()
+
+
+def checkpoint_round_trip(make, rank: int) -> dict:
+    """Save after step 1 into ``$RLBLOCKS_CHECKPOINT_DIR/saved``; step 2 straight on and by a
+    fresh trainer loading it; a checkpoint from one process in ``.../single`` (if there) loaded
+    by another fresh trainer for step 2. Each: metrics and whole weights (rank 0's view)."""
+    root = Path(os.environ["RLBLOCKS_CHECKPOINT_DIR"])
+    trainer = make()
+    out = {"saved": train(trainer, 1)}
+    (root / "saved").mkdir(exist_ok=True)
+    trainer.save_checkpoint(root / "saved")
+    out["straight"] = train(trainer, 2)
+    resumed = make()
+    resumed.load_checkpoint(root / "saved")
+    out["resumed"] = train(resumed, 2)
+    if (root / "single").is_dir():
+        from_one = make()
+        from_one.load_checkpoint(root / "single")
+        out["from_one"] = train(from_one, 2)
+    return out
+
+
+def sharded_critic():
+    critic = make_critic()
+    critic.shard()
+    return critic
+
+
+def policy_checkpoint(rank: int) -> dict:
+    return checkpoint_round_trip(partial(sharded, dtype=torch.float32, **CHECKPOINTED), rank)
+
+
+def critic_checkpoint(rank: int) -> dict:
+    return checkpoint_round_trip(sharded_critic, rank)
+
+
 CASES = {
     "export_sharded": export_sharded,
     "fsdp_world_one": fsdp_world_one,
@@ -217,6 +285,8 @@ CASES = {
     "cpu_offload": cpu_offload,
     "bf16_params": bf16_params,
     "nan_on_one_rank": nan_on_one_rank,
+    "policy_checkpoint": policy_checkpoint,
+    "critic_checkpoint": critic_checkpoint,
 }
 
 

@@ -55,13 +55,14 @@ def save_trainer(
         state["model"] = _model_state(trainer)
     with _quiet():
         dcp.save(state, checkpoint_id=folder / "state", process_group=_group(trainer))
+    reference = fingerprint(frozen, trainer.dp)  # a collective: every rank, not just rank 0
     if trainer.dp.rank == 0:
         torch.save(
             {
                 "scheduler": trainer.scheduler.state_dict(),
                 "counters": {k: getattr(trainer, k) for k in COUNTERS},
                 "world_size": trainer.dp.size,
-                "reference": fingerprint(frozen, trainer.dp),
+                "reference": reference,
             },
             folder / "trainer.pt",
         )

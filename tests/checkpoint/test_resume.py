@@ -9,29 +9,20 @@ the resharder version and every random generator, so each floating-point operati
 
 from __future__ import annotations
 
-import math
-import os
 import random
-import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
+from resume_helpers import ENV, result
+from resume_helpers import assert_identical as identical
 
 import rlblocks as rb
-from rlblocks.runlog import read_metrics
 
 JOB = Path(__file__).with_name("resume_job.py")
 STEPS = 6
-ENV = {
-    **os.environ,
-    "OMP_NUM_THREADS": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
 
 
 def job(recipe: str, out: Path, *flags: str, steps: int = STEPS) -> subprocess.Popen:
@@ -45,6 +36,10 @@ def finish(process: subprocess.Popen) -> str:
     return out
 
 
+def assert_identical(a: dict, b: dict) -> None:
+    identical(a, b, steps=STEPS)
+
+
 def kill_after(process: subprocess.Popen, line: str) -> None:
     """SIGKILL ``process`` as soon as it prints ``line``."""
     for got in process.stdout:
@@ -53,44 +48,6 @@ def kill_after(process: subprocess.Popen, line: str) -> None:
             break
     process.wait(timeout=60)
     assert process.returncode == -signal.SIGKILL, process.stderr.read()[-3000:]
-
-
-def result(out: Path) -> dict:
-    """What the run returned and saved, and what its tracker logged."""
-    saved = torch.load(out / "result.pt", weights_only=False)
-    saved["logged"] = read_metrics(out / "metrics.jsonl")
-    saved["samples"] = read_metrics(out / "samples.jsonl")
-    return saved
-
-
-def untimed(history: list[dict]) -> list[dict]:
-    """The metrics without the wall-clock ones (``time/*``, ``*seconds*``, throughput)."""
-    timing = re.compile(r"^time/|seconds|per_second")
-    return [{k: v for k, v in h.items() if not timing.search(k)} for h in history]
-
-
-def assert_same_records(xs: list[dict], ys: list[dict]) -> None:
-    """Equal lists of metric dicts, NaN equal to NaN."""
-    assert len(xs) == len(ys)
-    for step, (x, y) in enumerate(zip(xs, ys, strict=True)):
-        assert x.keys() == y.keys(), step
-        for key in x:
-            same = x[key] == y[key] or (math.isnan(x[key]) and math.isnan(y[key]))
-            assert same, (step, key, x[key], y[key])
-
-
-def assert_identical(a: dict, b: dict) -> None:
-    """Same metrics (timings aside) returned and logged once per step, same samples, same
-    weights."""
-    assert len(a["history"]) == len(b["history"]) == STEPS
-    assert_same_records(untimed(a["history"]), untimed(b["history"]))
-    logged = [{"step": i, **h} for i, h in enumerate(a["history"])]
-    assert_same_records(untimed(a["logged"]), untimed(logged))  # no step twice, none lost
-    assert a["samples"] == b["samples"]
-    for part in ("policy", "critic"):
-        if part in a:
-            for name, tensor in a[part].items():
-                assert torch.equal(tensor, b[part][name]), (part, name)
 
 
 @pytest.fixture(scope="module")
