@@ -9,7 +9,7 @@
 It measures held-out accuracy (greedy) before training, runs GRPO, measures it again, and
 writes ``metrics.jsonl``, ``samples.jsonl``, ``config.json``, ``curves.png`` and
 ``summary.json`` into ``--out``, with a checkpoint after every step in ``--out/checkpoints``
-(the newest two are kept). A run that was killed goes on where it stopped::
+(the newest is kept). A run that was killed goes on where it stopped::
 
     python -m rlblocks.demo --out runs/demo --resume     # the same arguments plus --resume
 
@@ -237,8 +237,10 @@ def _run(args: argparse.Namespace, task: Task, policy, engine, *, shared: bool) 
             on_step=on_step,
             # With a shared model the engine's log-probs are π_old exactly: one forward pass less.
             reuse_rollout_logprobs=shared,
+            # One kept (1.6 GB for SmolLM2-135M with its AdamW state): the older one is
+            # deleted only once the newer one is complete.
             checkpoint=rb.checkpoint.Checkpointer(
-                args.out / "checkpoints", every=args.checkpoint_every
+                args.out / "checkpoints", every=args.checkpoint_every, keep_last=1
             ),
             resume=args.resume,
             tracker=tracker,
