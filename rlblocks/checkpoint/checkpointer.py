@@ -136,10 +136,13 @@ class Checkpointer:
     ) -> Path:
         """Write the checkpoint of ``step`` (steps done) atomically, then prune; returns its
         folder. ``blocks``: name -> `Checkpointable` or `Stateful` (None values are skipped).
-        Raises `CheckpointError` if the write fails (e.g. no space left): the partial folder is
-        removed and the previous checkpoints stay as they were."""
+        Raises `CheckpointError` if that step is already saved, or if the write fails (e.g. no
+        space left): the partial folder is removed and the previous checkpoints stay as they
+        were."""
         self.root.mkdir(parents=True, exist_ok=True)
         sweep(self.root)
+        if step in self.steps():  # replacing it would leave a moment with no checkpoint of it
+            raise CheckpointError(f"{step_folder(self.root, step)} is already a checkpoint")
         partial = partial_folder(self.root, step)
         final = step_folder(self.root, step)
         partial.mkdir()

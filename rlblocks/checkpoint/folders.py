@@ -67,9 +67,7 @@ def sweep(root: Path) -> list[Path]:
 def publish(partial: Path, final: Path) -> None:
     """Make the written ``partial`` folder the complete checkpoint ``final`` (module docstring)."""
     fsync_tree(partial)
-    if final.exists():  # an unmarked leftover of the same step (swept normally): replace it
-        shutil.rmtree(final)
-    os.rename(partial, final)
+    os.rename(partial, final)  # fails if ``final`` exists: callers sweep and check first
     fsync_path(final.parent)
     marker = final / MARKER
     with marker.open("w") as f:

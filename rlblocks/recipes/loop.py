@@ -174,9 +174,10 @@ def run_steps(
     Checkpoints: ``checkpoint`` (a `rlblocks.checkpoint.Checkpointer`, or a folder for one
     that saves every step) saves ``blocks`` (name -> block: the trainers, the KL controller,
     the resharder, ...), the data position, the random state, the history and ``config`` every
-    ``checkpoint.every`` steps and after the last step. ``resume``: False refuses a folder that
-    already holds a checkpoint, True resumes from its newest, ``"auto"`` resumes if there is
-    one. After resuming, ``after_resume()`` runs (the recipes push the restored weights into
+    ``checkpoint.every`` steps and when the run ends (after the last step, an early stop, or
+    when the data ran out). ``resume``: False refuses a folder that already holds a
+    checkpoint, True resumes from its newest, ``"auto"`` resumes if there is one. After
+    resuming, ``after_resume()`` runs (the recipes push the restored weights into
     the engine there). ``tracker``: started with ``config`` (and the step resumed from).
     """
     if checkpoint is None and resume is True:
@@ -210,10 +211,12 @@ def run_steps(
             bar.update()
             bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}")
             stop = _report(index, metrics, out.rollouts, tracker, on_step)
-            if saver is not None and (stop or index + 1 == steps or saver.due(index + 1)):
-                saver.save(index + 1, state, history=history, config=config)
+            if saver is not None and saver.due(len(history)):
+                saver.save(len(history), state, history=history, config=config)
             if stop:
                 break
+    if saver is not None and len(history) > max(start, saver.latest() or 0):
+        saver.save(len(history), state, history=history, config=config)  # however it ended
     return history
 
 

@@ -187,3 +187,57 @@ def test_a_restored_trainer_takes_the_same_next_step(tmp_path, lora):
         for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
             assert torch.equal(x, y), name
     assert step(untouched, untouched_critic) != step(policy, critic)
+
+
+def _count_steps(folder, *, steps: int, batches: list, every: int, stop_at: int | None = None):
+    """run_steps over ``batches`` with a step that counts into a `Stateful` block."""
+    from rlblocks.recipes.loop import Step, run_steps
+
+    counter = Counter()
+
+    def step(index, batch, clock):
+        counter.n += batch
+        return Step({"n": float(counter.n)}, None)
+
+    def on_step(index, metrics, rollouts):
+        if index == stop_at:
+            raise StopIteration
+
+    ckpt = Checkpointer(folder, every=every, keep_last=None)
+    history = run_steps(
+        "count",
+        step,
+        batches,
+        steps=steps,
+        blocks={"counter": counter},
+        checkpoint=ckpt,
+        resume="auto",
+        on_step=on_step,
+        progress=False,
+    )
+    return ckpt.steps(), [h["n"] for h in history], counter.n
+
+
+def test_a_run_checkpoints_when_due_and_however_it_ends(tmp_path):
+    assert _count_steps(tmp_path / "a", steps=5, batches=[1] * 9, every=3) == (
+        [3, 5],
+        [1, 2, 3, 4, 5],
+        5,
+    )
+    # the data runs out after 4 batches: the 4th step is saved all the same
+    assert _count_steps(tmp_path / "b", steps=9, batches=[1] * 4, every=3)[0] == [3, 4]
+    # on_step stops the run after step index 1 (2 steps done)
+    assert _count_steps(tmp_path / "c", steps=9, batches=[1] * 9, every=3, stop_at=1)[0] == [2]
+    # resumed from 2: the counter comes back, the data goes on at the 3rd batch, no new save
+    # of step 2; a run already at its last step saves nothing
+    resumed = _count_steps(tmp_path / "c", steps=4, batches=[1, 1, 10, 100], every=3)
+    assert resumed == ([2, 3, 4], [1, 2, 12, 112], 112)
+    assert _count_steps(tmp_path / "c", steps=4, batches=[1] * 9, every=3)[0] == [2, 3, 4]
+
+
+def test_a_saved_step_is_never_overwritten(tmp_path):
+    ckpt = Checkpointer(tmp_path, keep_last=1)
+    ckpt.save(1, {"counter": Counter()})
+    with pytest.raises(CheckpointError, match="step-00000001 is already a checkpoint"):
+        ckpt.save(1, {"counter": Counter()})
+    assert ckpt.steps() == [1]
