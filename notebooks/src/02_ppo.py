@@ -83,17 +83,27 @@ print(f"held-out accuracy before: {before.score:.3f}")
 # One warm-up step trains only the critic, so that the first policy update uses values of the
 # current policy rather than of a blank head. The KL coefficient $\beta$ adapts to keep the KL
 # near a target (Ziegler et al. 2019).
+#
+# The run is tracked and checkpointed in `runs/02_ppo`: the tracker writes `metrics.jsonl`
+# (add `"tensorboard"`, `"wandb"`, `"mlflow"` or `"trackio"` to `report_to`) and feeds the
+# dashboard the same records; a checkpoint (policy, critic, optimizers, KL controller, data
+# position, random state: about 3.2 GB for SmolLM2-135M) is kept every 4 steps. If the kernel
+# dies, run the notebook again: `resume="auto"` goes on from the newest checkpoint, and ends as
+# the run would have without the interruption.
 
 # %%
+RUN = "runs/02_ppo"
 dash = rb.notebook.Dashboard(total_steps=STEPS)
-history = rb.recipes.ppo(
-    policy, critic, engine, reward, PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0),
-    steps=STEPS, samples_per_prompt=SAMPLES,
-    sampling=rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0),
-    gamma=1.0, lam=0.95, critic_warmup_steps=1,
-    kl_controller=rb.losses.AdaptiveKLController(0.05, target=1.0, horizon=1000),
-    on_step=dash.update, progress=False,
-)
+with rb.tracking.Tracker(RUN, report_to=[dash]) as tracker:
+    history = rb.recipes.ppo(
+        policy, critic, engine, reward, PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0),
+        steps=STEPS, samples_per_prompt=SAMPLES,
+        sampling=rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0),
+        gamma=1.0, lam=0.95, critic_warmup_steps=1,
+        kl_controller=rb.losses.AdaptiveKLController(0.05, target=1.0, horizon=1000),
+        checkpoint=rb.checkpoint.Checkpointer(f"{RUN}/checkpoints", every=4, keep_last=1),
+        resume="auto", tracker=tracker, progress=False,
+    )
 dash.close()
 print("β per step:", [round(h["kl/coef"], 4) for h in history])
 print("explained variance:", [round(h["vf_explained_var"], 2) for h in history])
@@ -101,3 +111,14 @@ print("explained variance:", [round(h["vf_explained_var"], 2) for h in history])
 # %%
 after = rb.recipes.evaluate(engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy)
 print(f"held-out accuracy: before {before.score:.3f} -> after {after.score:.3f}")
+
+# %% [markdown]
+# ## Export the policy
+#
+# A Hugging Face folder that transformers, peft and vLLM load as it is (`docs/export.md`):
+# `AutoModelForCausalLM.from_pretrained(folder)`, `rb.rollout.VLLMEngine(folder)`, or
+# `policy.push_to_hub("you/smollm2-ppo-arithmetic")`.
+
+# %%
+folder = policy.save_pretrained(f"{RUN}/policy")
+print(sorted(p.name for p in folder.iterdir()))
