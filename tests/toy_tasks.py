@@ -20,13 +20,13 @@ def count_prompts(n: int = 16):
     return load_prompts([{"prompt": f"Count: {i}", "ground_truth": "0"} for i in range(n)])
 
 
-def run_group_recipe(recipe, policy, engine, *, steps: int, **kw: Any) -> list[dict]:
+def run_group_recipe(recipe, policy, engine, *, steps: int, reward=None, **kw: Any) -> list[dict]:
     """A group recipe (grpo, dapo, remax, ...) on the task: 4 prompts a step, 8 samples of at
-    most 8 tokens each; its metrics history."""
+    most 8 tokens each (``reward``: the task's digit fraction unless given); its history."""
     return recipe(
         policy,
         engine,
-        rb.rewards.per_sample(digit_fraction, timeout=None),
+        reward or rb.rewards.per_sample(digit_fraction, timeout=None),
         PromptBatches(count_prompts(), prompts_per_step=4, seed=0),
         steps=steps,
         group_size=8,

@@ -60,7 +60,7 @@ from rlblocks.interfaces import (
 from rlblocks.losses import TokenMean, clipped_surrogate
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, DapoStepCallback
 from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
-from rlblocks.rewards import combine, keep_informative_groups, overlong
+from rlblocks.rewards import checked, combine, keep_informative_groups, overlong
 
 
 class InformativeGroups(NamedTuple):
@@ -197,6 +197,7 @@ def dapo(
     _warn_unless_token_mean(policy)
     config = run_config("dapo", locals())  # logged once, checked on resume
     resharder = resharder or resharders.Resharder()
+    reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
     loss_fn = partial(clipped_surrogate, clip=clip)  # clip-higher, §3.1
     task = _scored_once(reward_fn)  # scored once, read by the shaped reward and the filter
     shaped = _shaped_reward(task, sampling, max_length, cache_length, overlong_factor)

@@ -35,6 +35,7 @@ from rlblocks.interfaces import (
 )
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
 from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
+from rlblocks.rewards import checked
 
 
 def grpo(
@@ -79,6 +80,7 @@ def grpo(
     """
     config = run_config("grpo", locals())  # logged once, checked on resume
     resharder = resharder or resharders.Resharder()
+    reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
 
     def step(index: int, batch: Any, clock: Clock) -> Step:
         with clock("rollout"):  # 1. G samples per prompt, one group id per prompt

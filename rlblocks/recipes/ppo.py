@@ -55,6 +55,7 @@ from rlblocks.losses import (
 from rlblocks.masked import masked_mean
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
 from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
+from rlblocks.rewards import checked
 
 
 def ppo(
@@ -112,6 +113,7 @@ def ppo(
     """
     config = run_config("ppo", locals())  # logged once, checked on resume
     resharder = resharder or resharders.Resharder()
+    reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
     controller = kl_controller or FixedKLController(kl_coef)
     estimator = kl_estimator or (k1 if kl_in_reward else k3)
 

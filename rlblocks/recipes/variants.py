@@ -41,6 +41,7 @@ from rlblocks.interfaces import (
 )
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
 from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
+from rlblocks.rewards import checked
 
 
 def greedy_baseline_rewards(
@@ -115,6 +116,7 @@ def remax(
     """
     config = run_config("remax", locals())  # logged once, checked on resume
     resharder = resharder or resharders.Resharder()
+    reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
 
     def step(index: int, batch: Any, clock: Clock) -> Step:
         with clock("rollout"):

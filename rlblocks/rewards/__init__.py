@@ -2,6 +2,8 @@
 
 - `math_answer` / `math_answer_reward`: final-answer correctness (GSM8K ``####``, ``\\boxed{}``).
 - `format_reward` / `think_answer_format`: whole-completion regular-expression match.
+- `checked`: the `RewardFn` contract enforced where rewards enter a loop (every recipe uses
+  it): a clear error for a wrong output, the fallback score for a NaN/inf row, counted.
 - `per_sample`: any ``fn(completion, **row) -> float`` as a batch reward, with a time limit,
   a fallback score and failure counts. The two rewards above are built with it.
 - `combine`: weighted sum of rewards; `overlong`: DAPO's soft overlong punishment.
@@ -12,6 +14,7 @@ pass the functions themselves.
 """
 
 from rlblocks.interfaces import RewardFn, RewardOutput
+from rlblocks.rewards.checked import checked
 from rlblocks.rewards.combine import combine
 from rlblocks.rewards.filters import GroupFilter, keep_informative_groups
 from rlblocks.rewards.format import THINK_ANSWER, format_reward, think_answer_format
@@ -41,6 +44,7 @@ __all__ = [
     "RewardRowError",
     "SampleFn",
     "answers_equal",
+    "checked",
     "combine",
     "extract_answer",
     "format_reward",

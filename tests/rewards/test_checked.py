@@ -1,0 +1,82 @@
+"""Where rewards enter a loop: the RewardFn contract, and NaN/inf rows that cost nothing else."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from toy_tasks import run_group_recipe
+
+import rlblocks as rb
+from rlblocks.rewards import checked
+
+
+def _rollouts(n: int = 4) -> rb.Rollouts:
+    model, tokenizer = rb.models.tiny(seed=0)
+    engine = rb.rollout.HFEngine(model, tokenizer, progress=False)
+    torch.manual_seed(0)
+    return engine.generate(["a", "b"], n=n // 2, sampling=rb.SamplingParams(max_new_tokens=3))
+
+
+def nan_for_row_one(rollouts):
+    rewards = torch.ones(len(rollouts))
+    rewards[1] = float("nan")
+    return rb.RewardOutput(rewards, {"reward/mean": float(rewards.mean())})
+
+
+def test_a_nan_row_gets_the_fallback_is_counted_and_named_every_time(caplog):
+    ro, reward = _rollouts(), checked(nan_for_row_one, fallback=-1.0)
+    for _ in range(2):  # every call, not once per process
+        with caplog.at_level(logging.WARNING):
+            caplog.clear()
+            rewards, metrics = reward(ro)
+        assert "nan_for_row_one returned 1 non-finite score(s) (rows 1" in caplog.text
+    assert rewards.tolist() == [1.0, -1.0, 1.0, 1.0]
+    assert metrics["reward/nonfinite"] == 1.0 and metrics["reward/mean"] == 0.5  # recomputed
+    assert checked(lambda r: (torch.ones(4), {}))(ro).metrics["reward/nonfinite"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("returned", "error", "says"),
+    [
+        (torch.ones(4), TypeError, "returned a Tensor of shape (4,)"),
+        ([1.0, 2.0, 3.0, 4.0], TypeError, "returned a list"),
+        ((torch.ones(3), {}), ValueError, "shape (3,) for 4 rows"),
+        ((torch.ones(4, 1), {}), ValueError, "shape (4, 1) for 4 rows"),
+        ((torch.ones(4), [0.5]), TypeError, "metrics of type list"),
+        ((["a", "b", "c", "d"], {}), TypeError, "rewards are not numbers"),
+    ],
+)
+def test_a_wrong_output_states_the_contract(returned, error, says):
+    def bad_reward(rollouts):
+        return returned
+
+    with pytest.raises(error, match="RewardFn returns RewardOutput") as info:
+        checked(bad_reward)(_rollouts())
+    assert says in str(info.value) and "bad_reward" in str(info.value)
+
+
+def test_a_list_of_numbers_with_metrics_is_accepted():
+    rewards, _ = checked(lambda r: ([0, 1, 2, 3], {}))(_rollouts())
+    assert rewards.dtype == torch.float32 and rewards.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_one_nan_row_no_longer_costs_the_grpo_step():
+    # Before: the NaN made its group's advantages NaN and the NaN guard skipped every update.
+    model, tokenizer = rb.models.tiny(seed=0)
+    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2)
+    engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+
+    def digits_but_row_0_nan(rollouts):
+        scores = [sum(c.isdigit() for c in t) / max(len(t), 1) for t in rollouts.completions]
+        scores[0] = float("nan")
+        return rb.RewardOutput(torch.tensor(scores), {})
+
+    torch.manual_seed(0)
+    history = run_group_recipe(
+        rb.recipes.grpo, policy, engine, steps=2, reward=digits_but_row_0_nan
+    )
+    assert [h["optimizer_steps"] for h in history] == [1.0, 1.0]  # an update each step
+    assert [h["skipped_steps"] for h in history] == [0.0, 0.0]
+    assert [h["reward/nonfinite"] for h in history] == [1.0, 1.0]
