@@ -20,6 +20,7 @@ weight: the checkpoint then holds only the adapter and its optimizer state.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import tempfile
 import time
@@ -117,6 +118,7 @@ def main() -> None:
         if part.is_dir() and part.parent in (path, path / "policy"):
             print(f"    {part.relative_to(path)}/ {folder_bytes(part) / 1e6:10.1f} MB")
     print(f"    state.pt     {(path / 'state.pt').stat().st_size / 1e6:10.3f} MB")
+    shutil.rmtree(root)  # gigabytes: not left behind
 
 
 if __name__ == "__main__":

@@ -8,8 +8,12 @@ tensor, because that is what the estimators consume.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import Tensor
+
+logger = logging.getLogger(__name__)
 
 
 def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
@@ -18,6 +22,21 @@ def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
         raise ValueError(f"group_ids must be (b), got shape {tuple(group_ids.shape)}")
     unique, inverse = torch.unique(group_ids, return_inverse=True)
     return inverse, unique.numel()
+
+
+def warn_if_no_group(group_ids: Tensor, *, estimator: str) -> None:
+    """Warn (at every call, through ``logging``) when every group has one row: a group-relative
+    advantage is then 0 for every row and the update learns nothing. The usual causes: one
+    sample per prompt (``n=1``, a recipe's ``group_size=1``), or group ids made unique by hand."""
+    b = group_ids.numel()
+    if b > 1 and group_index(group_ids)[1] == b:
+        logger.warning(
+            "%s: every group has one row (%d rows, %d distinct group ids), so every "
+            "group-relative advantage is 0 and nothing is learnt; sample several responses "
+            "per prompt (engine.generate(..., n=G) with G >= 2, a recipe's group_size) and give "
+            "the rows of one prompt one group id",
+            estimator, b, b,
+        )  # fmt: skip
 
 
 def group_size(group_ids: Tensor) -> Tensor:

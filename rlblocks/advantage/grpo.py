@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlblocks.advantage.groups import group_mean, group_size, group_std
+from rlblocks.advantage.groups import group_mean, group_size, group_std, warn_if_no_group
 from rlblocks.advantage.returns import broadcast, check_inputs, discounted_returns, outcome_scores
 from rlblocks.interfaces import Advantages
 
@@ -44,6 +44,7 @@ def grpo(
         Both zero where ``mask`` is False, detached (computed under ``no_grad``).
     """
     check_inputs(rewards, mask, group_ids)
+    warn_if_no_group(group_ids, estimator="rb.advantage.grpo")
     scores = outcome_scores(rewards, mask)
     centered = scores - group_mean(scores, group_ids)
     if scale_by_std:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlblocks.advantage.groups import group_max, group_size, group_std, group_sum
+from rlblocks.advantage.groups import group_max, group_size, group_std, group_sum, warn_if_no_group
 from rlblocks.advantage.returns import broadcast, check_inputs, discounted_returns, outcome_scores
 from rlblocks.interfaces import Advantages
 
@@ -46,6 +46,7 @@ def grpo_passk(
         undiscounted reward-to-go. Both zero where ``mask`` is False, detached (``no_grad``).
     """
     check_inputs(rewards, mask, group_ids)
+    warn_if_no_group(group_ids, estimator="rb.advantage.grpo_passk")
     scores = outcome_scores(rewards, mask)
     best = group_max(scores, group_ids)
     is_best = scores == best

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlblocks.advantage.groups import group_mean, group_size
+from rlblocks.advantage.groups import group_mean, group_size, warn_if_no_group
 from rlblocks.advantage.returns import broadcast, check_inputs, discounted_returns, outcome_scores
 from rlblocks.advantage.whiten import whiten
 from rlblocks.interfaces import Advantages
@@ -72,6 +72,7 @@ def reinforce_pp_baseline(rewards: Tensor, mask: Tensor, group_ids: Tensor, /) -
         undiscounted reward-to-go. Both zero where ``mask`` is False, detached (``no_grad``).
     """
     check_inputs(rewards, mask, group_ids)
+    warn_if_no_group(group_ids, estimator="rb.advantage.reinforce_pp_baseline")
     scores = outcome_scores(rewards, mask)
     centered = scores - group_mean(scores, group_ids)
     in_group = mask & (group_size(group_ids) > 1).unsqueeze(1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlblocks.advantage.groups import group_size, group_sum
+from rlblocks.advantage.groups import group_size, group_sum, warn_if_no_group
 from rlblocks.advantage.returns import broadcast, check_inputs, discounted_returns, outcome_scores
 from rlblocks.interfaces import Advantages
 
@@ -30,6 +30,7 @@ def rloo(rewards: Tensor, mask: Tensor, group_ids: Tensor, /) -> Advantages:
         undiscounted reward-to-go. Both zero where ``mask`` is False, detached (``no_grad``).
     """
     check_inputs(rewards, mask, group_ids)
+    warn_if_no_group(group_ids, estimator="rb.advantage.rloo")
     scores = outcome_scores(rewards, mask)
     n = group_size(group_ids)
     others = (group_sum(scores, group_ids) - scores) / (n - 1).clamp(min=1)

@@ -28,12 +28,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
-from transformers import GenerationConfig, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, dispatch
 from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
 from rlblocks.rollout.sampling import generation_config, sampled_logprobs, seeded
-from rlblocks.rollout.stopping import ResponseEnds, valid_tokens
+from rlblocks.rollout.stopping import FiniteLogits, ResponseEnds, valid_tokens
 from rlblocks.rollouts import Rollouts
 
 DEFAULT_SAMPLING = SamplingParams()
@@ -208,6 +208,7 @@ class HFEngine:
             attention_mask=prompt_mask.long(),
             generation_config=generation_config(params, pad_token_id=pad, eos_token_ids=eos),
             stopping_criteria=StoppingCriteriaList([ends]),
+            logits_processor=LogitsProcessorList([FiniteLogits()]),  # a broken model says so
         )
         response, logits = out.sequences[:, input_ids.shape[1] :], list(out.logits)
         del out  # the KV cache and the logits tuple: let sampled_logprobs free steps as it goes

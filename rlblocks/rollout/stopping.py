@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import StoppingCriteria
+from transformers import LogitsProcessor, StoppingCriteria
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 
@@ -63,3 +63,25 @@ def valid_tokens(end: Tensor, width: int) -> Tensor:
     cut at the length limit) is True throughout. ``end`` (b) int64, ``width`` = t."""
     steps = torch.arange(width, device=end.device)
     return (end[:, None] < 0) | (steps[None, :] <= end[:, None])
+
+
+class FiniteLogits(LogitsProcessor):
+    """Raises as soon as a decoding step's scores hold a NaN or +inf, or a row has no finite
+    score: sampling would fail deep inside ``generate`` ("probability tensor contains either
+    inf, nan or element < 0"), and greedy decoding would go on silently with garbage. The
+    usual cause is a policy whose weights a too-large update broke. −inf alone is fine: top-k
+    and top-p put it on the tokens they filter out. Costs one host sync per decoding step."""
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        broken = torch.isnan(scores).any(-1) | (scores == float("inf")).any(-1)
+        broken |= (scores == float("-inf")).all(-1)
+        if bool(broken.any()):
+            rows = broken.nonzero().flatten().tolist()
+            raise FloatingPointError(
+                f"the model's next-token scores are not finite (rows {rows[:10]} of the batch, "
+                f"after {input_ids.shape[1]} tokens of the padded batch): its weights are "
+                "broken, usually by an update too large for them (a learning rate too high, no "
+                "max_grad_norm; the trainer's grad_norm and lr metrics of the last steps show "
+                "it). Lower lr, set max_grad_norm, or resume from an earlier checkpoint"
+            )
+        return scores

@@ -65,7 +65,20 @@ def token_advantages(advantages: Tensor | tuple[Tensor, ...], rollouts: Rollouts
         adv = adv[:, None].expand(b, t)
     if adv.shape != (b, t):
         raise ValueError(f"advantages have shape {tuple(adv.shape)}, expected ({b}, {t}) or ({b},)")
-    return torch.where(rollouts.response_mask, adv, torch.zeros((), device=adv.device))
+    mask = rollouts.response_mask
+    if b == t and b > 1 and _transposed(adv, mask):
+        raise ValueError(
+            f"advantages look transposed: ({b}, {t}) values that are 0 wherever response_mask.T "
+            "is False but not wherever response_mask is; pass them as (b t), rows first, as "
+            "the rb.advantage estimators return them"
+        )
+    return torch.where(mask, adv, torch.zeros((), device=adv.device))
+
+
+def _transposed(adv: Tensor, mask: Tensor) -> bool:
+    """Per-token advantages from an estimator are 0 outside the response mask; a square batch
+    (b = t) passed as (t b) is 0 outside the mask's transpose instead."""
+    return bool((adv[~mask] != 0).any()) and not bool((adv.T[~mask] != 0).any())
 
 
 def pad_columns(x: Tensor, width: int) -> Tensor:
