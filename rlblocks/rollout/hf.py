@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, dispatch
+from rlblocks.models.context import check_lengths, context_length
 from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
 from rlblocks.rollout.sampling import generation_config, sampled_logprobs, seeded
 from rlblocks.rollout.stopping import FiniteLogits, ResponseEnds, valid_tokens
@@ -118,6 +119,9 @@ class HFEngine:
             raise ValueError(f"HFEngine.generate: n must be >= 1, got {n}")
         texts, ids = render_prompts(prompts, self.tokenizer, chat=self.chat)
         meta = check_metadata(metadata, len(ids), owner="HFEngine")
+        limit = context_length(self.model)  # before any compute: a row past it is an error
+        check_lengths([len(p) for p in ids], new_tokens=params.max_new_tokens, limit=limit,
+                      owner="HFEngine.generate")  # fmt: skip
         rows = torch.arange(len(ids)).repeat_interleave(n)  # (b) prompt index of each row
         size = self.max_batch_size or len(rows)
         chunks = [rows[i : i + size] for i in range(0, len(rows), size)]

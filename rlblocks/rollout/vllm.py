@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, dispatch
+from rlblocks.models.context import check_lengths
 from rlblocks.rollout.prompts import check_metadata, render_prompts
 from rlblocks.rollouts import Rollouts
 
@@ -125,6 +126,9 @@ class VLLMEngine:
         self.wake_up()  # a no-op unless asleep
         texts, ids = render_prompts(prompts, self.tokenizer, chat=self.chat)
         meta = check_metadata(metadata, len(ids), owner="VLLMEngine")
+        limit = self.llm.llm_engine.model_config.max_model_len  # vLLM's own, may be smaller
+        check_lengths([len(p) for p in ids], new_tokens=params.max_new_tokens, limit=limit,
+                      owner="VLLMEngine.generate")  # fmt: skip
         if not ids:
             raise ValueError("VLLMEngine.generate: no prompts")
         requests = [{"prompt_token_ids": list(p)} for p in ids]
