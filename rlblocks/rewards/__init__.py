@@ -6,6 +6,8 @@
   it): a clear error for a wrong output, the fallback score for a NaN/inf row, counted.
 - `per_sample`: any ``fn(completion, **row) -> float`` as a batch reward, with a time limit,
   a fallback score and failure counts. The two rewards above are built with it.
+- `ProcessPool`: worker processes for `per_sample(fn, pool=...)`, for rewards whose time limit
+  must really stop them (CPU-bound loops, programs they start, crashes).
 - `combine`: weighted sum of rewards; `overlong`: DAPO's soft overlong punishment.
 - `keep_informative_groups`: DAPO dynamic sampling, a (b) bool mask of rows to keep.
 
@@ -19,6 +21,7 @@ from rlblocks.rewards.combine import combine
 from rlblocks.rewards.filters import GroupFilter, keep_informative_groups
 from rlblocks.rewards.format import THINK_ANSWER, format_reward, think_answer_format
 from rlblocks.rewards.guard import RewardRowError, SampleFn, per_sample
+from rlblocks.rewards.isolation import ProcessPool
 from rlblocks.rewards.math import (
     answers_equal,
     extract_answer,
@@ -39,6 +42,7 @@ __all__ = [
     "REWARDS",
     "THINK_ANSWER",
     "GroupFilter",
+    "ProcessPool",
     "RewardFn",
     "RewardOutput",
     "RewardRowError",

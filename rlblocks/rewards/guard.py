@@ -7,47 +7,56 @@ a row whose function raised, returned something that is not a finite real number
 ``timeout`` seconds. Failures are counted in the metrics and reported by one logging warning per
 batch; nothing is retried.
 
-Time limits: threads, not processes
------------------------------------
-Python cannot stop a thread. We still run the rows on daemon worker threads and give each row a
-deadline counted from the moment a worker starts it: when the deadline passes, the row gets the
-fallback score, its thread is **abandoned** (it keeps running in the background until ``fn``
-returns, holding whatever it holds; its late result is thrown away) and a fresh worker takes
-over the remaining rows. The alternative, a process pool, can really kill a hung row, but it
-cannot run functions defined in a notebook or a closure (they must be pickled), pays a start-up
-cost of about a second per pool, and copies every row across a pipe; that is the wrong price
-for rule-based rewards that take microseconds. The limits of the thread approach, which users
-must know:
+Time limits: threads or processes
+---------------------------------
+Where a row runs decides what a time limit can do to it. Three modes, chosen by the arguments:
 
-- a time limit only works while ``fn`` runs Python bytecode or waits on I/O. A C call that holds
-  the GIL (for example a catastrophically backtracking ``re`` pattern) blocks the whole process,
-  the deadline included, until it returns;
-- an abandoned thread still uses CPU and memory; a function that hangs forever on many rows
-  leaks one thread per such row.
+- ``timeout=None``: rows run one by one in the calling thread, no limit. The easiest mode to
+  debug (breakpoints, plain tracebacks).
+- ``timeout=5.0`` (the default): rows run on daemon worker threads, each with a deadline counted
+  from the moment a worker starts it. Python cannot stop a thread: when the deadline passes,
+  the row gets the fallback score and its thread is **abandoned** (it keeps running until
+  ``fn`` returns, holding whatever it holds, its late result thrown away) while a fresh worker
+  takes the remaining rows. Costs nothing to start and microseconds per row: the right mode
+  for cheap pure-Python rewards (regular expressions, answer parsing) that only rarely hang.
+- ``pool=ProcessPool(workers=n)``: rows run in worker processes (`rlblocks.rewards.isolation`),
+  each worker in its own process group. A row past its deadline is really stopped: the group
+  gets SIGKILL, so a CPU-bound loop stops spinning and programs the row started die too, and a
+  fresh worker replaces it; a worker that crashes fails only its row. The price: about 0.1 s
+  to start a worker (once, workers live across calls), ~0.1 ms per row for the pipe, ``fn``
+  must pickle with cloudpickle (notebook functions and closures do, by value), and it cannot
+  change the caller's state. Use it for rewards that may spin in C or Python, run programs
+  (the base of a sandboxed code reward), or call into native code that may crash.
 
-Run untrusted code (program-execution rewards) in a sandboxed subprocess inside ``fn`` itself.
-With ``timeout=None`` rows run one by one in the calling thread: no threads at all, which is the
-easiest mode to debug (breakpoints, plain tracebacks).
+Thread mode's limits, which users must know: a time limit only works while ``fn`` runs Python
+bytecode or waits on I/O (a C call that holds the GIL, like a catastrophically backtracking
+``re`` pattern, blocks the whole process until it returns); an abandoned thread still uses CPU
+and memory, and children it started keep running; one that spins slows everything after it.
+
+In every mode, a child process that ``fn`` forks with ``os.fork()`` and that returns out of
+``fn`` exits at once (``os._exit``): it never runs the caller's code, so a reward cannot leave
+a second copy of the training loop running.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import numbers
+import os
 import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlblocks.interfaces import RewardFn, RewardOutput
+from rlblocks.rewards.outcome import Failure, Outcome, checked_score
 
 if TYPE_CHECKING:
+    from rlblocks.rewards.isolation import ProcessPool
     from rlblocks.rollouts import Rollouts
 
 logger = logging.getLogger(__name__)
@@ -60,18 +69,6 @@ class RewardRowError(RuntimeError):
     """Raised by a `per_sample` reward built with ``raise_errors=True``; names the failing row."""
 
 
-@dataclass(frozen=True)
-class _Failure:
-    """A row that gets the fallback score: ``kind`` is "error" or "timeout"."""
-
-    kind: str
-    message: str
-    error: BaseException | None = None
-
-
-Outcome = float | _Failure
-
-
 def per_sample(
     fn: SampleFn,
     *,
@@ -81,6 +78,7 @@ def per_sample(
     key: str = "reward",
     name: str | None = None,
     max_workers: int = 1,
+    pool: ProcessPool | None = None,
 ) -> RewardFn:
     """Batch reward from a per-sample ``fn(completion, **row) -> float``, with guards.
 
@@ -96,7 +94,10 @@ def per_sample(
 
     ``timeout``: seconds per row, counted from the moment a worker starts it (see the module
     docstring for what happens to a hung row); ``None`` runs rows in the calling thread with no
-    limit. ``max_workers``: threads scoring rows at once when ``timeout`` is set; keep 1 for
+    limit (or, with a ``pool``, in the pool with no limit). ``pool``: a
+    `rlblocks.rewards.ProcessPool` to run the rows in worker processes that a timeout really
+    kills (the caller owns it: close it, or use ``with``); rows that crash their worker fail.
+    ``max_workers``: threads scoring rows at once when ``timeout`` is set; keep 1 for
     CPU-bound functions (the GIL serializes them anyway, and sharing it stretches each row's
     wall time towards its deadline), raise it for functions that wait on I/O. ``raise_errors``:
     raise `RewardRowError` for the first failing row instead of using the fallback (debugging).
@@ -111,13 +112,17 @@ def per_sample(
         raise ValueError(f"per_sample: timeout must be > 0 or None, got {timeout}")
     if max_workers < 1:
         raise ValueError(f"per_sample: max_workers must be >= 1, got {max_workers}")
+    if pool is not None and max_workers != 1:
+        raise ValueError("per_sample: max_workers counts threads; a pool has its own workers")
     label = name or _name_of(fn)
 
     def reward(rollouts: Rollouts, /) -> RewardOutput:
         completions = rollouts.completions
         rows = [{**meta, "prompt": p} for meta, p in zip(rollouts.metadata, rollouts.prompts)]
         score = partial(_score_row, fn, completions, rows)
-        if timeout is None:
+        if pool is not None:
+            outcomes = pool.map(fn, completions, rows, timeout=timeout)
+        elif timeout is None:
             outcomes = [score(i) for i in range(len(rows))]
         else:
             outcomes = _run_with_deadlines(
@@ -140,17 +145,16 @@ def _name_of(fn: Callable[..., Any]) -> str:
 
 
 def _score_row(fn: SampleFn, completions: list[str], rows: list[dict], i: int) -> Outcome:
-    """One row's score, or a `_Failure` when ``fn`` raised or returned a non-finite non-number."""
+    """One row's score, or a `Failure` when ``fn`` raised or returned a non-finite non-number."""
+    me = os.getpid()
     try:
         value = fn(completions[i], **rows[i])
     except Exception as e:  # noqa: BLE001 -- whatever fn raises is that row's failure
-        return _Failure("error", f"{type(e).__name__}: {e}", e)
-    if not isinstance(value, numbers.Real):
-        return _Failure("error", f"returned {type(value).__name__}, expected a real number")
-    value = float(value)
-    if not math.isfinite(value):
-        return _Failure("error", f"returned {value}, expected a finite number")
-    return value
+        return Failure("error", f"{type(e).__name__}: {e}", e)
+    finally:
+        if os.getpid() != me:  # fn forked and the child came back: it must not run our code
+            os._exit(0)
+    return checked_score(value)
 
 
 def _run_with_deadlines(
@@ -176,7 +180,7 @@ def _run_with_deadlines(
             try:
                 out = score(i)
             except BaseException as e:  # noqa: BLE001 -- a dead worker would lose the row silently
-                out = _Failure("error", f"{type(e).__name__}: {e}", e)
+                out = Failure("error", f"{type(e).__name__}: {e}", e)
             with lock:
                 running.pop(i, None)
             done.put((i, out))
@@ -201,7 +205,7 @@ def _run_with_deadlines(
             for i in overdue:
                 del running[i]
         for i in overdue:
-            outcomes[i], left = _Failure("timeout", f"no result after {timeout:g} s"), left - 1
+            outcomes[i], left = Failure("timeout", f"no result after {timeout:g} s"), left - 1
             start_worker()  # the stuck thread is abandoned: keep the remaining rows moving
     return outcomes  # type: ignore[return-value]  # every entry is set once `left` hits 0
 
@@ -223,11 +227,11 @@ def _summarize(
     outcomes: list[Outcome], *, fallback: float, key: str, label: str, raise_errors: bool
 ) -> RewardOutput:
     """Fallback scores for failed rows, the metrics, and one warning (or error) per batch."""
-    failures = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, _Failure)]
+    failures = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, Failure)]
     if failures and raise_errors:
         i, first = failures[0]
         raise RewardRowError(f"reward {label!r}, row {i}: {first.message}") from first.error
-    scores = [fallback if isinstance(o, _Failure) else o for o in outcomes]
+    scores = [fallback if isinstance(o, Failure) else o for o in outcomes]
     rewards = torch.tensor(scores, dtype=torch.float32).reshape(len(scores))
     timeouts = sum(o.kind == "timeout" for _, o in failures)
     if failures:
