@@ -17,9 +17,9 @@ and nothing probed (:func:`copy_weights`):
 
 Before anything moves (every case but the shared module), the whole transfer is checked
 (``rlblocks.resharder.strict``): the trainer's ``weight_spec`` against the engine's (names both
-ways, shapes, dtypes: float-to-float casts allowed) at every sync, both being metadata only,
-and the two tokenizers (vocabulary, BOS / EOS / padding ids) once per trainer and engine. A
-mismatch raises ``ValueError`` naming the first differing tensors, and the engine is untouched.
+ways, shapes, dtypes: float-to-float casts allowed) and the two tokenizers (vocabulary, BOS /
+EOS / padding ids), see :meth:`Resharder.check` for when. A mismatch raises ``ValueError``
+naming the first differing tensors, and the engine is untouched.
 
 Blocks in other processes (``rlblocks.placement.Ray``) are reached through the one thing a
 placement's handle offers for this (``Handle.run_with``): the same :func:`copy_weights` runs
@@ -101,7 +101,7 @@ class Resharder:
             raise ValueError(f"Resharder: bucket_mb must be > 0, got {bucket_mb}")
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.version = 0
-        self._same_tokenizers: set[tuple[int, int]] = set()  # (id(trainer), id(engine)) checked
+        self._checked: set[tuple[int, int]] = set()  # (id(trainer), id(engine)) that passed
 
     def sync(self, trainer: PolicyTrainer, engine: RolloutEngine) -> dict[str, float]:
         """Give ``engine`` the trainer's current weights; metrics back (module docstring)."""
@@ -116,19 +116,25 @@ class Resharder:
 
     def check(self, trainer: PolicyTrainer, engine: RolloutEngine) -> None:
         """Raise ``ValueError`` unless the trainer's weights fit the engine (names both ways,
-        shapes, dtypes) and, once per pair, their tokenizers agree (module docstring).
+        shapes, dtypes) and their tokenizers agree (module docstring). Nothing to check for a
+        shared module.
 
-        Through a placement's handle each side answers from its rank 0 (one round trip each;
-        the tokenizers travel once). Nothing to check for a shared module."""
+        In one process the weights are checked at every sync (metadata only: a dict compare);
+        the tokenizers once per trainer and engine. Through a placement's handle each answer
+        is a round trip to rank 0 (four in all), so a pair is checked once: a block behind a
+        handle changes its model only by being built again, which gives a new handle."""
         if _shares_module(trainer, engine):
             return
         pair = (id(trainer), id(engine))
-        if pair not in self._same_tokenizers:
+        remote = isinstance(trainer, Handle) or isinstance(engine, Handle)
+        if pair in self._checked and remote:
+            return
+        if pair not in self._checked:
             check_tokenizers(trainer.tokenizer, engine.tokenizer)
-            self._same_tokenizers.add(pair)
         held = engine.weight_spec()
         if held is not None:  # an engine that declares nothing takes any stream
             check_weights(trainer.weight_spec(), held)
+        self._checked.add(pair)
 
     def _send(self, trainer: PolicyTrainer, engine: RolloutEngine) -> dict[str, float]:
         start = time.perf_counter()
