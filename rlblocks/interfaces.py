@@ -31,6 +31,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
+import torch
 from torch import Tensor, nn
 
 from rlblocks.rollouts import Rollouts
@@ -55,6 +56,8 @@ __all__ = [
     "SamplingParams",
     "Shardable",
     "Stateful",
+    "TensorSpec",
+    "WeightSpec",
     "dispatch",
     "dispatch_of",
 ]
@@ -113,6 +116,22 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"SamplingParams.top_k must be >= 0, got {self.top_k}")
+
+
+class TensorSpec(NamedTuple):
+    """A weight without its values: what a sync is checked against before anything moves."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, tensor: Tensor) -> TensorSpec:
+        """The spec of ``tensor`` (a sharded ``DTensor`` gives its global shape)."""
+        return cls(tuple(tensor.shape), tensor.dtype)
+
+
+#: Hugging Face weight name -> shape and dtype (``weight_spec`` of engines and trainers).
+WeightSpec = Mapping[str, TensorSpec]
 
 
 # ---------------------------------------------------------------------- pure-function blocks
@@ -248,6 +267,10 @@ class RolloutEngine(Protocol):
     """True when the engine applies a LoRA adapter itself (:meth:`load_adapter`), so a LoRA
     policy's sync moves only the adapter; False: it takes merged weights."""
 
+    tokenizer: Any
+    """The tokenizer that turns prompts into the ids the engine samples from (None for a
+    scripted engine without one); the resharder checks it is the trainer's."""
+
     def generate(
         self,
         prompts: Sequence[Prompt],
@@ -262,6 +285,14 @@ class RolloutEngine(Protocol):
 
     def update_weights(self, weights: Iterable[tuple[str, Tensor]], *, version: int) -> None:
         """Load new weights (Hugging Face parameter names), the Resharder's entry point."""
+        ...
+
+    def weight_spec(self) -> WeightSpec | None:
+        """Every weight :meth:`update_weights` takes, by Hugging Face name (tied weights under
+        each of their names), with the shape and dtype the engine holds it in. A full sync must
+        send exactly these names and shapes; the resharder checks that before it writes
+        anything. None: the engine declares nothing and takes any stream unchecked (a scripted
+        engine that ignores weights)."""
         ...
 
     def load_adapter(self, path: str | Path, *, version: int) -> None:
@@ -291,6 +322,8 @@ class PolicyTrainer(Stateful, Protocol):
     """Optimizer, batching and numerics (``rlblocks.trainer.TrainConfig``)."""
     has_adapter: bool
     """True when only a LoRA adapter is trained (:meth:`save_adapter` exports it)."""
+    tokenizer: Any
+    """The policy's tokenizer, or None when it was built without one (nothing to compare)."""
 
     def logprobs(self, rollouts: Rollouts) -> Tensor:
         """Log-probs of the response tokens under the current weights, (b t) float32, no grad."""
@@ -319,6 +352,11 @@ class PolicyTrainer(Stateful, Protocol):
     def named_weights(self, *, bucket_bytes: int | None = None) -> Iterator[tuple[str, Tensor]]:
         """Full (unsharded) weights with Hugging Face names, for the Resharder; a sharded
         trainer gathers them in collectives of about ``bucket_bytes`` (every rank iterates)."""
+        ...
+
+    def weight_spec(self) -> WeightSpec:
+        """Name, shape and dtype of each tensor :meth:`named_weights` yields, in its order,
+        from metadata alone: nothing gathered, nothing merged. Every rank gives the same."""
         ...
 
     def save_adapter(self, folder: str | Path) -> None:

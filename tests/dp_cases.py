@@ -208,6 +208,30 @@ def export_sharded(rank: int) -> dict:
     }
 
 
+def strict_sync_sharded(rank: int) -> dict:
+    """tests/resharder/test_strict_sync.py: the check before a sync on an FSDP2 pair."""
+    trainer = sharded(dtype=torch.float32)
+    spec = trainer.weight_spec()  # from the DTensors, nothing gathered
+    sent = {k: rb.interfaces.TensorSpec.of(v) for k, v in trainer.named_weights()}
+    tokenizer = rb.models.tiny_tokenizer()
+    wrong = rb.rollout.HFEngine(rb.models.tiny(seed=1, num_hidden_layers=3)[0], tokenizer)
+    before = {k: v.clone() for k, v in wrong.model.state_dict().items()}
+    try:
+        rb.resharder.Resharder().sync(trainer, wrong)
+        error = ""
+    except ValueError as e:
+        error = str(e)
+    right = rb.rollout.HFEngine(rb.models.tiny(seed=1)[0], tokenizer)
+    rb.resharder.Resharder(bucket_mb=0.01).sync(trainer, right)  # gathers bucket by bucket
+    held = right.model.state_dict()
+    return {
+        "spec_is_gathered": list(spec.items()) == list(sent.items()),
+        "error": error,
+        "untouched": all(torch.equal(before[k], v) for k, v in wrong.model.state_dict().items()),
+        "synced": all(torch.equal(held[k], v) for k, v in trainer.named_weights()),
+    }
+
+
 # ---------------------------------------------------------------------- checkpoints
 # tests/trainer/test_checkpoint_resharding.py: a trainer checkpointed after one step, the next
 # step taken straight on (the uninterrupted run) and again by a fresh trainer of the same kind
@@ -287,6 +311,7 @@ CASES = {
     "nan_on_one_rank": nan_on_one_rank,
     "policy_checkpoint": policy_checkpoint,
     "critic_checkpoint": critic_checkpoint,
+    "strict_sync_sharded": strict_sync_sharded,
 }
 
 

@@ -22,6 +22,7 @@ class EchoEngine:
 
     model = None  # no torch module in this process
     serves_adapters = False
+    tokenizer = None  # ids are characters
 
     def __init__(self) -> None:
         self.version = 0
@@ -33,6 +34,9 @@ class EchoEngine:
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, version: int):
         self.version = version
+
+    def weight_spec(self):
+        return {}  # no weights: a sync must send none
 
     def load_adapter(self, path, *, version: int):
         raise NotImplementedError("EchoEngine has no weights")

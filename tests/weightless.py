@@ -7,6 +7,10 @@ class Weightless:
 
     model = None  # no torch module: the resharder streams weights into update_weights
     serves_adapters = False
+    tokenizer = None  # no tokenizer to compare with the trainer's
+
+    def weight_spec(self) -> None:
+        return None  # declares nothing: takes any stream (and ignores it)
 
     def update_weights(self, weights, *, version: int) -> None:
         for _ in weights:  # consume the stream like a real engine; nothing to load

@@ -15,6 +15,12 @@ and nothing probed (:func:`copy_weights`):
   before it is loaded, so a worker holds its shards, the engine's copy and one bucket, never a
   second full model.
 
+Before anything moves (every case but the shared module), the whole transfer is checked
+(``rlblocks.resharder.strict``): the trainer's ``weight_spec`` against the engine's (names both
+ways, shapes, dtypes: float-to-float casts allowed) and the two tokenizers (vocabulary, BOS /
+EOS / padding ids), see :meth:`Resharder.check` for when. A mismatch raises ``ValueError``
+naming the first differing tensors, and the engine is untouched.
+
 Blocks in other processes (``rlblocks.placement.Ray``) are reached through the one thing a
 placement's handle offers for this (``Handle.run_with``): the same :func:`copy_weights` runs
 where the trainer lives, next to a colocated engine, or with a stand-in whose calls the
@@ -38,6 +44,7 @@ from pathlib import Path
 from torch import Tensor
 
 from rlblocks.interfaces import Handle, PolicyTrainer, RolloutEngine
+from rlblocks.resharder.strict import check_tokenizers, check_weights
 
 Weights = Iterable[tuple[str, Tensor]]
 
@@ -94,6 +101,7 @@ class Resharder:
             raise ValueError(f"Resharder: bucket_mb must be > 0, got {bucket_mb}")
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.version = 0
+        self._checked: set[tuple[int, int]] = set()  # (id(trainer), id(engine)) that passed
 
     def sync(self, trainer: PolicyTrainer, engine: RolloutEngine) -> dict[str, float]:
         """Give ``engine`` the trainer's current weights; metrics back (module docstring)."""
@@ -106,8 +114,31 @@ class Resharder:
         resharder (its ``version``) were restored."""
         return self._send(trainer, engine)
 
+    def check(self, trainer: PolicyTrainer, engine: RolloutEngine) -> None:
+        """Raise ``ValueError`` unless the trainer's weights fit the engine (names both ways,
+        shapes, dtypes) and their tokenizers agree (module docstring). Nothing to check for a
+        shared module.
+
+        In one process the weights are checked at every sync (metadata only: a dict compare);
+        the tokenizers once per trainer and engine. Through a placement's handle each answer
+        is a round trip to rank 0 (four in all), so a pair is checked once: a block behind a
+        handle changes its model only by being built again, which gives a new handle."""
+        if _shares_module(trainer, engine):
+            return
+        pair = (id(trainer), id(engine))
+        remote = isinstance(trainer, Handle) or isinstance(engine, Handle)
+        if pair in self._checked and remote:
+            return
+        if pair not in self._checked:
+            check_tokenizers(trainer.tokenizer, engine.tokenizer)
+        held = engine.weight_spec()
+        if held is not None:  # an engine that declares nothing takes any stream
+            check_weights(trainer.weight_spec(), held)
+        self._checked.add(pair)
+
     def _send(self, trainer: PolicyTrainer, engine: RolloutEngine) -> dict[str, float]:
         start = time.perf_counter()
+        self.check(trainer, engine)
         move = partial(copy_weights, version=self.version, bucket_bytes=self.bucket_bytes)
         if isinstance(trainer, Handle):  # the trainer lives in worker processes: go there
             results = trainer.run_with(move, engine)
@@ -131,8 +162,11 @@ def copy_weights(
     trainer: PolicyTrainer, engine: RolloutEngine, *, version: int, bucket_bytes: int
 ) -> tuple[int, int]:
     """Copy ``trainer``'s weights into ``engine`` in this process: shared module, adapter only,
-    or buckets (module docstring). Returns ``(bytes handed to the engine, buckets)``."""
-    if engine.model is not None and engine.model is trainer.model:
+    or buckets (module docstring). Returns ``(bytes handed to the engine, buckets)``.
+
+    Nothing is checked here (the engine may be a placement's stand-in that knows no spec):
+    :meth:`Resharder.check` runs first, where both blocks answer."""
+    if _shares_module(trainer, engine):
         engine.update_weights((), version=version)  # it already has them
         return 0, 0
     if trainer.has_adapter and engine.serves_adapters:
@@ -143,6 +177,14 @@ def copy_weights(
         moved += sum(t.numel() * t.element_size() for _, t in bucket)
         count += 1
     return moved, count
+
+
+def _shares_module(trainer: PolicyTrainer, engine: RolloutEngine) -> bool:
+    """The engine samples with the trainer's own module (one process): nothing to move. A
+    block behind a handle never shares (its module is in its workers; none is read here)."""
+    if isinstance(trainer, Handle) or isinstance(engine, Handle):
+        return False
+    return engine.model is not None and engine.model is trainer.model
 
 
 _ADAPTERS: list[tempfile.TemporaryDirectory] = []  # one folder per process, removed at exit

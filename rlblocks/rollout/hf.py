@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, dispatch
+from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, TensorSpec, dispatch
 from rlblocks.models.context import check_lengths, context_length
 from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
 from rlblocks.rollout.sampling import generation_config, sampled_logprobs, seeded
@@ -149,28 +149,34 @@ class HFEngine:
 
         Names are the model's ``state_dict`` names (Hugging Face names; tied weights answer to
         either name). A subset is fine (weights may arrive in several calls), but an unknown
-        name or a shape mismatch raises ``ValueError`` naming it; pairs before it are already
-        copied and the version is not recorded. Values are cast to each parameter's dtype and
-        device; a tensor that already is the parameter (a shared model) is skipped.
+        name or a shape mismatch raises ``ValueError`` naming it before anything of the call
+        is copied. Values are cast to each parameter's dtype and device; a tensor that already
+        is the parameter (a shared model) is skipped.
         """
         targets = self.model.state_dict(keep_vars=True)
+        pairs = list(weights)  # references: all are checked before the first copy
+        for name, value in pairs:
+            target = targets.get(name)
+            if target is None:
+                known = ", ".join(list(targets)[:3])
+                raise ValueError(
+                    f"HFEngine.update_weights: the model has no weight named {name!r} "
+                    f"(its names look like {known}, ...)"
+                )
+            if target.shape != value.shape:
+                raise ValueError(
+                    f"HFEngine.update_weights: {name!r} has shape {tuple(value.shape)}, "
+                    f"the model's is {tuple(target.shape)}"
+                )
         with torch.no_grad():
-            for name, value in weights:
-                target = targets.get(name)
-                if target is None:
-                    known = ", ".join(list(targets)[:3])
-                    raise ValueError(
-                        f"HFEngine.update_weights: the model has no weight named {name!r} "
-                        f"(its names look like {known}, ...)"
-                    )
-                if target.shape != value.shape:
-                    raise ValueError(
-                        f"HFEngine.update_weights: {name!r} has shape {tuple(value.shape)}, "
-                        f"the model's is {tuple(target.shape)}"
-                    )
-                if value is not target:
-                    target.copy_(value)
+            for name, value in pairs:
+                if value is not targets[name]:
+                    targets[name].copy_(value)
         self.weights_version = version
+
+    def weight_spec(self) -> dict[str, TensorSpec]:
+        """The model's ``state_dict`` names (tied weights under each), shapes and dtypes."""
+        return {name: TensorSpec.of(t) for name, t in self.model.state_dict(keep_vars=True).items()}
 
     def load_adapter(self, path: Any, *, version: int) -> None:
         """Not served: an ``HFEngine`` samples with plain weights (the resharder sends a LoRA

@@ -29,6 +29,7 @@ import vLLM; building an engine does, and says how to install it if it is missin
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -37,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, dispatch
+from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, TensorSpec, dispatch
 from rlblocks.models.context import check_lengths
 from rlblocks.rollout.prompts import check_metadata, render_prompts
 from rlblocks.rollouts import Rollouts
@@ -101,6 +102,7 @@ class VLLMEngine:
         self.sleep_enabled = enable_sleep_mode and torch.cuda.is_available()
         self._asleep = False
         self._lora_request: Any = None  # the adapter every generate call applies, if any
+        self._spec: dict[str, TensorSpec] | None = None  # weight_spec(), built once
 
     # ------------------------------------------------------------------ RolloutEngine
     @dispatch(Dispatch.PROMPTS)
@@ -171,6 +173,20 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
         self.weights_version = version
 
+    def weight_spec(self) -> dict[str, TensorSpec]:
+        """The Hugging Face weights vLLM loads into this engine, in the engine's dtype.
+
+        vLLM takes checkpoint (Hugging Face) names and fuses q/k/v and gate/up itself, so its
+        own parameters are not those names: the spec is the ``state_dict`` of the transformers
+        model that vLLM's config describes (``llm.model_config.hf_config``: its layer count,
+        sizes and vocabulary), built on the meta device (no memory, ~0.1 s, once), floating
+        tensors in ``llm.model_config.dtype``.
+        """
+        if self._spec is None:
+            config = self.llm.model_config
+            self._spec = hf_weight_spec(config.hf_config, config.dtype)
+        return self._spec
+
     def load_adapter(self, path: str | Path, *, version: int) -> None:
         """Sample with the LoRA adapter saved in ``path`` (peft's ``save_pretrained`` layout)
         from now on; the base weights stay as they are. Needs ``enable_lora=True`` (and
@@ -227,6 +243,19 @@ class VLLMEngine:
         if pad is None:
             raise ValueError("VLLMEngine: the tokenizer has neither a padding token nor EOS")
         return int(pad)
+
+
+def hf_weight_spec(config: Any, dtype: torch.dtype) -> dict[str, TensorSpec]:
+    """Name, shape and dtype of every ``state_dict`` entry of the causal LM ``config``
+    describes (built on the meta device), floating-point entries in ``dtype``."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+    return {
+        name: TensorSpec(tuple(t.shape), dtype if t.is_floating_point() else t.dtype)
+        for name, t in model.state_dict().items()
+    }
 
 
 def _sampled_logprobs(per_step: Any, tokens: list[int]) -> list[float]:

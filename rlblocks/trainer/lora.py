@@ -77,8 +77,14 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
                 if adapter in module.lora_A or adapter in module.lora_embedding_A:
                     weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
         merged[f"{name}.weight"] = weight
-    for key, tensor in base.state_dict().items():
+    for key, tensor in base_weights(model):
+        yield key, merged.get(key, tensor)
+
+
+def base_weights(model: nn.Module, *, keep_vars: bool = False) -> Iterator[tuple[str, Tensor]]:
+    """The base model's ``state_dict`` under Hugging Face names, adapters left out: the names,
+    shapes and dtypes :func:`merged_weights` yields, the base values (nothing merged)."""
+    for key, tensor in model.get_base_model().state_dict(keep_vars=keep_vars).items():
         if ".lora_" in key:  # lora_A / lora_B / lora_embedding_A / lora_embedding_B
             continue
-        key = key.replace(".base_layer.", ".")
-        yield key, merged.get(key, tensor)
+        yield key.replace(".base_layer.", "."), tensor

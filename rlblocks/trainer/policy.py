@@ -55,7 +55,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, dispatch
+from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, dispatch
 from rlblocks.losses.aggregate import aggregate
 from rlblocks.losses.inputs import LossInputs, loss_inputs
 from rlblocks.losses.mismatch import mismatch_metrics, mismatch_sums
@@ -66,11 +66,12 @@ from rlblocks.trainer.checkpoint import load_trainer, load_weights, save_trainer
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.export import DEFAULT_COMMIT_MESSAGE, push_to_hub, save_pretrained
 from rlblocks.trainer.forward import score_responses
-from rlblocks.trainer.fsdp import full_state, gathered, load_full_state, shard_modules
-from rlblocks.trainer.lora import is_peft_model, merged_weights, wrap_lora
+from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
+from rlblocks.trainer.lora import is_peft_model, wrap_lora
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.schedules import constant
 from rlblocks.trainer.update import assign, run_update, timing
+from rlblocks.trainer.weights import full_weight_spec, full_weights
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -353,23 +354,18 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------ weights and state
     def named_weights(self, *, bucket_bytes: int | None = None) -> Iterator[tuple[str, Tensor]]:
-        """Full weights under the Hugging Face names of ``model.state_dict()``, for a resharder.
+        """Full weights under the Hugging Face names of ``model.state_dict()`` (tied ones under
+        each name), for a resharder (``rlblocks.trainer.weights.full_weights``): the model's own
+        tensors (no copy: copy them to keep them past the next step); with LoRA, W + scaling ·
+        B·A in new tensors, the model untouched. Sharded (FSDP) trainers all-gather them in
+        collectives of about ``bucket_bytes``; every rank must iterate to the end."""
+        yield from full_weights(
+            self.model, self.dp, adapter=self.has_adapter, bucket_bytes=bucket_bytes
+        )
 
-        Without LoRA: the model's own tensors (shared storage, no copy: copy them if you keep
-        them past the next step). Tied weights appear under each of their names. With LoRA:
-        the base model's names and W + scaling · B·A for each adapted layer, computed into new
-        tensors without touching the model (``rlblocks.trainer.lora.merged_weights``).
-        Sharded (FSDP) trainers all-gather the tensors in buckets of about ``bucket_bytes``
-        (None: 64 MiB), one collective each (``rlblocks.trainer.fsdp.gathered``); every rank of
-        the group must iterate to the end.
-        """
-        if self.has_adapter:
-            yield from merged_weights(self.model)
-        elif not self.dp.sharded:
-            yield from self.model.state_dict().items()
-        else:
-            tensors = self.model.state_dict(keep_vars=True).items()
-            yield from gathered(tensors, self.dp, bucket_bytes=bucket_bytes or 64 * 2**20)
+    def weight_spec(self) -> dict[str, TensorSpec]:
+        """Name -> (shape, dtype) of :meth:`named_weights`, from metadata: nothing gathered."""
+        return full_weight_spec(self.model, adapter=self.has_adapter)
 
     def save_adapter(self, folder: str | Path) -> None:
         """Write the LoRA adapter (peft's ``save_pretrained``: adapter weights and config, no

@@ -88,6 +88,24 @@ def test_engine_and_trainer_agree_after_sync_and_not_before(placement):
     assert gap < 1e-5
 
 
+def test_a_sync_into_an_engine_of_another_shape_is_refused_untouched(
+    placement, ray_blocks, tmp_path
+):
+    # A 3-layer engine colocated with the 2-layer policy: the driver compares the specs that
+    # rank 0 of each side declares before run_with carries any copy; the error is a ValueError
+    # here, not a worker's, and the engine keeps its weights. (Built as the free "reward" role:
+    # the module's "rollout" engine stays as the other tests expect it.)
+    policy, _ = ray_blocks
+    folder = rb.models.save_tiny(tmp_path / "three", seed=1, num_hidden_layers=3)
+    engine = placement.build("reward", rb.rollout.HFEngine.from_pretrained, str(folder))
+    before = engine.model.state_dict()
+    with pytest.raises(ValueError, match=r"\(12 missing from the trainer\)"):
+        rb.resharder.Resharder().sync(policy, engine)
+    after = engine.model.state_dict()
+    assert all(torch.equal(after[name], value) for name, value in before.items())
+    assert engine.weights_version == 0
+
+
 def test_generate_keeps_prompt_order_groups_and_metadata(ray_blocks):
     _, engine = ray_blocks
     metadata = [{"i": i} for i in range(len(PROMPTS))]
@@ -179,15 +197,16 @@ def test_one_grpo_step_is_three_round_trips(placement):
     # generate (prompts split over the workers), step (the whole batch to every worker: the
     # trainer takes its share and answers for the group), sync (the resharder's copy, carried
     # into each worker next to its colocated engine). No attribute reads, no sleep/wake calls,
-    # no second trip for the metrics: the recipe makes three remote calls a step, plus one per
-    # run: reading policy.config (lr, batch sizes) for the run configuration.
+    # no second trip for the metrics: the recipe makes three remote calls a step, plus five per
+    # run: reading policy.config (lr, batch sizes) for the run configuration, and the check of
+    # the first sync of its resharder (both tokenizers, both weight specs).
     policy = placement.build("actor", policy_factory(torch.float32, mini_batch_size=None))
     engine = placement.build("rollout", rb.rollout.HFEngine.from_pretrained, "tiny", progress=False)
     for steps in (1, 2):
         before = placement.round_trips
         history = run_group_recipe(rb.recipes.grpo, policy, engine, steps=steps)
         assert len(history) == steps
-        assert placement.round_trips - before == 3 * steps + 1
+        assert placement.round_trips - before == 3 * steps + 5
     assert history[-1]["optimizer_steps"] == 1.0 and history[-1]["sync/buckets"] >= 1
 
 

@@ -120,6 +120,7 @@ class RecordingTrainer:
     model = torch.nn.Linear(1, 1)  # nothing the engine shares
     config = None
     has_adapter = False
+    tokenizer = None
 
     def __init__(self) -> None:
         self.seen: list[tuple[Rollouts, torch.Tensor]] = []
@@ -136,6 +137,9 @@ class RecordingTrainer:
 
     def named_weights(self, *, bucket_bytes=None):
         return iter(())
+
+    def weight_spec(self):
+        return {}
 
     def save_adapter(self, folder):
         raise ValueError("no adapter")

@@ -107,6 +107,24 @@ def test_engine_log_probs_match_the_trainer_and_follow_a_sync(engine, policy):
     )
 
 
+def test_a_policy_of_another_shape_is_refused_and_the_engine_untouched(engine):
+    # The engine declares the Hugging Face weights vLLM loads (its config's transformers
+    # model): the tiny model's, as an HFEngine holds them. A 3-layer policy (extra names) and a
+    # 1-layer one (missing names) are refused before vLLM loads anything: greedy log-probs stay.
+    model, tokenizer = rb.models.load("tiny")
+    assert engine.weight_spec() == rb.rollout.HFEngine(model, tokenizer).weight_spec()
+    greedy = rb.SamplingParams(max_new_tokens=8, temperature=0.0)
+    before = engine.generate(PROMPTS, sampling=greedy)
+    for layers, match in ((3, "12 unknown to the engine"), (1, "12 missing from the trainer")):
+        other = rb.models.tiny(seed=5, num_hidden_layers=layers)[0]
+        policy = rb.trainer.PolicyTrainer(other, tokenizer=tokenizer, reference=None)
+        with pytest.raises(ValueError, match=match):
+            rb.resharder.Resharder(bucket_mb=0.01).sync(policy, engine)
+    after = engine.generate(PROMPTS, sampling=greedy)
+    assert torch.equal(after.response_ids, before.response_ids)
+    torch.testing.assert_close(after.rollout_logprobs, before.rollout_logprobs)
+
+
 def test_greedy_log_probs_are_at_temperature_one(engine, policy):
     ro = engine.generate(PROMPTS, sampling=rb.SamplingParams(max_new_tokens=6, temperature=0.0))
     gap = (ro.rollout_logprobs - policy.logprobs(ro))[ro.response_mask].abs().max()

@@ -1,0 +1,49 @@
+"""What a policy trainer hands a resharder: its full weights, and their spec without values.
+
+Both under the Hugging Face names of ``model.state_dict()`` (tied weights under each name):
+
+- :func:`full_weights` yields the tensors: the model's own (shared storage, no copy) in one
+  process, all-gathered in buckets when FSDP shards them, W + scaling · B·A with LoRA.
+- :func:`full_weight_spec` gives their names, shapes and dtypes from metadata alone, for the check
+  before a sync: a sharded ``DTensor``'s ``shape`` is the global one, so nothing is gathered,
+  and a LoRA weight has its base weight's shape and dtype, so nothing is merged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from torch import Tensor, nn
+
+from rlblocks.interfaces import TensorSpec
+from rlblocks.trainer.fsdp import gathered
+from rlblocks.trainer.lora import base_weights, merged_weights
+from rlblocks.trainer.parallel import DataParallel, SingleProcess
+
+
+def full_weights(
+    model: nn.Module,
+    dp: SingleProcess | DataParallel,
+    *,
+    adapter: bool,
+    bucket_bytes: int | None = None,
+) -> Iterator[tuple[str, Tensor]]:
+    """``(name, whole tensor)`` pairs; sharded tensors are all-gathered in collectives of about
+    ``bucket_bytes`` (None: 64 MiB, ``rlblocks.trainer.fsdp.gathered``), so every rank of the
+    group must iterate to the end."""
+    if adapter:
+        yield from merged_weights(model)
+    elif not dp.sharded:
+        yield from model.state_dict().items()
+    else:
+        tensors = model.state_dict(keep_vars=True).items()
+        yield from gathered(tensors, dp, bucket_bytes=bucket_bytes or 64 * 2**20)
+
+
+def full_weight_spec(model: nn.Module, *, adapter: bool) -> dict[str, TensorSpec]:
+    """Name -> (shape, dtype) of what :func:`full_weights` yields, in its order."""
+    if adapter:
+        tensors = base_weights(model, keep_vars=True)
+    else:
+        tensors = model.state_dict(keep_vars=True).items()
+    return {name: TensorSpec.of(tensor) for name, tensor in tensors}
