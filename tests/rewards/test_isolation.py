@@ -241,7 +241,8 @@ def test_workers_live_across_calls_until_close(make_rollouts, no_leftovers) -> N
     reward(make_rollouts(["a", "b"]))
     workers = pool.pids
     reward(make_rollouts(["a", "b", "c"]))
-    assert pool.pids == workers and all(_alive(pid) for pid in workers)
+    assert sorted(pool.pids) == sorted(workers)  # the same workers, whichever was idle first
+    assert all(_alive(pid) for pid in workers)
     pool.close()
     assert pool.pids == [] and _gone_within(workers)
     with pytest.raises(RuntimeError, match="closed"):
