@@ -3,9 +3,9 @@
 A :class:`Pool` is a set of worker processes, ``nodes`` × ``workers_per_node``, each with its
 CPUs/GPUs, held in place by one Ray placement group (one bundle per node, ``STRICT_SPREAD``
 over nodes, so the pool really spans ``nodes`` machines), reserved by
-:func:`rlblocks.placement.capacity.reserve` (which fails within seconds when there is no room). Its workers form one
-``torch.distributed`` process group (gloo on CPUs, NCCL on GPUs) with a timeout on every
-collective. :class:`Workers` is the driver's record of a started pool; every remote call goes
+:func:`rlblocks.placement.capacity.reserve` (which fails within seconds when there is no
+room). Its workers form one ``torch.distributed`` process group (gloo on CPUs, NCCL on GPUs)
+with a timeout on every collective. :class:`Workers` is the driver's record of a started pool; every remote call goes
 through :meth:`Workers.submit`, one task per worker, which counts it (``round_trips``).
 """
 
@@ -22,7 +22,7 @@ import ray
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlblocks.placement import capacity
+from rlblocks.placement.capacity import hold, reserve, session
 from rlblocks.placement.errors import PoolBroken, WorkerDied, WorkerError
 from rlblocks.placement.worker import Worker
 
@@ -72,9 +72,9 @@ class Workers:
         if pool.gpus_per_worker:
             self.bundle["GPU"] = pool.gpus_per_worker * pool.workers_per_node
         self.nodes = pool.nodes
-        self.session = capacity.session()
-        self.pg = capacity.reserve(name, self.bundle, pool.nodes)  # fails within seconds
-        capacity.hold(self)
+        self.session = session()
+        self.pg = reserve(name, self.bundle, pool.nodes)  # fails within seconds
+        hold(self)
         # Forgotten (no placement, no handle left): its actors die with their handles, and
         # this gives the placement group's resources back too.
         finalizer = weakref.finalize(self, _remove_quietly, self.pg)
