@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -46,9 +47,39 @@ class RunLog:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a metrics JSONL file, in order."""
-    with Path(path).open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The records of a metrics JSONL file, in order.
+
+    A last line cut short (no newline, not valid JSON: the run was killed while writing it, or
+    is writing it now) is skipped with a warning naming the file and the line. Any other line
+    that is not a JSON object raises ``ValueError`` naming the file and the line.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")  # the last item is "" when the file ends with a newline
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if number == len(lines):  # no newline after it: half-written
+                warnings.warn(
+                    f"{path}, line {number}: skipped a half-written last line ({error.msg} at "
+                    f"column {error.colno}; {len(line)} characters, no newline)",
+                    stacklevel=2,
+                )
+                break
+            raise ValueError(
+                f"{path}, line {number}: not a metrics record ({error.msg} at column "
+                f"{error.colno}): {line!r:.80}"
+            ) from None
+        if not isinstance(record, dict):
+            raise ValueError(  # noqa: TRY004 -- a bad line in a file is always a ValueError
+                f"{path}, line {number}: expected a JSON object, got {line!r:.80}"
+            )
+        records.append(record)
+    return records
 
 
 def append_line(path: Path, record: Mapping[str, Any]) -> None:

@@ -1,5 +1,7 @@
 import json
+import re
 
+import pytest
 import torch
 
 from rlblocks.runlog import RunLog, read_metrics
@@ -37,3 +39,28 @@ def test_truncate_keeps_the_steps_before_and_rewrites_in_place(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]  # no temporary file left
     assert truncate(tmp_path / "missing.jsonl", 2) == []
     assert not (tmp_path / "missing.jsonl").exists()
+
+
+def test_read_metrics_skips_a_half_written_last_line_with_a_warning(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    log = RunLog(path)
+    for step in range(2):
+        log.log(step, {"x": float(step)})
+    with path.open("a") as f:
+        f.write('{"step": 2, "x": 2.')  # the run was killed in the middle of this write
+    with pytest.warns(UserWarning, match=re.escape(str(path)) + r", line 3: skipped a half-writ"):
+        assert read_metrics(path) == log.records
+
+
+def test_read_metrics_names_file_and_line_of_a_broken_line_before_the_end(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0}\n{"step": 1, "x": }\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=re.escape(str(path)) + r", line 2: not a metrics record"):
+        read_metrics(path)
+    # A last line that did get its newline was written whole: broken, not half-written.
+    path.write_text('{"step": 0}\n{"step": 1, "x": }\n')
+    with pytest.raises(ValueError, match=r", line 2: not a metrics record"):
+        read_metrics(path)
+    path.write_text('{"step": 0}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r", line 2: expected a JSON object"):
+        read_metrics(path)

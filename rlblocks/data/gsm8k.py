@@ -58,12 +58,12 @@ def gsm8k(
         truth = gsm8k_final_answer(solution) if isinstance(solution, str) else None
         if truth is None:
             raise ValueError(
-                f"row {index}, column 'answer': expected a solution ending in '#### <number>', "
+                f"{rows.where(index)}, column 'answer': expected a solution ending in '#### <number>', "
                 f"got {solution!r:.80}"
             )
         prepared.append({**row, "solution": solution, "ground_truth": truth})
     return load_prompts(
-        prepared,
+        rows.like(prepared),  # keeps the file and lines for load_prompts' errors
         prompt="question",
         ground_truth="ground_truth",
         template=instruction_template(instruction),

@@ -10,12 +10,14 @@ A prompt is raw text or chat messages (``rlblocks.interfaces.Prompt``); a rollou
 
 Choices made here:
 
-- **Sources**: a ``.parquet`` / ``.jsonl`` / ``.json`` / ``.csv`` file (read with ``datasets``),
+- **Sources**: a ``.parquet`` / ``.jsonl`` / ``.json`` / ``.csv`` file (`rlblocks.data.files`),
   a ``datasets.Dataset``, or a list of dicts. The whole dataset becomes Python objects at load
-  time, so every malformed row is reported before training starts (fine up to ~10⁶ rows).
+  time, so every malformed row is reported before training starts (fine up to ~10⁶ rows), by
+  file, line (or row) and column.
 - **Text**: strings, and numbers written as text (``72`` and ``72.0`` -> ``"72"``, since CSV
   readers turn integer columns with a gap into floats). None, NaN, empty strings, booleans,
-  dicts and lists are errors naming the row and the column.
+  dicts and lists are errors naming the row and the column, and so is a lone surrogate
+  (``"\\ud800"`` in JSON: not Unicode, so a tokenizer would fail on it later).
 - **Templates**: ``str.format`` with column names; ``{prompt}`` is always the prompt column,
   so one template fits datasets whose question column is named differently.
 - **Chat**: ``chat=True`` or a ``system`` string gives ``[system?, user]`` messages. A prompt
@@ -32,12 +34,12 @@ import re
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from datasets import Dataset, DatasetDict
 
 from rlblocks.data.dataset import PromptDataset, PromptRow
+from rlblocks.data.files import Rows, read_file
 from rlblocks.data.length import Overlong, limit_prompt_length
 from rlblocks.interfaces import Prompt
 
@@ -59,12 +61,6 @@ HASH_INSTRUCTION = 'Let\'s think step by step and output the final answer after 
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 """Instruction suffix for answers read from ``\\boxed{…}`` (plain text: no format braces)."""
 
-_READERS = {
-    ".parquet": Dataset.from_parquet,
-    ".jsonl": Dataset.from_json,
-    ".json": Dataset.from_json,
-    ".csv": Dataset.from_csv,
-}
 _RESERVED = ("ground_truth", "data_source")
 
 Source = str | os.PathLike[str] | Dataset | Sequence[Mapping[str, Any]]
@@ -101,7 +97,8 @@ def load_prompts(
             "truncate" or "filter"); both tokenizer and max_prompt_tokens or neither.
 
     Returns a `PromptDataset`. Raises ``ValueError`` naming the columns available when a column
-    is missing from the data, and naming the row index and column for a malformed value.
+    is missing from the data, and naming the file, line (or row index) and column for a
+    malformed value; `rlblocks.data.files.read_file` for the errors of the file itself.
     """
     if (tokenizer is None) != (max_prompt_tokens is None):
         raise ValueError("pass tokenizer= and max_prompt_tokens= together (or neither)")
@@ -113,8 +110,10 @@ def load_prompts(
     optional = ["data_source"] if data_source is None else []
     rows, columns = read_rows(source, columns=spec.columns(), optional=optional)
     if data_source is None and "data_source" not in columns:
-        data_source = Path(source).stem if isinstance(source, str | os.PathLike) else "prompts"
-    dataset = PromptDataset(spec.build(i, row, data_source) for i, row in enumerate(rows))
+        data_source = "prompts" if rows.file is None else rows.file.stem
+    dataset = PromptDataset(
+        spec.build(i, rows.where(i), row, data_source) for i, row in enumerate(rows)
+    )
     if max_prompt_tokens is None:
         return dataset
     return limit_prompt_length(
@@ -124,27 +123,23 @@ def load_prompts(
 
 def read_rows(
     source: Source, *, columns: Sequence[str], optional: Sequence[str] = ()
-) -> tuple[list[Mapping[str, Any]], list[str]]:
-    """Rows of ``source`` as mappings, and the names of all its columns.
+) -> tuple[Rows, list[str]]:
+    """Rows of ``source`` as mappings (`Rows`: they know their file and lines), and the names
+    of all its columns.
 
-    ``columns`` must all exist (else ``ValueError`` listing the columns there are); a file or
-    Dataset is cut down to them and to the ``optional`` columns it has. A list of dicts is
-    returned as it is: a key missing from some rows is reported per row by `load_prompts`.
+    ``columns`` must all exist (else ``ValueError`` listing the columns there are); a parquet
+    or CSV file or a Dataset is cut down to them and to the ``optional`` columns it has. JSON
+    rows and a list of dicts are returned as they are: a key missing from some rows is
+    reported per row by `load_prompts`.
     """
-    table = _open(source)
-    if isinstance(table, Dataset):
-        available = list(table.column_names)
-    else:
-        available = _keys(table)
-    if missing := [name for name in dict.fromkeys(columns) if name not in available]:
-        hint = " (ground_truth=None loads unlabelled prompts)" if "ground_truth" in missing else ""
+    rows = _open(source, [*columns, *optional])
+    if missing := [name for name in dict.fromkeys(columns) if name not in rows.columns]:
+        hint = "; ground_truth=None loads unlabelled prompts" if "ground_truth" in missing else ""
         raise ValueError(
-            f"column(s) {missing} not in the data; available columns: {available}{hint}"
+            f"{rows.origin()}column(s) {missing} not in the data; available columns: "
+            f"{rows.columns} (name yours with prompt=..., ground_truth=...{hint})"
         )
-    if not isinstance(table, Dataset):
-        return list(table), available
-    wanted = dict.fromkeys([*columns, *(name for name in optional if name in available)])
-    return table.select_columns(list(wanted)).to_list(), available
+    return rows, rows.columns
 
 
 def instruction_template(instruction: str | None) -> str | None:
@@ -159,30 +154,20 @@ def instruction_template(instruction: str | None) -> str | None:
 
 
 # ---------------------------------------------------------------------- reading
-def _open(source: Source) -> Dataset | Sequence[Mapping[str, Any]]:
+def _open(source: Source, columns: Sequence[str]) -> Rows:
     if isinstance(source, DatasetDict):
         raise TypeError(f"got a DatasetDict with splits {list(source)}: pass one split")
     if isinstance(source, Dataset):
-        return source
+        available = list(source.column_names)
+        wanted = [name for name in dict.fromkeys(columns) if name in available]
+        return Rows(source.select_columns(wanted).to_list(), columns=available)
     if isinstance(source, str | os.PathLike):
-        path = Path(source)
-        if path.suffix not in _READERS:
-            raise ValueError(f"{path}: unsupported file type; use one of {sorted(_READERS)}")
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such file")
-        return _READERS[path.suffix](str(path), keep_in_memory=True)
-    if isinstance(source, Sequence):
+        return read_file(source, columns=columns)
+    if isinstance(source, Rows):
         return source
+    if isinstance(source, Sequence):
+        return Rows(source)
     raise TypeError(f"source must be a path, a datasets.Dataset or a list of dicts, got {source!r}")
-
-
-def _keys(rows: Sequence[Any]) -> list[str]:
-    keys: dict[str, None] = {}
-    for index, row in enumerate(rows):
-        if not isinstance(row, Mapping):
-            raise TypeError(f"row {index}: expected a mapping of column -> value, got {row!r:.80}")
-        keys.update(dict.fromkeys(row))
-    return list(keys)
 
 
 # ---------------------------------------------------------------------- one row
@@ -218,24 +203,27 @@ class _RowSpec:
         gt = [self.ground_truth] if self.ground_truth is not None else []
         return [self.prompt, *self.fields, *gt, *self.keep]
 
-    def build(self, index: int, row: Mapping[str, Any], data_source: str | None) -> PromptRow:
-        question = _value(row, index, self.prompt)
+    def build(
+        self, index: int, where: str, row: Mapping[str, Any], data_source: str | None
+    ) -> PromptRow:
+        """Row ``index`` of the source; ``where`` names it in errors (`Rows.where`)."""
+        question = _value(row, where, self.prompt)
         if isinstance(question, list):
-            prompt: Prompt = self._given_messages(question, index)
+            prompt: Prompt = self._given_messages(question, where)
         else:
-            text = _text(question, index, self.prompt)
+            text = _text(question, where, self.prompt)
             if self.template is not None:
                 values = {
-                    name: _text(_value(row, index, name), index, name) for name in self.fields
+                    name: _text(_value(row, where, name), where, name) for name in self.fields
                 }
                 text = self.template.format_map({**values, "prompt": text})
             prompt = self._wrap(text)
         truth = None
         if self.ground_truth is not None:
-            truth = _text(_value(row, index, self.ground_truth), index, self.ground_truth)
-        source = data_source or _text(_value(row, index, "data_source"), index, "data_source")
+            truth = _text(_value(row, where, self.ground_truth), where, self.ground_truth)
+        source = data_source or _text(_value(row, where, "data_source"), where, "data_source")
         metadata = {"ground_truth": truth, "data_source": source}
-        metadata.update({name: _value(row, index, name, required=False) for name in self.keep})
+        metadata.update({name: _value(row, where, name, required=False) for name in self.keep})
         return PromptRow(prompt=prompt, ground_truth=truth, metadata=metadata, index=index)
 
     def _wrap(self, text: str) -> Prompt:
@@ -244,12 +232,14 @@ class _RowSpec:
         system = [{"role": "system", "content": self.system}] if self.system is not None else []
         return [*system, {"role": "user", "content": text}]
 
-    def _given_messages(self, messages: list[Any], index: int) -> list[dict[str, str]]:
+    def _given_messages(self, messages: list[Any], where: str) -> list[dict[str, str]]:
         if self.template is not None:
             raise ValueError(
-                f"row {index}, column {self.prompt!r}: holds chat messages, and template= "
+                f"{where}, column {self.prompt!r}: holds chat messages, and template= "
                 "only formats text columns"
             )
+        if not messages:
+            raise ValueError(f"{where}, column {self.prompt!r}: the list of chat messages is empty")
         for message in messages:
             if not (
                 isinstance(message, Mapping)
@@ -257,34 +247,49 @@ class _RowSpec:
                 and isinstance(message.get("content"), str)
             ):
                 raise ValueError(  # noqa: TRY004 -- bad data in a row is always a ValueError
-                    f"row {index}, column {self.prompt!r}: expected text or chat messages "
+                    f"{where}, column {self.prompt!r}: expected text or chat messages "
                     f"with str 'role' and 'content', got {message!r:.80}"
                 )
+            _unicode(message["role"], where, self.prompt)
+            _unicode(message["content"], where, self.prompt)
         out = [{"role": m["role"], "content": m["content"]} for m in messages]
         if self.system is not None and (not out or out[0]["role"] != "system"):
             out.insert(0, {"role": "system", "content": self.system})
         return out
 
 
-def _value(row: Mapping[str, Any], index: int, column: str, *, required: bool = True) -> Any:
+def _value(row: Mapping[str, Any], where: str, column: str, *, required: bool = True) -> Any:
     if column not in row:
-        raise ValueError(f"row {index}: column {column!r} is missing (row has {list(row)})")
+        raise ValueError(f"{where}: column {column!r} is missing (row has {list(row)})")
     value = row[column]
     if required and (value is None or (isinstance(value, float) and math.isnan(value))):
-        raise ValueError(f"row {index}, column {column!r}: value is missing (None)")
+        raise ValueError(f"{where}, column {column!r}: value is missing (None)")
     return value
 
 
-def _text(value: Any, index: int, column: str) -> str:
+def _text(value: Any, where: str, column: str) -> str:
     """A value as text: str as it is, int and float written out; anything else is an error."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(  # noqa: TRY004 -- bad data in a row is always a ValueError
-            f"row {index}, column {column!r}: expected text, got {type(value).__name__} "
-            f"{value!r:.80}"
+            f"{where}, column {column!r}: expected text, got {type(value).__name__} {value!r:.80}"
         )
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     text = str(value)
     if not text.strip():
-        raise ValueError(f"row {index}, column {column!r}: text is empty")
+        raise ValueError(f"{where}, column {column!r}: text is empty")
+    return _unicode(text, where, column)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unicode(text: str, where: str, column: str) -> str:
+    """``text``, if it is Unicode a tokenizer can encode: no lone surrogate (U+D800-U+DFFF)."""
+    if found := _SURROGATE.search(text):
+        raise ValueError(
+            f"{where}, column {column!r}: character {found.start()} is a lone surrogate "
+            f"U+{ord(found.group()):04X}, not valid Unicode (a tokenizer cannot encode it); in "
+            f"JSON write the character itself or a full pair such as \\ud83d\\ude00"
+        )
     return text

@@ -19,6 +19,14 @@ Simplifications and choices, stated once:
   (e.g. the step number) to decorrelate steps; the ``old_logprobs`` bits already make
   different batches pick differently under one seed.
 - KL-Cov's top-k is deterministic; ties are broken by position (earlier first).
+- **The one numeric difference from verl**: both losses clamp the log-ratio
+  logπ_θ − logπ_old to ±``log_ratio_clamp`` (20) before ``exp``, like every other policy loss
+  here (and verl's own ``compute_policy_loss_vanilla``). verl's ``compute_policy_loss_clip_cov``
+  and ``compute_policy_loss_kl_cov`` do not clamp: ``ratio = exp(log_prob − old_log_prob)``.
+  The two agree wherever |logπ_θ − logπ_old| ≤ 20; beyond it this ratio stays at e^±20 and the
+  token's surrogate gets no gradient through the ratio, where verl's grows without bound (inf
+  in float32 past a log-ratio of about 88.7). KL-Cov's |logπ_θ − logπ_old| penalty is not
+  clamped, here or in verl. ``log_ratio_clamp=float("inf")`` gives verl's behaviour.
 """
 
 from __future__ import annotations
@@ -84,7 +92,9 @@ def clip_cov(
         cov_bounds: (ω_low, ω_high), inclusive range of cov_t for eligible tokens.
         seed: makes the random pick reproducible; same inputs and seed give the same pick.
         dual_clip: dual-clip constant c > 1, or ``None`` (default) for none.
-        log_ratio_clamp: bound on |logπ_θ − logπ_old| before ``exp``.
+        log_ratio_clamp: bound on |logπ_θ − logπ_old| before ``exp``, as in the other losses;
+            verl's ``compute_policy_loss_clip_cov`` has none (``float("inf")`` here). Past it
+            a token's ratio is e^±20 and its surrogate has no gradient.
         is_weights: optional ``(b t)`` detached per-token weights multiplying the loss.
 
     Returns:
@@ -152,7 +162,8 @@ def kl_cov(
         k_fraction: fraction k of valid tokens that get the KL penalty (at least one).
         kl_coef: β, the weight of |logπ_θ − logπ_old| on the selected tokens.
         log_ratio_clamp: bound on |logπ_θ − logπ_old| before ``exp`` (the KL term is not
-            clamped).
+            clamped), as in the other losses; verl's ``compute_policy_loss_kl_cov`` has none
+            (``float("inf")`` here). Past it a token's −A·r term has no gradient.
         is_weights: optional ``(b t)`` detached per-token weights multiplying the loss.
 
     Returns:

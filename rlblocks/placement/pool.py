@@ -2,9 +2,10 @@
 
 A :class:`Pool` is a set of worker processes, ``nodes`` × ``workers_per_node``, each with its
 CPUs/GPUs, held in place by one Ray placement group (one bundle per node, ``STRICT_SPREAD``
-over nodes, so the pool really spans ``nodes`` machines). Its workers form one
-``torch.distributed`` process group (gloo on CPUs, NCCL on GPUs) with a timeout on every
-collective. :class:`Workers` is the driver's record of a started pool; every remote call goes
+over nodes, so the pool really spans ``nodes`` machines), reserved by
+:func:`rlblocks.placement.capacity.reserve` (which fails within seconds when there is no
+room). Its workers form one ``torch.distributed`` process group (gloo on CPUs, NCCL on GPUs)
+with a timeout on every collective. :class:`Workers` is the driver's record of a started pool; every remote call goes
 through :meth:`Workers.submit`, one task per worker, which counts it (``round_trips``).
 """
 
@@ -12,14 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rlblocks.placement.capacity import hold, reserve, session
 from rlblocks.placement.errors import PoolBroken, WorkerDied, WorkerError
 from rlblocks.placement.worker import Worker
 
@@ -52,26 +55,30 @@ class Workers:
     """Driver-side record of one started pool: its actors, placement group and health."""
 
     def __init__(
-        self, name: str, pool: Pool, *, env: Mapping[str, str], collective_timeout: float
+        self,
+        name: str,
+        pool: Pool,
+        *,
+        env: Mapping[str, str],
+        collective_timeout: float,
+        owner: str = "a placement",
     ) -> None:
-        self.name, self.pool = name, pool
+        self.name, self.pool, self.owner = name, pool, owner
         self.broken: str | None = None
         self.round_trips = 0  # remote calls made, each one task on every worker
         self.actors: list[Any] = []
         self.info: list[dict[str, Any]] = []
-        bundle = {"CPU": pool.cpus_per_worker * pool.workers_per_node}
+        self.bundle = {"CPU": pool.cpus_per_worker * pool.workers_per_node}
         if pool.gpus_per_worker:
-            bundle["GPU"] = pool.gpus_per_worker * pool.workers_per_node
-        strategy = "STRICT_SPREAD" if pool.nodes > 1 else "STRICT_PACK"
-        self.pg = placement_group([dict(bundle) for _ in range(pool.nodes)], strategy=strategy)
-        try:
-            ray.get(self.pg.ready(), timeout=120)
-        except ray.exceptions.GetTimeoutError:
-            remove_placement_group(self.pg)
-            raise RuntimeError(
-                f"Ray: pool {name!r} cannot be placed: it needs {pool.nodes} node(s) with "
-                f"{bundle} free each; the cluster has {ray.available_resources()}"
-            ) from None
+            self.bundle["GPU"] = pool.gpus_per_worker * pool.workers_per_node
+        self.nodes = pool.nodes
+        self.session = session()
+        self.pg = reserve(name, self.bundle, pool.nodes)  # fails within seconds
+        hold(self)
+        # Forgotten (no placement, no handle left): its actors die with their handles, and
+        # this gives the placement group's resources back too.
+        finalizer = weakref.finalize(self, _remove_quietly, self.pg)
+        finalizer.atexit = False
         try:
             self._start(env, collective_timeout)
         except BaseException:
@@ -189,8 +196,14 @@ class Workers:
         for actor in self.actors:
             with contextlib.suppress(ValueError, ray.exceptions.RayError):  # already gone
                 ray.kill(actor, no_restart=True)
-        with contextlib.suppress(ValueError, ray.exceptions.RayError):
-            remove_placement_group(self.pg)
+        _remove_quietly(self.pg)
+
+
+def _remove_quietly(pg: Any) -> None:
+    if not ray.is_initialized():  # Ray stopped: the group is gone (and Ray's calls would
+        return  # start a new instance)
+    with contextlib.suppress(ValueError, ray.exceptions.RayError):  # already gone
+        remove_placement_group(pg)
 
 
 def _first_line(error: Exception) -> str:

@@ -28,13 +28,16 @@ node and the worker's traceback, as soon as the first rank fails. If the other r
 finish within a few seconds (they wait in a collective for the dead one), the whole pool is
 stopped and :class:`PoolBroken` tells you to build again; a killed worker (OOM, ``kill -9``)
 surfaces as :class:`WorkerDied` the same way. ``shutdown()`` (or ``with Ray(...) as p:``) kills
-the workers, frees the placement groups and stops the Ray instance this object started.
+the workers, frees the placement groups and stops the Ray instance this object started. A pool that finds no
+room fails within seconds, naming a placement of this process that still holds it
+(:mod:`rlblocks.placement.capacity`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +47,9 @@ from rlblocks.placement.handle import WorkerGroup
 from rlblocks.placement.local import ROLES
 from rlblocks.placement.pool import Pool, Workers
 
-__all__ = ["Pool", "Ray", "WorkerGroup"]
+__all__ = ["LOOPBACK", "Pool", "Ray", "WorkerGroup"]
+
+LOOPBACK = "127.0.0.1"  # where a Ray instance started here listens (no cluster address given)
 
 
 @dataclass
@@ -52,7 +57,8 @@ class Ray:
     """A Ray cluster placement (see the module docstring).
 
     ``address``: a running cluster (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``); None
-    uses the Ray instance already initialized in this process or starts a local one.
+    uses the Ray instance already initialized in this process or starts a local one, which
+    listens on 127.0.0.1 only.
     ``workers``: shorthand for one pool of that many workers on one node holding every role.
     ``pools`` / ``roles``: named pools and which pool each role uses (roles left out use the
     first pool). ``collective_timeout``: seconds any collective may wait for a peer. ``env``:
@@ -139,7 +145,11 @@ class Ray:
             group.stop()
         self._connect()
         group = Workers(
-            name, self.pools[name], env=self.env, collective_timeout=self.collective_timeout
+            name,
+            self.pools[name],
+            env=self.env,
+            collective_timeout=self.collective_timeout,
+            owner=repr(self),
         )
         self._groups[name] = group
         return group
@@ -152,8 +162,33 @@ class Ray:
             kwargs["address"] = "local"
             needed = sum(p.size * p.cpus_per_worker for p in self.pools.values())
             kwargs["num_cpus"] = max(int(-(-needed // 1)), os.cpu_count() or 1)
+            kwargs |= {"_node_ip_address": LOOPBACK, "dashboard_host": LOOPBACK}
         else:
             kwargs["address"] = self.address
         kwargs.update(self.init)
-        ray.init(**kwargs)
+        with _loopback_allowed(kwargs.get("_node_ip_address") == LOOPBACK):
+            ray.init(**kwargs)
         self._started_ray = True
+
+
+@contextlib.contextmanager
+def _loopback_allowed(allowed: bool) -> Iterator[None]:
+    """Let a local Ray instance take 127.0.0.1 as its node address, so that its servers (GCS,
+    raylet, object manager, workers) listen on the loopback interface only.
+
+    On Linux Ray turns a node address of 127.0.0.1 into the machine's routable one, and then
+    listens on every interface; it keeps the loopback address only where multi-node clusters
+    are off (``ray_constants.ENABLE_RAY_CLUSTER``, its default on macOS and Windows). That flag
+    is read when a node starts, so it is switched off only around this ``ray.init``.
+    """
+    if not allowed:
+        yield
+        return
+    from ray._private import ray_constants
+
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before

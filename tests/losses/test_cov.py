@@ -291,3 +291,20 @@ def test_no_valid_token():
         loss, m = fn(lp, torch.zeros(2, 3), torch.ones(2, 3), mask)
         assert_close(loss, torch.zeros(2, 3))
         assert all(v == 0 for v in m.values())
+
+
+@pytest.mark.parametrize("loss_fn", [clip_cov, kl_cov])
+def test_log_ratio_clamped_at_20_unlike_verl(loss_fn):
+    # Token 0 has log r = -1 - (-26) = 25, token 1 is on-policy. A = -1 for both: centred A is 0,
+    # so cov = 0 (nothing picked by Clip-Cov's [1, 5] band) and, with kl_coef 0, KL-Cov is -A*r.
+    # For A < 0 the PPO clip keeps max(r, clip(r)) = r: loss_t = r_t, d loss_t / d logp_t = r_t.
+    lp, old = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-26.0, -2.0]])
+    adv, mask = torch.tensor([[-1.0, -1.0]]), torch.tensor([[True, True]])
+    kw = {"kl_coef": 0.0} if loss_fn is kl_cov else {}
+    for clamp, ratio, grad in [(20.0, math.exp(20), 0.0), (INF, math.exp(25), math.exp(25))]:
+        # 20 (the default): r = e^20 and no gradient through it; inf: verl's exp(25), unclamped.
+        lp_leaf = leaf(lp)
+        loss, _ = loss_fn(lp_leaf, old, adv, mask, log_ratio_clamp=clamp, **kw)
+        loss.sum().backward()
+        assert_close(loss, torch.tensor([[ratio, 1.0]]))
+        assert_close(lp_leaf.grad, torch.tensor([[grad, 1.0]]))
