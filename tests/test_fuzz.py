@@ -10,11 +10,13 @@ from inside torch, NumPy or the trainer is a failure of this test.
 from __future__ import annotations
 
 import math
+import re
 import time
+import traceback
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import rlblocks as rb
@@ -132,3 +134,55 @@ def test_any_reward_output_is_scored_or_refused_with_the_contract(blocks, output
     assert metrics["reward/nonfinite"] == nonfinite  # rows in = finite + counted
     assert math.isfinite(metrics["reward/mean"])
     assert metrics["skipped_steps"] == 0.0  # a NaN row never costs the step any more
+
+
+TEXT = st.one_of(
+    st.text(max_size=12),  # any Unicode, lone surrogates included
+    st.text(alphabet=st.characters(codec="utf-8"), min_size=1, max_size=12),
+    st.just(""),
+    st.just("Count: " + " ".join(map(str, range(200)))),  # past the test model's context
+    st.just("x\x00y"),
+)
+PROMPT = st.one_of(
+    TEXT,
+    st.lists(st.fixed_dictionaries({"role": st.just("user"), "content": TEXT}), max_size=2),
+    st.integers(),
+    st.none(),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=1),
+)
+
+
+def raised_by_rlblocks(err: BaseException) -> bool:
+    """The error was raised by rlblocks itself (the innermost frame is in the package)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    return (
+        bool(frames)
+        and "/rlblocks/" in frames[-1].filename
+        and "/tests/" not in frames[-1].filename
+    )
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(prompts=st.lists(PROMPT, min_size=1, max_size=3))
+def test_any_prompt_row_is_trained_on_or_refused_by_rlblocks_naming_it(blocks, prompts):
+    policy, _ = blocks
+    policy.model.config.max_position_embeddings = 96  # a short context, so length is fuzzed too
+    engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, progress=False)
+    try:
+        rows = rb.data.load_prompts([{"prompt": p, "ground_truth": "0"} for p in prompts])
+        ro = engine.generate(rows.prompts, n=2, sampling=rb.SamplingParams(max_new_tokens=4))
+        metrics = grpo_step(
+            policy, ro, rb.rewards.per_sample(lambda c, **row: float(len(c)), timeout=None)
+        )
+    except (TypeError, ValueError) as err:
+        assert raised_by_rlblocks(err), "".join(traceback.format_exception(err))
+        assert re.search(r"row \d|prompt \d|line \d", str(err)), err  # names the row
+        event(f"refused: {type(err).__name__}")
+        return
+    finally:
+        policy.model.config.max_position_embeddings = 512
+    event("trained")
+    assert len(ro) == 2 * len(prompts)  # every row generated and scored
+    assert metrics["reward/failures"] == 0.0 and metrics["optimizer_steps"] == 1.0
