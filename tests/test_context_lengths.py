@@ -49,3 +49,12 @@ def test_the_trainer_refuses_rows_past_the_context_before_its_forward():
     with pytest.raises(ValueError, match="past the model's context"):
         policy.step(ro, torch.ones(4), loss_fn=rb.recipes.defaults.PPO_CLIP)
     assert policy.optimizer_steps == 0
+
+
+def test_the_critic_refuses_rows_past_the_context_before_its_forward():
+    policy, engine = _blocks(context=64)
+    critic = rb.critic.CriticTrainer(policy.model)
+    ro = engine.generate(["Count: 1"], n=2, sampling=rb.SamplingParams(max_new_tokens=8))
+    critic.model.backbone.config.max_position_embeddings = int(ro.attention_mask.sum(-1).max()) - 1
+    with pytest.raises(ValueError, match=r"ValueModel: row \d has \d+ tokens, past the model's"):
+        critic.values(ro)

@@ -44,7 +44,8 @@ def test_square_advantages_passed_transposed_are_refused():
         ["Count: 1", "Count: 2"], n=2, sampling=rb.SamplingParams(max_new_tokens=4)
     )
     ro = ro.replace(
-        response_mask=torch.arange(4)[None, :] < torch.tensor([4, 2, 3, 1])[:, None]  # not symmetric
+        response_mask=torch.arange(4)[None, :]
+        < torch.tensor([4, 2, 3, 1])[:, None]  # not symmetric
     )
     b, t = ro.response_mask.shape
     assert b == t == 4
