@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from rlblocks.checkpoint.rng import rng_state, set_rng_state
+from rlblocks.trainer.export import tied_names
 
 COUNTERS = ("steps", "optimizer_steps", "skipped_steps")
 
@@ -140,7 +141,7 @@ def _load_full_weights(trainer: Any, saved: Mapping[str, Tensor], folder: Path) 
     model = trainer.model
     names = set(model.state_dict())
     extra = sorted(set(saved) - names)
-    missing = sorted(names - set(saved) - _tied_names(model))
+    missing = sorted(names - set(saved) - set(tied_names(model)))  # tied: saved once
     if extra or missing:
         raise KeyError(f"{folder} does not fit the policy: missing {missing}, extra {extra}")
     if trainer.dp.sharded:
@@ -148,17 +149,6 @@ def _load_full_weights(trainer: Any, saved: Mapping[str, Tensor], folder: Path) 
         set_model_state_dict(model, dict(saved), options=options)
     else:
         model.load_state_dict(saved, strict=False)
-
-
-def _tied_names(model: nn.Module) -> set[str]:
-    """Names under which a tensor appears a second time (tied embeddings): saved once."""
-    seen: set[int] = set()
-    tied = set()
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if id(tensor) in seen:
-            tied.add(name)
-        seen.add(id(tensor))
-    return tied
 
 
 # ---------------------------------------------------------------------- reference identity

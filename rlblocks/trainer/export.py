@@ -156,7 +156,7 @@ def push_to_hub(
 def _gathered_weights(trainer: Exportable, *, keep: bool) -> dict[str, Tensor]:
     """``named_weights()`` on the CPU, each tied parameter under its first name only; every
     rank iterates (a sharded trainer all-gathers), only ``keep`` holds on to them (rank 0)."""
-    tied = _tied_names(hf_model(trainer)) if keep else {}
+    tied = tied_names(hf_model(trainer)) if keep else {}
     weights: dict[str, Tensor] = {}
     for name, tensor in trainer.named_weights():
         if not keep:
@@ -174,7 +174,7 @@ def _gathered_weights(trainer: Exportable, *, keep: bool) -> dict[str, Tensor]:
     return weights
 
 
-def _tied_names(model: nn.Module) -> dict[str, str]:
+def tied_names(model: nn.Module) -> dict[str, str]:
     """``{name: first name}`` for every parameter ``state_dict`` lists again under another name
     (``lm_head.weight`` → ``model.embed_tokens.weight``), with peft's ``.base_layer.`` removed."""
     first: dict[int, str] = {}
