@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from rlblocks.models.context import check_lengths, context_length
+from rlblocks.models.context import check_rows
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.forward import position_ids
 
@@ -92,8 +92,7 @@ class ValueModel(nn.Module):
         if tp == 0:
             raise ValueError("ValueModel: rollouts have no prompt column (tp = 0)")
         mask = rollouts.attention_mask
-        check_lengths(mask.sum(-1).tolist(), new_tokens=0, limit=context_length(self.backbone),
-                      owner="ValueModel")  # fmt: skip
+        check_rows(self.backbone, mask, owner="ValueModel")
         autocast = (
             torch.autocast(device_type=mask.device.type, dtype=torch.bfloat16)
             if bf16

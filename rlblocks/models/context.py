@@ -61,4 +61,14 @@ def check_lengths(
     )
 
 
-__all__ = ["check_lengths", "context_length"]
+def check_rows(model: Any, attention_mask: Any, *, owner: str) -> None:
+    """`check_lengths` of a trainer's rows (``attention_mask`` (b s), True at real tokens)
+    against ``model``'s context. A batch no wider than the context cannot hold a row past it,
+    so in the usual case nothing is counted and no device value is read back to the host (a
+    sync per forward on a GPU)."""
+    limit = context_length(model)
+    if limit is not None and attention_mask.shape[-1] > limit:
+        check_lengths(attention_mask.sum(-1).tolist(), new_tokens=0, limit=limit, owner=owner)
+
+
+__all__ = ["check_lengths", "check_rows", "context_length"]

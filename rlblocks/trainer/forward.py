@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from rlblocks.losses.entropy import entropy_from_logits, token_logprobs
-from rlblocks.models.context import check_lengths, context_length
+from rlblocks.models.context import check_rows
 from rlblocks.rollouts import Rollouts
 
 
@@ -56,8 +56,7 @@ def response_logits(
     if tp == 0:
         raise ValueError("response_logits: rollouts have no prompt column (tp = 0)")
     mask = rollouts.attention_mask
-    check_lengths(mask.sum(-1).tolist(), new_tokens=0, limit=context_length(model),
-                  owner="the trainer's forward")  # fmt: skip
+    check_rows(model, mask, owner="the trainer's forward")
     kwargs = {
         "input_ids": rollouts.input_ids,
         "attention_mask": mask.long(),
