@@ -24,7 +24,7 @@ LOSS = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.2))
 
 def make_trainer(dtype=torch.float64, device="cpu", **overrides):
     model, _ = rb.models.tiny(seed=0)
-    settings = {"lr": 1e-3, "reference": None, **overrides}
+    settings = {"lr": 1e-3, "reference": None, "log_entropy": True, **overrides}
     return rb.trainer.PolicyTrainer(model.to(dtype=dtype, device=device), **settings)
 
 

@@ -9,7 +9,13 @@ import rlblocks as rb
 
 PROMPTS = ["What is 2 + 3?", "Say hi", "7 times 8", "Tom has 3 apples.", "one two"]
 LOSS = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))
-TRAIN = {"lr": 1e-3, "mini_batch_size": 4, "micro_batch_size": 3, "reference": None}
+TRAIN = {
+    "lr": 1e-3,
+    "mini_batch_size": 4,
+    "micro_batch_size": 3,
+    "reference": None,
+    "log_entropy": True,
+}
 
 
 def policy_factory(dtype=torch.float64, **overrides):

@@ -21,8 +21,9 @@ def test_demo_smoke_run_writes_its_outputs(tmp_path, monkeypatch):
     assert json.loads((out / "summary.json").read_text()) == summary
     records = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1]
-    for key in ("reward/mean", "response_length", "kl", "entropy", "grad_norm", "time/update"):
+    for key in ("reward/mean", "response_length", "clip_frac", "grad_norm", "time/update"):
         assert key in records[0], key
+    assert "kl/token" not in records[0]  # --kl-coef 0: no reference model, nothing scored
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -43,6 +44,16 @@ def test_demo_resumes_and_never_mixes_two_runs(tmp_path, monkeypatch):
     assert [r["step"] for r in records] == [0, 1, 2]
     assert [r["sync/version"] for r in records] == [1, 2, 3]  # the resharder's version goes on
     assert rb.checkpoint.Checkpointer(out / "checkpoints").steps() == [3]  # the newest only
+
+
+def test_demo_with_a_kl_coefficient_keeps_a_reference(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLBLOCKS_CACHE", str(tmp_path / "cache"))
+    argv = ["--model", "tiny", "--steps", "1", "--eval-size", "2", "--group-size", "2"]
+    argv += ["--prompts-per-step", "2", "--max-new-tokens", "4", "--kl-coef", "0.1"]
+    demo.main([*argv, "--out", str(tmp_path / "run")])
+    (record,) = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert record["kl/token"] == 0.0  # π_old is the initial policy at step 0: k3 = 0 exactly
+    assert "kl_loss" in record or "kl" in record
 
 
 def test_demo_rejects_unknown_task():

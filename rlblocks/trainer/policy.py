@@ -269,13 +269,14 @@ class PolicyTrainer:
         (b t, with gradient) and ``rollout_logprobs`` (b t) when its signature names them.
 
         Returns floats: ``loss`` (mean mini-batch loss), every loss metric and ``entropy``
-        averaged over micro-batches weighted by valid tokens, ``grad_norm`` (mean pre-clipping
-        norm), ``lr`` (of the last applied update), ``optimizer_steps``, ``skipped_steps``,
-        ``seconds`` (of which ``logprob_seconds`` scoring π_old and π_ref before the update),
-        ``tokens_per_second`` (real tokens × epochs / seconds) and, when the rollouts carry
-        rollout log-probs, ``mismatch/abs_mean``, ``mismatch/abs_max`` and ``mismatch/kl``
-        (π_old against the engine's log-probs, ``rlblocks.losses.mismatch``). Metrics of
-        skipped steps are left out (NaN if every step was skipped).
+        (when the loss takes it or ``config.log_entropy`` asks) averaged over micro-batches
+        weighted by valid tokens, ``grad_norm`` (mean pre-clipping norm), ``lr`` (of the last
+        applied update), ``optimizer_steps``, ``skipped_steps``, ``seconds`` (of which
+        ``logprob_seconds`` scoring π_old and π_ref before the update), ``tokens_per_second``
+        (real tokens × epochs / seconds) and, when the rollouts carry rollout log-probs,
+        ``mismatch/abs_mean``, ``mismatch/abs_max`` and ``mismatch/kl`` (π_old against the
+        engine's log-probs, ``rlblocks.losses.mismatch``). Metrics of skipped steps are left out
+        (NaN if every step was skipped).
 
         ``minibatches``: the row indices of each optimizer step, in order, instead of the ones
         ``mini_batch_size``, ``epochs`` and ``shuffle_seed`` would draw. In a data-parallel
@@ -337,9 +338,11 @@ class PolicyTrainer:
         self, micro: Rollouts, normalizer: Tensor, *, loss_fn: PolicyLoss, wants: LossInputs
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """One micro-batch: forward, per-token ``loss_fn``, ``aggregate`` with the mini-batch
-        normalizer; the loss metrics and the mean entropy of its valid tokens."""
-        lp, entropy = self._score(self.model, micro, entropy=True)
-        if "entropy" not in wants.accepted:
+        normalizer; the loss metrics, and the mean entropy of its valid tokens when the loss
+        takes it or ``config.log_entropy`` asks for it."""
+        in_loss = "entropy" in wants.accepted
+        lp, entropy = self._score(self.model, micro, entropy=in_loss or self.config.log_entropy)
+        if entropy is not None and not in_loss:
             entropy = entropy.detach()  # only a metric: no gradient through it
         inputs = {
             "entropy": entropy,
@@ -350,7 +353,9 @@ class PolicyTrainer:
         mask = micro.response_mask
         per_token, metrics = loss_fn(lp, micro.old_logprobs, micro.advantages, mask, **kwargs)
         loss = aggregate(per_token, mask, mode=self.config.aggregation, normalizer=normalizer)
-        return loss, {**metrics, "entropy": masked_mean(entropy.detach(), mask)}
+        if entropy is not None:
+            metrics = {**metrics, "entropy": masked_mean(entropy.detach(), mask)}
+        return loss, metrics
 
     # ------------------------------------------------------------------ weights and state
     def named_weights(self, *, bucket_bytes: int | None = None) -> Iterator[tuple[str, Tensor]]:

@@ -105,7 +105,7 @@ def test_micro_batching_does_not_change_the_update(make_rollouts, aggregation, b
     results = []
     for split in [{"micro_batch_size": 8}, *SPLITS]:
         model = tiny(dtype=torch.float64)[0]
-        cfg = TrainConfig(lr=1e-2, aggregation=aggregation, **batching, **split)
+        cfg = TrainConfig(lr=1e-2, aggregation=aggregation, log_entropy=True, **batching, **split)
         out = PolicyTrainer(model, config=cfg, reference=None).step(
             ro, adv, loss_fn=loss, old_logprobs=old
         )
@@ -163,3 +163,21 @@ def test_old_logprobs_sources(model32, make_rollouts):
     # The argument wins over the extras: old = lp − 0.5 gives approx_kl = −0.5.
     out = trainer.step(shifted, adv, loss_fn=clipped_surrogate, old_logprobs=lp - 0.5)
     assert_close(out["approx_kl"], -0.5, rtol=0, atol=1e-5)
+
+
+def test_entropy_is_computed_only_when_asked(model32, make_rollouts):
+    # The entropy metric costs a pass over the vocabulary per token: off unless the loss takes
+    # it or config.log_entropy asks. Asking changes nothing else in the update.
+    ro = make_rollouts(seed=5)
+    adv, old = _inputs(ro, seed=5)
+    loss = partial(clipped_surrogate, clip=(0.2, 0.28))
+    outs, weights = [], []
+    for log_entropy in (False, True):
+        model = tiny(dtype=torch.float64)[0]
+        trainer = PolicyTrainer(model, reference=None, lr=1e-2, log_entropy=log_entropy)
+        outs.append(trainer.step(ro, adv, loss_fn=loss, old_logprobs=old))
+        weights.append(_weights(model))
+    assert "entropy" not in outs[0]
+    assert outs[1]["entropy"] > 0
+    assert_close(weights[0], weights[1], rtol=0, atol=0)
+    assert outs[0]["loss"] == outs[1]["loss"]
