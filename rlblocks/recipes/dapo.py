@@ -58,7 +58,7 @@ from rlblocks.interfaces import (
     SamplingParams,
 )
 from rlblocks.losses import TokenMean, clipped_surrogate
-from rlblocks.recipes.defaults import DEFAULT_SAMPLING, DapoStepCallback
+from rlblocks.recipes.defaults import DEFAULT_SAMPLING, DapoStepCallback, reuses_rollout_logprobs
 from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
 from rlblocks.rewards import checked, combine, keep_informative_groups, overlong
 
@@ -161,7 +161,7 @@ def dapo(
     advantage: AdvantageEstimator = grpo_advantage,
     resharder: Resharder | None = None,
     on_step: DapoStepCallback | None = None,
-    reuse_rollout_logprobs: bool = False,
+    reuse_rollout_logprobs: bool | None = None,
     progress: bool = True,
     checkpoint: Checkpointer | str | Path | None = None,
     resume: Resume = False,
@@ -201,6 +201,7 @@ def dapo(
     loss_fn = partial(clipped_surrogate, clip=clip)  # clip-higher, §3.1
     task = _scored_once(reward_fn)  # scored once, read by the shaped reward and the filter
     shaped = _shaped_reward(task, sampling, max_length, cache_length, overlong_factor)
+    reuse = reuses_rollout_logprobs(reuse_rollout_logprobs, policy, engine, sampling)
 
     def step(index: int, prompts: Iterator[Any], clock: Clock) -> Step | None:
         with clock("rollout"):  # 1.-2. dynamic sampling, shaped reward; scoring is "reward"
@@ -221,7 +222,7 @@ def dapo(
             return Step(metrics, None)  # nothing informative: no update, no sync
         rollouts = sampled.rollouts.replace(rewards=sampled.rewards)
         advantages, _ = advantage(sampled.rewards, rollouts.response_mask, rollouts.group_ids)
-        if reuse_rollout_logprobs:
+        if reuse:  # π_old: the engine's log-probs
             rollouts = rollouts.replace(old_logprobs=rollouts.rollout_logprobs)
         with clock("update"):  # 3.-4.
             metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)

@@ -33,7 +33,12 @@ from rlblocks.interfaces import (
     RolloutEngine,
     SamplingParams,
 )
-from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
+from rlblocks.recipes.defaults import (
+    DEFAULT_SAMPLING,
+    PPO_CLIP,
+    StepCallback,
+    reuses_rollout_logprobs,
+)
 from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
 from rlblocks.rewards import checked
 
@@ -51,7 +56,7 @@ def grpo(
     loss_fn: PolicyLoss = PPO_CLIP,
     resharder: Resharder | None = None,
     on_step: StepCallback | None = None,
-    reuse_rollout_logprobs: bool = False,
+    reuse_rollout_logprobs: bool | None = None,
     progress: bool = True,
     checkpoint: Checkpointer | str | Path | None = None,
     resume: Resume = False,
@@ -61,8 +66,9 @@ def grpo(
 
     ``reuse_rollout_logprobs`` takes the engine's sampling log-probs as π_old instead of
     recomputing them with the trainer: one forward pass less per step, exact only when the
-    engine samples with the trainer's current weights at the trainer's temperature (the
-    in-process HF engine sharing the model does).
+    engine samples with the trainer's current weights at the trainer's temperature. None (the
+    default) does so exactly then: an in-process `HFEngine` around ``policy.model``
+    (`rlblocks.recipes.defaults.samples_with_policy`); True forces it, False never.
 
     ``batches`` yields prompt batches with ``.prompts`` and ``.metadata`` (see
     :mod:`rlblocks.data`). ``on_step(step, metrics, rollouts)`` is called after every step:
@@ -81,6 +87,7 @@ def grpo(
     config = run_config("grpo", locals())  # logged once, checked on resume
     resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
+    reuse = reuses_rollout_logprobs(reuse_rollout_logprobs, policy, engine, sampling)
 
     def step(index: int, batch: Any, clock: Clock) -> Step:
         with clock("rollout"):  # 1. G samples per prompt, one group id per prompt
@@ -91,7 +98,7 @@ def grpo(
             rewards, reward_metrics = reward_fn(rollouts)
         rollouts = rollouts.replace(rewards=rewards)  # kept with the rows (dashboards read it)
         advantages, _ = advantage(rewards, rollouts.response_mask, rollouts.group_ids)  # 3.
-        if reuse_rollout_logprobs:
+        if reuse:  # π_old: the engine's log-probs
             rollouts = rollouts.replace(old_logprobs=rollouts.rollout_logprobs)
         with clock("update"):  # 4. (π_old scored inside: the trainer's logprob_seconds)
             train_metrics = policy.step(rollouts, advantages, loss_fn=loss_fn)

@@ -75,3 +75,53 @@ def test_evaluate_scores_greedy_answers(score):
     assert len(result.samples(2)) == 2
     with pytest.raises(ValueError, match="at least one prompt"):
         rb.recipes.evaluate(engine, [], reward)
+
+
+def _weights_after_grpo(engine_kind: str, reuse, steps: int = 2):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model, tokenizer = rb.models.tiny(seed=0)
+        policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None)
+        if engine_kind == "shared":
+            engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+        else:  # its own copy of the same weights, synced by the resharder
+            engine = rb.rollout.HFEngine(rb.models.tiny(seed=0)[0], tokenizer, progress=False)
+        history = run_group_recipe(
+            rb.recipes.grpo, policy, engine, steps=steps, reuse_rollout_logprobs=reuse
+        )
+    return history, {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+
+
+def test_engine_sharing_the_model_gives_pi_old_by_default():
+    # Default (None): an HFEngine around policy.model samples with the trainer's own weights at
+    # its temperature, so its log-probs are taken as π_old: the run equals reuse=True bit for
+    # bit, and π_old against the rollout log-probs is exactly 0 (they are the same tensor).
+    auto, auto_weights = _weights_after_grpo("shared", None)
+    forced, forced_weights = _weights_after_grpo("shared", True)
+    assert [h["loss"] for h in auto] == [h["loss"] for h in forced]
+    for name, value in auto_weights.items():
+        assert torch.equal(value, forced_weights[name]), name
+    assert all(h["mismatch/abs_max"] == 0.0 for h in auto)
+
+
+def test_a_separate_engine_copy_is_never_taken_for_pi_old():
+    # Its own copy could be stale: the trainer scores π_old itself, and the mismatch metric
+    # shows a nonzero gap (cached against uncached attention rounding, at least).
+    history, _ = _weights_after_grpo("copy", None, steps=1)
+    assert history[0]["mismatch/abs_max"] > 0.0
+
+
+def test_samples_with_policy_needs_the_same_module_and_temperature():
+    from rlblocks.recipes.defaults import samples_with_policy
+
+    model, tokenizer = rb.models.tiny(seed=0)
+    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, reference=None)
+    shared = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+    copy = rb.rollout.HFEngine(rb.models.tiny(seed=0)[0], tokenizer, progress=False)
+    t1, t07 = rb.SamplingParams(temperature=1.0), rb.SamplingParams(temperature=0.7)
+    assert samples_with_policy(policy, shared, t1)
+    assert samples_with_policy(policy, shared, rb.SamplingParams(temperature=0.0))  # T=1 lps
+    assert not samples_with_policy(policy, shared, t07)  # the trainer scores at T = 1
+    assert not samples_with_policy(policy, copy, t1)
+    hot = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, reference=None, temperature=0.7)
+    assert samples_with_policy(hot, rb.rollout.HFEngine(hot.model, tokenizer), t07)
