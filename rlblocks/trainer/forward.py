@@ -5,13 +5,17 @@ right-padded). For a causal LM the logits at position j predict token j + 1, so 
 response tokens at columns tp … tp+t−1 are scored by the hidden states at columns
 tp−1 … tp+t−2: the last t + 1 columns, minus the very last one.
 
-Only those columns go through the LM head. We pass ``logits_to_keep=t + 1`` to the model's own
+Only those columns go through the LM head. We pass ``logits_to_keep`` to the model's own
 ``forward`` (the argument of every generated Hugging Face causal LM since transformers 4.50;
-peft wrappers forward it to the base model) and drop the last column, as TRL's GRPO trainer
-does. Calling ``model.model`` and ``model.lm_head`` ourselves would be as cheap but would skip
-what some models do after the head (Gemma-2's logit soft-capping, Cohere's logit scale); a model
-whose ``forward`` has no ``logits_to_keep`` gets full logits, sliced afterwards: correct, just
-more memory.
+peft wrappers forward it to the base model) as the 1-D tensor of those t column indices, which
+the models use to index the hidden states: the logits come out ``(b t v)`` and contiguous. (TRL
+passes the int t + 1 and drops the last column; the sliced view then costs a ``(b t v)`` copy
+when the log-probs flatten it, and one more column through the head.) A model that takes only
+an int (its output has another width) gets its last t + 1 columns sliced as TRL does. Calling
+``model.model`` and ``model.lm_head`` ourselves would be as cheap but would skip what some
+models do after the head (Gemma-2's logit soft-capping, Cohere's logit scale); a model whose
+``forward`` has no ``logits_to_keep`` gets full logits, sliced afterwards: correct, just more
+memory.
 
 Position ids follow the attention mask, ``position_ids = clamp(cumsum(mask) − 1, min=0)`` (as
 verl's ``compute_position_id_with_mask``), so a left-padded prompt gets the same rotary
@@ -63,8 +67,9 @@ def response_logits(
         "position_ids": position_ids(mask),
         "use_cache": False,  # never needed here; and required with gradient checkpointing
     }
+    s = mask.shape[1]
     if _accepts_logits_to_keep(model):
-        kwargs["logits_to_keep"] = t + 1
+        kwargs["logits_to_keep"] = torch.arange(s - t - 1, s - 1, device=mask.device)
     device_type = mask.device.type
     autocast = (
         torch.autocast(device_type=device_type, dtype=torch.bfloat16)
@@ -73,7 +78,8 @@ def response_logits(
     )
     with autocast:
         logits = model(**kwargs).logits
-    logits = logits[:, logits.shape[1] - (t + 1) : logits.shape[1] - 1]
+    if logits.shape[1] != t:  # full logits, or the last t + 1 (an int-only logits_to_keep)
+        logits = logits[:, logits.shape[1] - (t + 1) : logits.shape[1] - 1]
     return logits if temperature == 1.0 else logits / temperature
 
 

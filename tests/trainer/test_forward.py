@@ -71,12 +71,16 @@ class _NoLogitsToKeep(nn.Module):
 def test_only_response_positions_reach_the_head(model64, make_rollouts):
     ro = make_rollouts(seed=4)
     tp, t = ro.prompt_ids.shape[1], ro.response_ids.shape[1]
+    head_widths = []
+    hook = model64.lm_head.register_forward_hook(lambda m, i, o: head_widths.append(i[0].shape[1]))
     kept = response_logits(model64, ro)
+    hook.remove()
+    assert head_widths == [t] and kept.is_contiguous()  # the t scoring columns, nothing else
     plain = _NoLogitsToKeep(model64)
     full = response_logits(plain, ro)
     assert plain.calls == [tp + t]  # the fallback scored every column...
     assert kept.shape == full.shape == (len(ro), t, model64.config.vocab_size)
-    assert_close(kept, full)  # ...and gives the same logits as logits_to_keep = t + 1
+    assert_close(kept, full)  # ...and gives the same logits
 
 
 def test_gradient_flows_and_no_prompt_column_is_refused(model32, make_rollouts):
