@@ -16,7 +16,7 @@ back), and every step draws fresh prompts. The loop around the step (progress, `
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -38,8 +38,10 @@ from rlblocks.recipes.defaults import (
     PPO_CLIP,
     StepCallback,
     reuses_rollout_logprobs,
+    samples_with_policy,
 )
 from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
+from rlblocks.recipes.overlap import OneStepOff, Sampled
 from rlblocks.rewards import checked
 
 
@@ -57,6 +59,7 @@ def grpo(
     resharder: Resharder | None = None,
     on_step: StepCallback | None = None,
     reuse_rollout_logprobs: bool | None = None,
+    async_rollout: OneStepOff | None = None,
     progress: bool = True,
     checkpoint: Checkpointer | str | Path | None = None,
     resume: Resume = False,
@@ -69,6 +72,11 @@ def grpo(
     engine samples with the trainer's current weights at the trainer's temperature. None (the
     default) does so exactly then: an in-process `HFEngine` around ``policy.model``
     (`rlblocks.recipes.defaults.samples_with_policy`); True forces it, False never.
+
+    ``async_rollout``: a `rlblocks.recipes.OneStepOff` samples the next batch while the
+    trainer updates on this one (one update stale; the engine needs its own copy of the
+    weights), with π_old recomputed or taken from the engine as it says; see
+    `rlblocks.recipes.overlap`. Its metrics: ``async/staleness``, ``async/sample_seconds``.
 
     ``batches`` yields prompt batches with ``.prompts`` and ``.metadata`` (see
     :mod:`rlblocks.data`). ``on_step(step, metrics, rollouts)`` is called after every step:
@@ -88,35 +96,48 @@ def grpo(
     resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
     reuse = reuses_rollout_logprobs(reuse_rollout_logprobs, policy, engine, sampling)
+    sampled = Sampled(  # 1., in the step or one step ahead (async_rollout)
+        engine,
+        group_size=group_size,
+        sampling=sampling,
+        overlap=async_rollout,
+        shares_weights=samples_with_policy(policy, engine, sampling),
+    )
 
-    def step(index: int, batch: Any, clock: Clock) -> Step:
-        with clock("rollout"):  # 1. G samples per prompt, one group id per prompt
-            rollouts = engine.generate(
-                batch.prompts, n=group_size, sampling=sampling, metadata=batch.metadata
-            )
+    def step(index: int, batches: Iterator[Any], clock: Clock) -> Step | None:
+        # 1. G samples per prompt, one group id per prompt (the next batch too, when async)
+        drawn = sampled.next(batches, clock, ahead=index + 1 < steps)
+        if drawn is None:
+            return None  # the prompt batches ran out
+        rollouts, async_metrics = drawn
         with clock("reward"):  # 2. one scalar per response
             rewards, reward_metrics = reward_fn(rollouts)
         rollouts = rollouts.replace(rewards=rewards)  # kept with the rows (dashboards read it)
         advantages, _ = advantage(rewards, rollouts.response_mask, rollouts.group_ids)  # 3.
-        if reuse:  # π_old: the engine's log-probs
-            rollouts = rollouts.replace(old_logprobs=rollouts.rollout_logprobs)
+        rollouts = sampled.old_logprobs(rollouts, reuse)  # π_old: the engine's, if so chosen
         with clock("update"):  # 4. (π_old scored inside: the trainer's logprob_seconds)
             train_metrics = policy.step(rollouts, advantages, loss_fn=loss_fn)
+        sampled.wait(clock)  # the batch sampled ahead is complete: the engine is idle
         with clock("sync"):  # 5.
             sync_metrics = resharder.sync(policy, engine)
-        return Step({**reward_metrics, **train_metrics, **sync_metrics}, rollouts)
+        metrics = {**reward_metrics, **train_metrics, **sync_metrics, **async_metrics}
+        return Step(metrics, rollouts)
 
-    return run_steps(
-        "GRPO",
-        step,
-        batches,
-        steps=steps,
-        on_step=on_step,
-        progress=progress,
-        blocks={"policy": policy, "resharder": resharder},
-        config=config,
-        checkpoint=checkpoint,
-        resume=resume,
-        after_resume=partial(resharder.resync, policy, engine),  # the engine has initial weights
-        tracker=tracker,
-    )
+    try:
+        return run_steps(
+            "GRPO",
+            step,
+            batches,
+            batch_per_step=False,  # the step draws its batch, and the next one when async
+            steps=steps,
+            on_step=on_step,
+            progress=progress,
+            blocks={"policy": policy, "resharder": resharder, "rollouts": sampled},
+            config=config,
+            checkpoint=checkpoint,
+            resume=resume,
+            after_resume=partial(resharder.resync, policy, engine),  # it has initial weights
+            tracker=tracker,
+        )
+    finally:
+        sampled.close()

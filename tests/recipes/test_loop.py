@@ -311,7 +311,8 @@ def test_no_recipe_imports_another_or_probes_a_block(module):
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             assert node.func.id not in {"getattr", "hasattr"}, (module, node.lineno)
     recipes = {m for m in imported if m.startswith("rlblocks.recipes.")}
-    assert recipes <= {"rlblocks.recipes.defaults", "rlblocks.recipes.loop"}, recipes
+    shared = {"rlblocks.recipes.defaults", "rlblocks.recipes.loop", "rlblocks.recipes.overlap"}
+    assert recipes <= shared, recipes
     assert "inspect" not in imported and "rlblocks.losses.inputs" not in imported
     assert "rlblocks.critic" not in imported  # PPO's critic is an interfaces.Critic
 
