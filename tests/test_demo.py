@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 import rlblocks as rb
 from rlblocks import demo
@@ -54,6 +55,22 @@ def test_demo_with_a_kl_coefficient_keeps_a_reference(tmp_path, monkeypatch):
     (record,) = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert record["kl/token"] == 0.0  # π_old is the initial policy at step 0: k3 = 0 exactly
     assert "kl_loss" in record or "kl" in record
+
+
+def test_demo_runs_one_step_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLBLOCKS_CACHE", str(tmp_path / "cache"))
+    argv = ["--model", "tiny", "--steps", "3", "--eval-size", "2", "--group-size", "2"]
+    argv += ["--prompts-per-step", "2", "--max-new-tokens", "4", "--async"]
+    threads = torch.get_num_threads()
+    try:
+        demo.main([*argv, "--out", str(tmp_path / "run")])
+    finally:
+        torch.set_num_threads(threads)
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["async/staleness"] for r in records] == [0.0, 1.0, 1.0]
+    assert all(r["sync/bytes"] > 0 for r in records)  # the engine's own copy is synced
+    with pytest.raises(SystemExit, match="--async runs with the in-process HF engine"):
+        demo.main([*argv, "--workers", "2", "--out", str(tmp_path / "other")])
 
 
 def test_demo_rejects_unknown_task():
