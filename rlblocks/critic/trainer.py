@@ -39,7 +39,12 @@ from rlblocks.interfaces import Advantages, Dispatch, dispatch
 from rlblocks.losses.aggregate import aggregate
 from rlblocks.losses.value import value_loss
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer.batches import micro_batch_pairs, pad_columns, token_advantages
+from rlblocks.trainer.batches import (
+    in_batch_order,
+    micro_batch_pairs,
+    pad_columns,
+    token_advantages,
+)
 from rlblocks.trainer.checkpoint import load_trainer, save_trainer
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
@@ -129,17 +134,15 @@ class CriticTrainer:
         if b == 0 and self.dp.size == 1:
             return torch.zeros(b, t, device=self.device)
         parts = []
-        for micro, real in self._micro(rollouts):
+        pairs, order = micro_batch_pairs(rollouts, self.config, self.dp)
+        for micro, real in pairs:
             values = self._forward(micro.trim())
             if real:  # padding micro-batches only keep FSDP's collectives in step
                 parts.append(values)
-        return torch.cat([pad_columns(p, t) for p in parts]).float()
+        return in_batch_order(torch.cat([pad_columns(p, t) for p in parts]), order).float()
 
     def _forward(self, rollouts: Rollouts) -> Tensor:
         return self.model(rollouts, bf16=self.config.bf16)
-
-    def _micro(self, rollouts: Rollouts) -> list[tuple[Rollouts, bool]]:
-        return micro_batch_pairs(rollouts, self.config, self.dp)
 
     # ------------------------------------------------------------------ the update
     @dispatch(Dispatch.ALL)

@@ -88,22 +88,49 @@ def pad_columns(x: Tensor, width: int) -> Tensor:
 
 def micro_batch_pairs(
     rollouts: Rollouts, config: TrainConfig, dp: SingleProcess | DataParallel
-) -> list[tuple[Rollouts, bool]]:
-    """``(micro_batch, real)`` pairs of :func:`micro_batches`; in a data-parallel group every
-    rank pads its list to the longest with ``real=False`` copies of its first row, which run
-    (FSDP's collectives must match) and count for nothing. A rank needs at least one row."""
-    parts = micro_batches(rollouts, config)
+) -> tuple[list[tuple[Rollouts, bool]], Tensor | None]:
+    """``(micro_batch, real)`` pairs of :func:`micro_batches`, and the row order they follow
+    (None: the batch's own). In a data-parallel group every rank pads its list to the longest
+    with ``real=False`` copies of its first row, which run (FSDP's collectives must match) and
+    count for nothing. A rank needs at least one row."""
+    parts, order = micro_batches(rollouts, config)
     if dp.size == 1:
-        return [(p, True) for p in parts]
+        return [(p, True) for p in parts], order
     if len(rollouts) == 0:
         raise ValueError("every data-parallel rank needs at least one row")
-    return dp.aligned(parts, filler=rollouts.select([0]))
+    return dp.aligned(parts, filler=rollouts.select([0])), order
 
 
-def micro_batches(rollouts: Rollouts, config: TrainConfig) -> list[Rollouts]:
+def micro_batches(rollouts: Rollouts, config: TrainConfig) -> tuple[list[Rollouts], Tensor | None]:
     """The forward/backward pieces of a batch: by ``micro_batch_size`` rows and/or
-    ``micro_batch_tokens`` real tokens, in order; the whole batch when neither is set."""
+    ``micro_batch_tokens`` real tokens; the whole batch when neither is set.
+
+    Pieces are cut from the rows sorted by length (:func:`length_order`, returned as the second
+    value; None for the whole batch in one piece), so each holds rows of similar length and
+    ``Rollouts.trim`` leaves little padding to compute: with responses of 3 to 32 tokens, a
+    piece of the 8 shortest rows no longer runs 32 columns for each. The order of the rows
+    changes no gradient (the pieces' losses add up to the mini-batch's), only the rounding.
+    Scores computed piece by piece go back to the batch's order with :func:`in_batch_order`.
+    """
     rows, tokens = config.micro_batch_size, config.micro_batch_tokens
     if rows is None and tokens is None:
-        return [rollouts]
-    return rollouts.split(rows=rows, token_budget=tokens)
+        return [rollouts], None
+    order = length_order(rollouts)
+    return rollouts.select(order).split(rows=rows, token_budget=tokens), order
+
+
+def length_order(rollouts: Rollouts) -> Tensor:
+    """Row indices sorted by response length, then prompt length (stable: ties keep order)."""
+    response = rollouts.response_attention_mask.sum(-1)
+    prompt = rollouts.prompt_mask.sum(-1)
+    key = response * (rollouts.prompt_ids.shape[1] + 1) + prompt
+    return torch.sort(key.cpu(), stable=True).indices
+
+
+def in_batch_order(x: Tensor, order: Tensor | None) -> Tensor:
+    """``x``, whose rows follow ``order`` (from :func:`micro_batches`), in the batch's order."""
+    if order is None:
+        return x
+    out = torch.empty_like(x)
+    out[order.to(x.device)] = x
+    return out

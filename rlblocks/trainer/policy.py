@@ -61,7 +61,12 @@ from rlblocks.losses.inputs import LossInputs, loss_inputs
 from rlblocks.losses.mismatch import mismatch_metrics, mismatch_sums
 from rlblocks.masked import masked_mean
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer.batches import micro_batch_pairs, pad_columns, token_advantages
+from rlblocks.trainer.batches import (
+    in_batch_order,
+    micro_batch_pairs,
+    pad_columns,
+    token_advantages,
+)
 from rlblocks.trainer.checkpoint import load_trainer, load_weights, save_trainer, save_weights
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.export import DEFAULT_COMMIT_MESSAGE, push_to_hub, save_pretrained
@@ -220,13 +225,15 @@ class PolicyTrainer:
             empty = torch.zeros(b, t, device=self.device)
             return empty, empty if entropy else None
         parts = []
-        for micro, real in self._micro(rollouts):
+        pairs, order = micro_batch_pairs(rollouts, self.config, self.dp)
+        for micro, real in pairs:
             scores = self._score(model, micro.trim(), entropy=entropy)
             if real:  # padding micro-batches only keep FSDP's collectives in step
                 parts.append(scores)
-        lp = torch.cat([pad_columns(p[0], t) for p in parts])
-        ent = torch.cat([pad_columns(p[1], t) for p in parts]) if entropy else None
-        return lp, ent
+        lp = in_batch_order(torch.cat([pad_columns(p[0], t) for p in parts]), order)
+        if not entropy:
+            return lp, None
+        return lp, in_batch_order(torch.cat([pad_columns(p[1], t) for p in parts]), order)
 
     def _score(
         self, model: nn.Module, rollouts: Rollouts, *, entropy: bool
@@ -240,9 +247,6 @@ class PolicyTrainer:
             chunk_size=c.logprob_chunk_size,
             entropy=entropy,
         )
-
-    def _micro(self, rollouts: Rollouts) -> list[tuple[Rollouts, bool]]:
-        return micro_batch_pairs(rollouts, self.config, self.dp)
 
     # ------------------------------------------------------------------ the update
     @dispatch(Dispatch.ALL)

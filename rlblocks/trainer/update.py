@@ -136,7 +136,8 @@ def _minibatch(
     """Accumulate one mini-batch's gradient, then apply it (True) or skip it (False)."""
     device = next(trainer.model.parameters()).device
     finite = torch.ones((), dtype=torch.bool, device=device)
-    for micro, real in micro_batch_pairs(mini, trainer.config, trainer.dp):
+    pairs, _ = micro_batch_pairs(mini, trainer.config, trainer.dp)  # any order: a sum
+    for micro, real in pairs:
         micro = micro.trim()
         loss, loss_metrics = micro_loss(micro, normalizer)
         if not real:  # a padding micro-batch: FSDP's collectives run, nothing is added

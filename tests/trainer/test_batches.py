@@ -8,7 +8,14 @@ from torch.testing import assert_close
 
 from rlblocks.interfaces import Advantages
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer.batches import minibatch_rows, pad_columns, token_advantages
+from rlblocks.trainer.batches import (
+    in_batch_order,
+    micro_batches,
+    minibatch_rows,
+    pad_columns,
+    token_advantages,
+)
+from rlblocks.trainer.config import TrainConfig
 
 
 def test_minibatch_rows_counts_and_coverage():
@@ -57,3 +64,34 @@ def test_pad_columns():
     x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
     assert_close(pad_columns(x, 4), torch.tensor([[1.0, 2.0, 0.0, 0.0], [3.0, 4.0, 0.0, 0.0]]))
     assert pad_columns(x, 2) is not None and torch.equal(pad_columns(x, 2), x)
+
+
+def _lengths_batch() -> Rollouts:
+    # prompts of 2, 1, 3, 2, 1 tokens; responses of 5, 1, 3, 1, 4 tokens
+    prompts = [[1, 2], [3], [4, 5, 6], [7, 8], [9]]
+    responses = [[1] * 5, [2], [3] * 3, [4], [5] * 4]
+    return Rollouts.from_lists(prompts, responses)
+
+
+def test_micro_batches_hold_rows_of_similar_length_and_lose_no_row():
+    ro = _lengths_batch()
+    parts, order = micro_batches(ro, TrainConfig(micro_batch_size=2))
+    # Sorted by response length, then prompt length: rows 1 (1+1), 3 (1+2), 2 (3), 4 (4), 0 (5).
+    assert order.tolist() == [1, 3, 2, 4, 0]
+    assert [len(p) for p in parts] == [2, 2, 1]
+    trimmed = [p.trim() for p in parts]
+    # Each piece computes only its own widths: 2 + 1, then 3 + 4, then 2 + 5 columns.
+    assert [p.input_ids.shape[1] for p in trimmed] == [3, 7, 7]
+    padded = sum(p.input_ids.numel() for p in trimmed)
+    in_order = sum(p.trim().input_ids.numel() for p in ro.split(rows=2))
+    assert padded == 27 and in_order == 31  # in order: 2·7 + 2·6 + 5 tokens
+    whole, none = micro_batches(ro, TrainConfig())
+    assert none is None and len(whole) == 1 and whole[0] is ro
+
+
+def test_in_batch_order_undoes_the_length_order():
+    ro = _lengths_batch()
+    _, order = micro_batches(ro, TrainConfig(micro_batch_tokens=4))
+    values = torch.arange(5.0)[order]  # row i's value is i, listed in piece order
+    assert in_batch_order(values, order).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert in_batch_order(values, None) is values
