@@ -127,11 +127,15 @@ class Sampled:
         metrics = {"async/staleness": staleness, "async/sample_seconds": seconds}
         return rollouts, metrics if self.overlap else {}
 
+    @property
+    def engine_logprobs_are_old(self) -> bool:
+        """True with ``OneStepOff(old_logprobs="rollout")``: π_old is the engine's log-probs."""
+        return self.overlap is not None and self.overlap.old_logprobs == "rollout"
+
     def old_logprobs(self, rollouts: Rollouts, reuse: bool) -> Rollouts:
         """``rollouts`` with π_old filled from the engine's log-probs where that is the choice:
         ``reuse`` (the recipe's ``reuse_rollout_logprobs``) or ``old_logprobs="rollout"``."""
-        rollout = self.overlap is not None and self.overlap.old_logprobs == "rollout"
-        if reuse or rollout:
+        if reuse or self.engine_logprobs_are_old:
             return rollouts.replace(old_logprobs=rollouts.rollout_logprobs)
         return rollouts
 

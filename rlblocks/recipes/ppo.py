@@ -26,7 +26,7 @@ reward put on each response's last token. The loop around the step (progress, ``
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -53,8 +53,14 @@ from rlblocks.losses import (
     kl_regularized,
 )
 from rlblocks.masked import masked_mean
-from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
+from rlblocks.recipes.defaults import (
+    DEFAULT_SAMPLING,
+    PPO_CLIP,
+    StepCallback,
+    samples_with_policy,
+)
 from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
+from rlblocks.recipes.overlap import OneStepOff, Sampled
 from rlblocks.rewards import checked
 
 
@@ -79,6 +85,7 @@ def ppo(
     loss_fn: PolicyLoss = PPO_CLIP,
     resharder: Resharder | None = None,
     on_step: StepCallback | None = None,
+    async_rollout: OneStepOff | None = None,
     progress: bool = True,
     checkpoint: Checkpointer | str | Path | None = None,
     resume: Resume = False,
@@ -104,7 +111,9 @@ def ppo(
     resharder's, ``critic_warmup`` (1 during warm-up), and the ones every recipe reports
     (`rlblocks.recipes.loop`): ``time/*`` (π_old, π_ref and V are ``time/logprobs``, the critic
     and policy updates ``time/update``), ``step_seconds``, ``response_length``. ``batches``
-    and ``on_step`` work as in :func:`~rlblocks.recipes.grpo`.
+    and ``on_step`` work as in :func:`~rlblocks.recipes.grpo`; so does ``async_rollout`` (a
+    `rlblocks.recipes.OneStepOff`: the next batch is sampled during this step's updates; with
+    ``old_logprobs="rollout"`` the engine's log-probs are π_old and are not scored).
 
     ``checkpoint`` (a `rlblocks.checkpoint.Checkpointer` or a folder), ``resume`` (False, True or
     ``"auto"``) and ``tracker`` (`rlblocks.tracking.Tracker`): the run is saved after every
@@ -116,17 +125,27 @@ def ppo(
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
     controller = kl_controller or FixedKLController(kl_coef)
     estimator = kl_estimator or (k1 if kl_in_reward else k3)
+    sampled = Sampled(  # 1., in the step or one step ahead (async_rollout)
+        engine,
+        group_size=samples_per_prompt,
+        sampling=sampling,
+        overlap=async_rollout,
+        shares_weights=samples_with_policy(policy, engine, sampling),
+    )
 
-    def step(index: int, batch: Any, clock: Clock) -> Step:
-        with clock("rollout"):  # 1.
-            rollouts = engine.generate(
-                batch.prompts, n=samples_per_prompt, sampling=sampling, metadata=batch.metadata
-            )
+    def step(index: int, batches: Iterator[Any], clock: Clock) -> Step | None:
+        drawn = sampled.next(batches, clock, ahead=index + 1 < steps)  # 1.
+        if drawn is None:
+            return None  # the prompt batches ran out
+        rollouts, async_metrics = drawn
         with clock("reward"):  # 2. one scalar per response
             rewards, reward_metrics = reward_fn(rollouts)
         mask = rollouts.response_mask
         with clock("logprobs"):  # 3. all before any update
-            old_logprobs = policy.logprobs(rollouts)
+            if sampled.engine_logprobs_are_old:  # OneStepOff(old_logprobs="rollout")
+                old_logprobs = rollouts.rollout_logprobs
+            else:
+                old_logprobs = policy.logprobs(rollouts)
             ref_logprobs = policy.ref_logprobs(rollouts)
             values = critic.values(rollouts)
         rollouts = rollouts.replace(rewards=rewards, ref_logprobs=ref_logprobs)
@@ -142,6 +161,7 @@ def ppo(
         advantages = whiten(advantages, mask)
         metrics = {
             **reward_metrics,
+            **async_metrics,
             "kl/token": float(kl["kl"]),
             "kl/seq": float(kl["kl_per_seq"]),
             "kl/coef": beta,
@@ -158,26 +178,32 @@ def ppo(
                 metrics |= policy.step(
                     rollouts, advantages, loss_fn=policy_loss, old_logprobs=old_logprobs
                 )
+            sampled.wait(clock)  # the batch sampled ahead is complete: the engine is idle
             with clock("sync"):
                 metrics |= resharder.sync(policy, engine)
         return Step({**metrics, "critic_warmup": float(warmup)}, rollouts)
 
-    return run_steps(
-        "PPO",
-        step,
-        batches,
-        steps=steps,
-        on_step=on_step,
-        progress=progress,
-        blocks={
-            "policy": policy,
-            "critic": critic,
-            "kl_controller": controller,
-            "resharder": resharder,
-        },
-        config=config,
-        checkpoint=checkpoint,
-        resume=resume,
-        after_resume=partial(resharder.resync, policy, engine),  # the engine has initial weights
-        tracker=tracker,
-    )
+    try:
+        return run_steps(
+            "PPO",
+            step,
+            batches,
+            batch_per_step=False,  # the step draws its batch, and the next one when async
+            steps=steps,
+            on_step=on_step,
+            progress=progress,
+            blocks={
+                "policy": policy,
+                "critic": critic,
+                "kl_controller": controller,
+                "resharder": resharder,
+                "rollouts": sampled,
+            },
+            config=config,
+            checkpoint=checkpoint,
+            resume=resume,
+            after_resume=partial(resharder.resync, policy, engine),  # it has initial weights
+            tracker=tracker,
+        )
+    finally:
+        sampled.close()

@@ -118,3 +118,47 @@ def test_a_stopped_async_run_resumes_on_the_batch_it_had_sampled_ahead(tmp_path)
     resumed = _run("copy", 4, async_rollout=overlap, checkpoint=tmp_path / "b", resume="auto")
     assert_identical(resumed, straight, steps=4)
     assert untimed(resumed["history"])[2]["async/staleness"] == 1.0
+
+
+def _ppo_blocks(engine_kind: str):
+    torch.manual_seed(0)
+    model, tokenizer = rb.models.tiny(seed=0)
+    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2)  # reference: a copy
+    critic = rb.critic.CriticTrainer(model, lr=1e-3)
+    engine_model = policy.model if engine_kind == "shared" else copy.deepcopy(model)
+    return policy, critic, rb.rollout.HFEngine(engine_model, tokenizer, progress=False)
+
+
+def _ppo(engine_kind: str, steps: int, **kw) -> dict:
+    from toy_tasks import count_prompts, digit_fraction
+
+    policy, critic, engine = _ppo_blocks(engine_kind)
+    history = rb.recipes.ppo(
+        policy,
+        critic,
+        engine,
+        rb.rewards.per_sample(digit_fraction, timeout=None),
+        rb.data.PromptBatches(count_prompts(), prompts_per_step=4, seed=0),
+        steps=steps,
+        samples_per_prompt=2,
+        sampling=rb.SamplingParams(max_new_tokens=8),
+        kl_coef=0.01,
+        progress=False,
+        **kw,
+    )
+    return {"history": history, "policy": policy.model.state_dict()}
+
+
+def test_ppo_staleness_zero_is_its_synchronous_loop_and_one_step_off_runs():
+    sync = _ppo("copy", 3)
+    same = _ppo("copy", 3, async_rollout=OneStepOff(staleness=0))
+    for h in same["history"]:
+        assert h.pop("async/staleness") == 0.0 and h.pop("async/sample_seconds") > 0
+    assert_identical(same, sync, steps=3)
+    ahead = _ppo("copy", 3, async_rollout=OneStepOff(old_logprobs="rollout"))["history"]
+    assert [h["async/staleness"] for h in ahead] == [0.0, 1.0, 1.0]
+    # π_old is the engine's log-probs (nothing scored): no gap between the two; recomputed
+    # on a batch sampled by the older weights, it shows one.
+    assert all(h["mismatch/abs_max"] == 0.0 for h in ahead)
+    recomputed = _ppo("copy", 2, async_rollout=OneStepOff())["history"]
+    assert recomputed[1]["mismatch/abs_max"] > 0.1
