@@ -2,72 +2,64 @@
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 nice -n 19 python benchmarks/grpo_step.py [--beta 0.04]
 
-One step is: sample ``--group-size`` responses for each of ``--prompts`` chat prompts, score
-them with the math-answer reward, standardize the rewards within each group, one clipped-
-surrogate update (DAPO's clip-higher, ε = (0.2, 0.28), token-mean loss, gradient norm clipped
-to 1, AdamW). Three systems do it on the same model (default the built-in ``"smollm2-135m"``,
-float32, every weight trained), the same prompts at each step index and the same shapes:
+One step: ``--group-size`` responses to each of ``--prompts`` chat prompts, the math-answer
+reward, rewards standardized within each group, one clipped-surrogate update (ε = (0.2, 0.28),
+token-mean loss, gradient norm clipped to 1, AdamW) of every weight. Three systems do it on the
+same model (default the built-in ``"smollm2-135m"``, float32), the same prompts at each step
+index and the same shapes:
 
-- **floor**: written here with nothing but transformers and torch: the tokenizer's chat
-  template, ``model.generate`` (T = 1, no top-k / top-p), the reward, one forward with
-  ``logits_to_keep`` over the response tokens and its backward, ``clip_grad_norm_``,
-  ``torch.optim.AdamW``. On-policy with one update, the ratio is 1, so π_old is the detached
-  current log-prob: no extra forward. The cost of the work itself.
+- **floor**: transformers and torch only, written here: the chat template, ``model.generate``
+  (T = 1, no top-k / top-p), the reward, one forward with ``logits_to_keep`` over the response
+  tokens and its backward, ``clip_grad_norm_``, ``torch.optim.AdamW``. On-policy with one
+  update the ratio is 1, so π_old is the detached current log-prob: no extra forward.
 - **rlblocks**: what a user writes: ``PolicyTrainer.from_pretrained(model, lr=...,
-  reference=None)``, an ``HFEngine`` sharing its model, and ``rb.recipes.grpo(...,
+  reference=None)``, an ``HFEngine`` sharing its model, ``rb.recipes.grpo(...,
   loss_fn=partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28)))`` with its defaults (π_old
-  scored by the trainer, ``reuse_rollout_logprobs=False``).
-- **trl**: ``trl.GRPOTrainer`` (skipped when trl is not importable) on a model object from
-  the same file and its tokenizer as ``processing_class``, a ``datasets.Dataset`` whose
-  "prompt" column holds the same chat messages in step order (``shuffle_dataset=False``), and
-  ``per_device_train_batch_size = generation_batch_size = prompts × group size``,
-  ``num_generations = group size``: one generation and one optimizer step per step. Its own
-  defaults otherwise (``loss_type="dapo"``, std-scaled group advantages, ``optim`` =
-  ``adamw_torch_fused``), with ``epsilon=0.2, epsilon_high=0.28``, a constant learning rate,
-  ``use_cpu=True``, no bf16 / fp16, no logging, saving or evaluation.
+  scored by the trainer: ``reuse_rollout_logprobs=False``).
+- **trl**: ``trl.GRPOTrainer`` (skipped without trl) on a model object from the same file, its
+  tokenizer as ``processing_class``, a ``datasets.Dataset`` whose "prompt" column holds the
+  same chat messages in step order (``shuffle_dataset=False``); ``per_device_train_batch_size
+  = generation_batch_size = prompts × group size`` and ``num_generations = group size`` make
+  one generation and one optimizer step a step. TRL's defaults otherwise (``loss_type="dapo"``,
+  ``optim="adamw_torch_fused"``), with ``epsilon_high=0.28``, a constant learning rate,
+  ``use_cpu=True``, no bf16 / fp16, logging, saving or evaluation.
 
-``--beta`` > 0 adds the KL loss β·k3 to every system: rlblocks through
-``rb.losses.kl_regularized`` with ``reference="copy"``, TRL through its ``beta`` (its own
-reference, loaded from the same folder), the floor with a frozen copy scored without grad.
+``--beta`` > 0 adds the KL loss β·k3 everywhere: ``rb.losses.kl_regularized`` with
+``reference="copy"``, TRL's ``beta`` (its reference loaded from the same folder), a frozen copy
+scored without grad in the floor.
 
-**Equal shapes.** Every response is exactly ``--max-new-tokens`` long: EOS is held back until
-then (``SamplingParams(min_new_tokens=max_new_tokens)`` in rlblocks, ``generation_kwargs=
-{"min_new_tokens": N}`` for TRL, which passes it to its ``GenerationConfig``, and
-``min_new_tokens`` for the floor's ``generate``; Hugging Face's ``MinNewTokensLengthLogitsProcessor``
-sets the EOS logits to −inf). So the three generate and train on the same number of tokens
-whatever the model would have said; the ``tok/step`` column (prompt + response tokens, from
-each system's own count) checks it, and the run stops if response lengths differ.
+**EOS and equal shapes.** Every response is exactly ``--max-new-tokens`` long, because EOS is
+held back until then: ``SamplingParams(min_new_tokens=max_new_tokens)`` in rlblocks,
+``generation_kwargs={"min_new_tokens": N}`` in TRL (checked to reach its ``GenerationConfig``),
+``min_new_tokens`` in the floor's ``generate``; in all three Hugging Face's
+``MinNewTokensLengthLogitsProcessor`` sets the EOS logits to −inf. The ``tok/step`` column
+(prompt + response tokens, each system's own count) shows the work is equal, and the run stops
+if a system's responses are not all that long.
 
-**Protocol.** ``--repeats`` rounds; in round r every system runs ``--steps`` steps on a model
-loaded fresh from the same file, seeded with ``--seed``, in an order rotated by r (floor,
-rlblocks, trl; then rlblocks, trl, floor; ...), so that a busy spell of the shared machine does
-not always hit the same system. The first step of each run is a warm-up, left out. Reported per
-system: the median seconds of all timed steps, the spread (lowest and highest median of a
-round), and the median of each phase:
+**Protocol.** ``--repeats`` rounds; in round r each system runs ``--steps`` steps on a model
+loaded fresh, seeded with ``--seed``, in an order rotated by r, so that a busy spell of the
+shared machine does not always hit the same system. The first step of a run is a warm-up, left
+out. Per system: the median seconds of all timed steps, the spread (lowest and highest median
+of a round), and the median of each phase:
 
-    rollout    generation (floor: model.generate; rlblocks: time/rollout; trl: its
-               "transformers.generate" profiling block)
-    reward     reward + group advantages where the system times them together
-    logprobs   no-grad scoring before the update: π_old and π_ref (rlblocks: time/logprobs,
-               taken out of time/update by the recipe loop; floor and trl: π_ref only)
-    update     forward + backward + clipping + optimizer step (rlblocks: time/update; trl:
-               from the end of its _prepare_inputs to the end of the optimizer step)
-    sync       pushing weights to the engine (rlblocks: time/sync; shared model: ~0)
-    other      step seconds minus the phases (bookkeeping, advantages in rlblocks, prompt
-               tokenization and batching in trl)
+    rollout    generation (rlblocks time/rollout; TRL's "transformers.generate" block)
+    reward     the reward (the floor: and the advantages)
+    logprobs   no-grad scoring before the update: π_old and π_ref in rlblocks (time/logprobs,
+               which the recipe loop takes out of time/update), π_ref in the floor and TRL
+    update     forward, backward, clipping, optimizer step (rlblocks time/update; TRL: from
+               the end of its _prepare_inputs to the end of the optimizer step)
+    sync       weights into the engine (rlblocks time/sync; the model is shared: ~0)
+    other      the rest of the step (advantages in rlblocks, batching in TRL)
 
-TRL's phases come from its ``profiling_context`` blocks (they only report to wandb / mlflow /
-trackio, so ``ProfilingContext._log_metrics`` is wrapped here to record them); its step is
-timed by a ``TrainerCallback`` from ``on_step_begin`` to ``on_step_end``.
+TRL times its phases in ``profiling_context`` blocks that report only to wandb / mlflow /
+trackio: ``ProfilingContext._log_metrics`` is wrapped here to record them. A TRL step is timed
+by a ``TrainerCallback`` from ``on_step_begin`` to ``on_step_end``.
 
-Adding a system is one function ``(Setup) -> list[StepTime] | None`` and an entry in
-``SYSTEMS``; ``rlblocks-reuse`` (``reuse_rollout_logprobs=True``: π_old from the engine's
-log-probs, no scoring forward) is one, run with ``--systems floor rlblocks rlblocks-reuse``.
-
-Decisions worth knowing: ``torch.set_num_threads(--threads)`` (1 by default, as the measured
-numbers in docs/speed.md) before every run, and the count seen during the steps is printed;
-prompts come from ``rb.data.arithmetic_prompts(chat=True)`` drawn by ``PromptBatches(seed=0)``.
-``--model tiny`` runs the whole thing in seconds (the test suite does).
+**Adding a system** is a function ``(Setup) -> list[StepTime] | None`` and an entry in
+``SYSTEMS``; a variant of the recipe is a ``partial`` of ``run_rlblocks`` with recipe keywords,
+as ``rlblocks-reuse`` (π_old from the engine's log-probs) is, and as an asynchronous-rollout
+arm would be. ``torch.set_num_threads(--threads)`` is called before every run and the count
+seen during the steps printed. ``--model tiny`` runs it all in seconds (the test suite does).
 """
 
 from __future__ import annotations
@@ -255,10 +247,14 @@ def run_rlblocks(setup: Setup, **recipe_kwargs) -> list[StepTime]:
 # ---------------------------------------------------------------------- TRL
 @contextlib.contextmanager
 def trl_profiling() -> Iterator[list[tuple[str, float, float]]]:
-    """``(name, start, seconds)`` of every TRL ``profiling_context`` block while inside."""
-    from trl.extras.profiling import ProfilingContext
-
+    """``(name, start, seconds)`` of every TRL ``profiling_context`` block while inside (none
+    with a TRL that has no ``ProfilingContext``: then only the update phase is filled in)."""
     records: list[tuple[str, float, float]] = []
+    try:
+        from trl.extras.profiling import ProfilingContext
+    except ImportError:
+        yield records
+        return
     original = ProfilingContext._log_metrics
 
     def record(self: ProfilingContext, duration: float) -> None:
@@ -340,33 +336,18 @@ def run_trl(setup: Setup) -> list[StepTime] | None:
     clock = StepClock()
     with tempfile.TemporaryDirectory() as folder, trl_profiling() as records:
         config = trl.GRPOConfig(
-            output_dir=folder,
-            per_device_train_batch_size=setup.rows,
-            generation_batch_size=setup.rows,
-            num_generations=setup.group_size,
-            gradient_accumulation_steps=1,
-            max_completion_length=n,
-            generation_kwargs={"min_new_tokens": n},
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            beta=setup.beta,
-            epsilon=CLIP[0],
-            epsilon_high=CLIP[1],
-            learning_rate=setup.lr,
-            lr_scheduler_type="constant",
-            max_steps=len(setup.batches),
-            shuffle_dataset=False,
-            use_cpu=True,
-            bf16=False,
-            fp16=False,
-            report_to="none",
-            logging_strategy="no",
-            save_strategy="no",
-            eval_strategy="no",
-            disable_tqdm=True,
-            seed=setup.seed,
-        )
+            output_dir=folder, max_steps=len(setup.batches), seed=setup.seed,
+            # one step = one generation of prompts x group size rows = one optimizer step
+            per_device_train_batch_size=setup.rows, generation_batch_size=setup.rows,
+            num_generations=setup.group_size, gradient_accumulation_steps=1,
+            shuffle_dataset=False,  # the dataset is in step order
+            max_completion_length=n, generation_kwargs={"min_new_tokens": n},
+            temperature=1.0, top_p=1.0, top_k=0,
+            beta=setup.beta, epsilon=CLIP[0], epsilon_high=CLIP[1],
+            learning_rate=setup.lr, lr_scheduler_type="constant",
+            use_cpu=True, bf16=False, fp16=False, disable_tqdm=True, report_to="none",
+            logging_strategy="no", save_strategy="no", eval_strategy="no",
+        )  # fmt: skip
         trainer = trl.GRPOTrainer(
             model=model,
             reward_funcs=math_answer,
@@ -420,7 +401,8 @@ def check_shapes(name: str, steps: list[StepTime], setup: Setup) -> None:
         raise RuntimeError(f"{name}: {bad} response tokens in a step, expected {want}")
 
 
-def print_report(runs: dict[str, list[list[StepTime]]], setup: Setup) -> None:
+def print_report(runs: dict[str, list[list[StepTime]]]) -> dict[str, float]:
+    """The markdown table and the ratios; the median seconds per step of each system back."""
     head = ["system", "s/step", "spread", *PHASES, "other", "tok/step", "threads"]
     print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     medians = {}
@@ -448,6 +430,7 @@ def print_report(runs: dict[str, list[list[StepTime]]], setup: Setup) -> None:
     for name, seconds in medians.items():
         if name.startswith("rlblocks-") and "rlblocks" in medians:
             print(f"{name} / rlblocks: {seconds / medians['rlblocks']:.2f}")
+    return medians
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -471,7 +454,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
@@ -487,10 +470,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         seed=args.seed,
     )
     versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
-    with contextlib.suppress(ImportError):
-        import trl
+    if "trl" in args.systems:  # importing it takes seconds
+        with contextlib.suppress(ImportError):
+            import trl
 
-        versions += f", trl {trl.__version__}"
+            versions += f", trl {trl.__version__}"
     print(
         f"{args.model}, float32, CPU, {args.threads} thread(s); {args.prompts} prompts x "
         f"{args.group_size} samples x {args.max_new_tokens} new tokens, beta {args.beta}; "
@@ -504,7 +488,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"round {r + 1}: {', '.join(order)}", flush=True)
         for name, steps in run_round(setup, order, args.threads).items():
             runs.setdefault(name, []).append(steps)
-    print_report({n: runs[n] for n in args.systems if n in runs}, setup)
+    return print_report({n: runs[n] for n in args.systems if n in runs})
 
 
 if __name__ == "__main__":
