@@ -52,12 +52,6 @@ def test_shapes_masks_groups_and_metadata(engine):
     )
 
 
-def test_min_new_tokens_equal_to_max_gives_equal_lengths(engine):
-    sampling = rb.SamplingParams(max_new_tokens=12, min_new_tokens=12, seed=2)  # min_tokens
-    ro = engine.generate(PROMPTS, n=4, sampling=sampling)
-    assert ro.response_ids.shape == (12, 12) and ro.response_mask.all()
-
-
 def test_a_seed_reproduces_the_samples(engine):
     sampling = rb.SamplingParams(max_new_tokens=6, seed=7)
     prompts = [PROMPTS[0], PROMPTS[0]]  # the same prompt twice: its rows must still differ
@@ -77,6 +71,12 @@ def test_a_seeded_batch_larger_than_one_scheduler_step(engine):
     ro = engine.generate(prompts, n=4, sampling=rb.SamplingParams(max_new_tokens=2, seed=0))
     # 256 rows of ~70 prompt tokens each: far more than the 4096 tokens of one step.
     assert ro.batch_size == 256 and int(ro.prompt_mask.sum()) > 4096
+
+
+def test_min_new_tokens_equal_to_max_gives_equal_lengths(engine):
+    sampling = rb.SamplingParams(max_new_tokens=12, min_new_tokens=12, seed=2)  # min_tokens
+    ro = engine.generate(PROMPTS, n=4, sampling=sampling)
+    assert ro.response_ids.shape == (12, 12) and ro.response_mask.all()
 
 
 def test_a_stop_string_ends_the_response_and_is_kept(engine):
