@@ -94,6 +94,12 @@ class SamplingParams:
 
     max_new_tokens: int = 256
     """Longest response, in tokens."""
+    min_new_tokens: int = 0
+    """Shortest response: EOS cannot be sampled, and stop strings do not end a response, before
+    this many tokens (Hugging Face ``min_new_tokens``, vLLM ``min_tokens``). EOS gets probability
+    0 in the sampling distribution until then (its logit is set to −inf); rollout log-probs still
+    score the untruncated distribution, as with top-k / top-p. ``min_new_tokens ==
+    max_new_tokens`` makes every response exactly that long (equal shapes for benchmarks)."""
     temperature: float = 1.0
     """Softmax temperature; 0 means greedy decoding."""
     top_p: float = 1.0
@@ -109,6 +115,11 @@ class SamplingParams:
         if self.max_new_tokens < 1:
             raise ValueError(
                 f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}"
+            )
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"SamplingParams.min_new_tokens must be in [0, max_new_tokens = "
+                f"{self.max_new_tokens}], got {self.min_new_tokens}"
             )
         if self.temperature < 0:
             raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")

@@ -98,3 +98,8 @@ def test_sampling_params_validate():
         SamplingParams(temperature=-1)
     with pytest.raises(ValueError, match="top_k must be >= 0"):
         SamplingParams(top_k=-1)
+    assert SamplingParams(max_new_tokens=4, min_new_tokens=4).min_new_tokens == 4  # the limit
+    with pytest.raises(ValueError, match=r"min_new_tokens must be in \[0, max_new_tokens = 4\]"):
+        SamplingParams(max_new_tokens=4, min_new_tokens=5)
+    with pytest.raises(ValueError, match="min_new_tokens must be in"):
+        SamplingParams(min_new_tokens=-1)

@@ -13,8 +13,8 @@ Choices made here:
   sampled token ``y`` (T = 1 when greedy), *before* top-k / top-p truncation: the quantity a
   trainer computes from a forward pass at the same temperature, so the two can be compared.
 * **A response ends** at its first EOS token (kept, counted) or at the token completing a stop
-  string (kept). Later columns are padding: response and attention masks False, log-prob 0, id
-  the padding token.
+  string (kept), neither before ``SamplingParams.min_new_tokens`` tokens. Later columns are
+  padding: response and attention masks False, log-prob 0, id the padding token.
 * Results are on the CPU. Generation runs in eval mode, without grad, with the KV cache; the
   model's train/eval mode and ``generation_config`` are restored afterwards. Not thread-safe.
 """
@@ -212,6 +212,7 @@ class HFEngine:
             stop=params.stop,
             tokenizer=self.tokenizer,
             on_step=on_step,
+            min_new_tokens=params.min_new_tokens,
         )
         out = self.model.generate(
             input_ids=input_ids,

@@ -4,13 +4,14 @@ Rollout log-probs are those of the *untruncated* tempered distribution,
 
     log π_T(y_k | x, y_<k) = log softmax(z_k / T)[y_k],   z_k the model's raw logits at step k,
 
-with T = 1 for greedy decoding, whatever top-k / top-p did to the sampling. That is what a
-trainer computes from a forward pass at the same temperature (``logits / T`` then
-``token_logprobs``, as verl's and torchtune's actors do), so the PPO ratio π_θ / π_old
-(Schulman et al. 2017, arXiv 1707.06347, eq. 6) starts at 1 when the weights agree, up to the
-rounding of cached vs uncached attention. The gap between the sampling engine and the trainer
-is left to the loss (truncated importance sampling: Yao et al. 2025, "Your Efficient RL
-Framework Secretly Brings You Off-Policy RL Training", blog post, no arXiv id).
+with T = 1 for greedy decoding, whatever top-k / top-p or ``min_new_tokens`` (EOS held back)
+did to the sampling. That is what a trainer computes from a forward pass at the same
+temperature (``logits / T`` then ``token_logprobs``, as verl's and torchtune's actors do), so
+the PPO ratio π_θ / π_old (Schulman et al. 2017, arXiv 1707.06347, eq. 6) starts at 1 when
+the weights agree, up to the rounding of cached vs uncached attention. The gap between the
+sampling engine and the trainer is left to the loss (truncated importance sampling: Yao et al.
+2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training", blog post, no
+arXiv id).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def generation_config(
     """A Hugging Face ``GenerationConfig`` that says everything ``params`` say.
 
     Temperature 0 is greedy decoding (``do_sample=False``); top_k 0 is off, as ``generate``
-    reads it. Raw logits are returned (``output_logits``) for :func:`sampled_logprobs`.
+    reads it. ``min_new_tokens`` goes to ``generate``'s own, which sets the EOS logits to −inf
+    until that many tokens are out (``MinNewTokensLengthLogitsProcessor``). Raw logits are returned (``output_logits``) for :func:`sampled_logprobs`.
     ``generate`` fills every field left unset from ``model.generation_config``: run it with a
     blank one (see ``HFEngine``) so that nothing else shapes the sampling distribution.
     """
@@ -39,6 +41,7 @@ def generation_config(
     sample = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p}
     return GenerationConfig(
         max_new_tokens=params.max_new_tokens,
+        min_new_tokens=params.min_new_tokens,
         do_sample=not greedy,
         **sample,
         top_k=None if greedy else params.top_k,

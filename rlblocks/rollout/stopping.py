@@ -26,6 +26,8 @@ class ResponseEnds(StoppingCriteria):
     ``stop``: strings that end a response, matched with transformers' ``StopStringCriteria``
     (the token that completes the string ends the row, the string stays in the response).
     ``on_step``: called once per decoding step (a progress bar's ``update``).
+    ``min_new_tokens``: a stop string completed by step k < ``min_new_tokens`` does not end the
+    row (vLLM's ``min_tokens`` ignores stop strings as long; ``generate`` holds EOS back itself).
     """
 
     def __init__(
@@ -37,8 +39,10 @@ class ResponseEnds(StoppingCriteria):
         stop: Sequence[str] = (),
         tokenizer: Any = None,
         on_step: Callable[[], object] | None = None,
+        min_new_tokens: int = 0,
     ) -> None:
         self.prompt_width = prompt_width
+        self.min_new_tokens = min_new_tokens
         self.eos_token_ids = torch.tensor(list(eos_token_ids), dtype=torch.long)
         self.stop = StopStringCriteria(tokenizer, list(stop)) if stop else None
         self.on_step = on_step
@@ -48,9 +52,9 @@ class ResponseEnds(StoppingCriteria):
         device = input_ids.device
         self.eos_token_ids = self.eos_token_ids.to(device)  # moved once, on the first step
         ended = torch.isin(input_ids[:, -1], self.eos_token_ids)
-        if self.stop is not None:
-            ended = ended | self.stop(input_ids, scores).to(device)
         step = input_ids.shape[1] - self.prompt_width - 1
+        if self.stop is not None and step >= self.min_new_tokens:
+            ended = ended | self.stop(input_ids, scores).to(device)
         end = self.end.to(device)
         self.end = torch.where(ended & (end < 0), step, end)  # keep the first end of each row
         if self.on_step is not None:

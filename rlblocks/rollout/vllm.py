@@ -237,6 +237,7 @@ class VLLMEngine:
             top_p=1.0 if greedy else params.top_p,
             top_k=0 if greedy else params.top_k,
             max_tokens=params.max_new_tokens,
+            min_tokens=params.min_new_tokens,  # EOS, stop tokens and stop strings held back
             stop=list(params.stop) or None,
             include_stop_str_in_output=True,
             seed=seed,

@@ -62,6 +62,9 @@ def test_generation_config_maps_sampling_params():
     assert (config.top_p, config.top_k, config.num_beams) == (0.9, 0, 1)  # top_k 0 = off
     assert config.eos_token_id == [2, 5] and config.pad_token_id == 0
     assert config.output_logits and config.return_dict_in_generate and config.use_cache
+    assert config.min_new_tokens == 0  # EOS allowed from the first token
+    fixed = SamplingParams(max_new_tokens=9, min_new_tokens=9)
+    assert generation_config(fixed, pad_token_id=0, eos_token_ids=[2]).min_new_tokens == 9
     greedy = generation_config(SamplingParams(temperature=0), pad_token_id=0, eos_token_ids=[])
     assert greedy.do_sample is False and greedy.eos_token_id is None
 

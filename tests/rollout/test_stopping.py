@@ -3,6 +3,8 @@ HFEngine against slow per-row references."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -89,6 +91,27 @@ def test_pad_token_value_does_not_change_the_samples(eos_biased):
     assert torch.equal(a.rollout_logprobs, b.rollout_logprobs)
 
 
+@pytest.mark.parametrize("min_new_tokens", [10, 5])
+def test_min_new_tokens_holds_eos_back(eos_biased, forward_logprobs, min_new_tokens):
+    # p(EOS) ≈ 0.13 a step (conftest): without the floor most of the 12 rows end within 10
+    # steps (the test above). EOS is sampled from step min_new_tokens on, never before, so a row
+    # is exactly 10 tokens (min = max: equal shapes) or ends with EOS at step >= min.
+    model, tokenizer = eos_biased(4.0)
+    eos = tokenizer.eos_token_id
+    sampling = SamplingParams(max_new_tokens=10, min_new_tokens=min_new_tokens, seed=0)
+    ro = HFEngine(model, tokenizer, progress=False).generate(PROMPTS, n=4, sampling=sampling)
+    lengths = ro.response_mask.sum(-1)
+    assert ro.response_ids.shape == (12, 10) and (lengths >= min(min_new_tokens + 1, 10)).all()
+    assert not (ro.response_ids[:, :min_new_tokens] == eos).any()
+    if min_new_tokens == 10:
+        assert (lengths == 10).all()
+    else:
+        assert (lengths < 10).any()  # EOS is back after the floor
+    # Rollout log-probs score the untruncated distribution (EOS's mass included), as the
+    # trainer's forward pass does; tolerances as in test_hf.py.
+    torch.testing.assert_close(ro.rollout_logprobs, forward_logprobs(model, ro, 1.0))
+
+
 # ---------------------------------------------------------------------- stop strings
 def pick_stop_string(tokenizer, rows: list[list[int]]) -> tuple[int, str]:
     """``(row, text)``: two consecutive sampled tokens, before the last column, whose text is
@@ -140,3 +163,14 @@ def test_a_stop_string_the_model_never_emits_changes_nothing(peaky):
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(
         a.response_mask, b.response_mask
     )
+
+
+def test_stop_strings_wait_for_min_new_tokens(peaky):
+    model, tokenizer = peaky
+    eng = HFEngine(model, tokenizer, progress=False)
+    fixed = SamplingParams(max_new_tokens=12, min_new_tokens=12, seed=4)
+    free = eng.generate(PROMPTS, n=2, sampling=fixed)
+    _, stop = pick_stop_string(tokenizer, free.response_ids.tolist())
+    ro = eng.generate(PROMPTS, n=2, sampling=dataclasses.replace(fixed, stop=(stop,)))
+    # A stop string before the floor ends nothing (vLLM's min_tokens): the rows without it.
+    assert ro.response_mask.all() and torch.equal(ro.response_ids, free.response_ids)

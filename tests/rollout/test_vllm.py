@@ -86,6 +86,12 @@ def test_a_seeded_batch_larger_than_one_scheduler_step(engine):
     assert ro.batch_size == 256 and int(ro.prompt_mask.sum()) > 4096
 
 
+def test_min_new_tokens_equal_to_max_gives_equal_lengths(engine):
+    sampling = rb.SamplingParams(max_new_tokens=12, min_new_tokens=12, seed=2)  # min_tokens
+    ro = engine.generate(PROMPTS, n=4, sampling=sampling)
+    assert ro.response_ids.shape == (12, 12) and ro.response_mask.all()
+
+
 def test_a_stop_string_ends_the_response_and_is_kept(engine):
     greedy = rb.SamplingParams(max_new_tokens=12, temperature=0.0)
     free = engine.generate(PROMPTS[:1], sampling=greedy).completions[0]
