@@ -14,8 +14,16 @@ index and the same shapes:
   update the ratio is 1, so π_old is the detached current log-prob: no extra forward.
 - **rlblocks**: what a user writes: ``PolicyTrainer.from_pretrained(model, lr=...,
   reference=None)``, an ``HFEngine`` sharing its model, ``rb.recipes.grpo(...,
-  loss_fn=partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28)))`` with its defaults (π_old
-  scored by the trainer: ``reuse_rollout_logprobs=False``).
+  loss_fn=partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28)))`` with its defaults: the
+  engine samples with the trainer's own module, so its log-probs are π_old and nothing is
+  scored before the update (``rlblocks-recompute`` scores π_old anyway, one forward more).
+- **rlblocks-async**: the same recipe one step off (``async_rollout=rb.recipes.OneStepOff(
+  old_logprobs="rollout")``): the engine, on its own copy of the weights, samples the next
+  batch in a thread while the trainer updates; π_old is the engine's log-probs
+  (``rlblocks-async-recompute`` scores it with the trainer). With ``--threads 1`` the two
+  sides run on two cores where the others run on one: that is the point of it, on a machine
+  whose cores the sequential systems leave idle. Its run takes one more step at the end, left
+  out like the warm-up (a run's last step has no next batch to overlap with).
 - **trl**: ``trl.GRPOTrainer`` (skipped without trl) on a model object from the same file, its
   tokenizer as ``processing_class``, a ``datasets.Dataset`` whose "prompt" column holds the
   same chat messages in step order (``shuffle_dataset=False``); ``per_device_train_batch_size
@@ -57,8 +65,7 @@ by a ``TrainerCallback`` from ``on_step_begin`` to ``on_step_end``.
 
 **Adding a system** is a function ``(Setup) -> list[StepTime] | None`` and an entry in
 ``SYSTEMS``; a variant of the recipe is a ``partial`` of ``run_rlblocks`` with recipe keywords,
-as ``rlblocks-reuse`` (π_old from the engine's log-probs) is, and as an asynchronous-rollout
-arm would be. ``torch.set_num_threads(--threads)`` is called before every run and the count
+as ``rlblocks-recompute`` and ``rlblocks-async`` are. ``torch.set_num_threads(--threads)`` is called before every run and the count
 seen during the steps printed. ``--model tiny`` runs it all in seconds (the test suite does).
 """
 
@@ -208,12 +215,20 @@ def run_floor(setup: Setup) -> list[StepTime]:
 
 
 # ---------------------------------------------------------------------- rlblocks
-def run_rlblocks(setup: Setup, **recipe_kwargs) -> list[StepTime]:
-    """``rb.recipes.grpo`` as a user calls it; ``recipe_kwargs`` make variants of it."""
+def run_rlblocks(
+    setup: Setup, *, overlap: rb.recipes.OneStepOff | None = None, **recipe_kwargs
+) -> list[StepTime]:
+    """``rb.recipes.grpo`` as a user calls it; ``recipe_kwargs`` make variants of it.
+
+    ``overlap``: one-step-off rollouts; the engine then samples with its own copy of the
+    weights (synced after every update), and the run takes one more step at the end, left out
+    like the warm-up: a run's last step has no next batch to sample during its update."""
     policy = rb.trainer.PolicyTrainer.from_pretrained(
         setup.model, lr=setup.lr, reference="copy" if setup.beta else None
     )
-    engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True, progress=False)
+    model = copy.deepcopy(policy.model) if overlap else policy.model
+    engine = rb.rollout.HFEngine(model, policy.tokenizer, chat=True, progress=False)
+    batches = list(setup.batches) + ([setup.batches[0]] if overlap else [])
     loss = partial(rb.losses.clipped_surrogate, clip=CLIP)
     if setup.beta:
         loss = rb.losses.kl_regularized(loss, coef=setup.beta)  # k3, as TRL
@@ -229,19 +244,21 @@ def run_rlblocks(setup: Setup, **recipe_kwargs) -> list[StepTime]:
         policy,
         engine,
         rb.rewards.math_answer,
-        list(setup.batches),
-        steps=len(setup.batches),
+        batches,
+        steps=len(batches),
         group_size=setup.group_size,
         sampling=sampling,
         loss_fn=loss,
         on_step=on_step,
         progress=False,
+        async_rollout=overlap,
         **recipe_kwargs,
     )
-    return [
+    steps = [
         StepTime(m["step_seconds"], {p: m[f"time/{p}"] for p in PHASES}, *c)
         for m, c in zip(history, counts, strict=True)
     ]
+    return steps[: len(setup.batches)]
 
 
 # ---------------------------------------------------------------------- TRL
@@ -368,7 +385,9 @@ SYSTEMS: dict[str, System] = {
     "floor": run_floor,
     "rlblocks": run_rlblocks,
     "trl": run_trl,
-    "rlblocks-reuse": partial(run_rlblocks, reuse_rollout_logprobs=True),
+    "rlblocks-async": partial(run_rlblocks, overlap=rb.recipes.OneStepOff(old_logprobs="rollout")),
+    "rlblocks-async-recompute": partial(run_rlblocks, overlap=rb.recipes.OneStepOff()),
+    "rlblocks-recompute": partial(run_rlblocks, reuse_rollout_logprobs=False),
 }
 
 
@@ -430,6 +449,8 @@ def print_report(runs: dict[str, list[list[StepTime]]]) -> dict[str, float]:
     for name, seconds in medians.items():
         if name.startswith("rlblocks-") and "rlblocks" in medians:
             print(f"{name} / rlblocks: {seconds / medians['rlblocks']:.2f}")
+        if name.startswith("rlblocks-async") and "trl" in medians:
+            print(f"trl / {name}: {medians['trl'] / seconds:.2f}")
     return medians
 
 
@@ -446,7 +467,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--systems", nargs="+", default=["floor", "rlblocks", "trl"], choices=list(SYSTEMS)
+        "--systems",
+        nargs="+",
+        default=["floor", "rlblocks", "trl", "rlblocks-async"],
+        choices=list(SYSTEMS),
     )
     args = p.parse_args(argv)
     if min(args.steps, args.repeats, args.prompts, args.max_new_tokens) < 1 or args.group_size < 2:

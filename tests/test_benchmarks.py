@@ -36,7 +36,7 @@ def table_rows(out: str) -> dict[str, list[str]]:
 
 def test_grpo_step_floor_and_rlblocks_on_the_tiny_model(capsys):
     bench = load_benchmark("grpo_step")
-    systems = ["floor", "rlblocks"]
+    systems = ["floor", "rlblocks", "rlblocks-async"]
     medians = bench.main([*TINY, "--beta", "0.04", "--systems", *systems])
     out = capsys.readouterr().out
     assert list(medians) == systems and all(s > 0 for s in medians.values())
@@ -45,7 +45,8 @@ def test_grpo_step_floor_and_rlblocks_on_the_tiny_model(capsys):
     tokens = {row[-2] for row in rows.values()}  # tok/step: prompt + response, same work
     assert len(tokens) == 1 and {row[-1] for row in rows.values()} == {"1"}  # one thread
     assert "rlblocks / floor: " in out
-    assert "round 2: rlblocks, floor" in out  # the order rotates
+    assert "round 2: rlblocks, rlblocks-async, floor" in out  # the order rotates
+    assert "trl / rlblocks-async" not in out  # no TRL row, no ratio to it
 
 
 def test_grpo_step_refuses_unequal_response_lengths():

@@ -197,7 +197,9 @@ def test_no_curves_yet_shows_no_image_and_no_pyplot_figures_leak(clock):
 def test_dashboard_as_the_grpo_on_step_callback(mode):
     torch.manual_seed(0)
     model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-3, reference=None)
+    policy = rb.trainer.PolicyTrainer(
+        model, tokenizer=tokenizer, lr=1e-3, reference=None, log_entropy=True
+    )
     engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
     data = load_prompts([{"prompt": f"Count: {i}", "ground_truth": "0"} for i in range(4)])
     out, shown = io.StringIO(), []
