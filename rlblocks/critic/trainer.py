@@ -46,7 +46,7 @@ from rlblocks.trainer.batches import (
     token_advantages,
 )
 from rlblocks.trainer.checkpoint import load_trainer, save_trainer
-from rlblocks.trainer.config import TrainConfig
+from rlblocks.trainer.config import TrainConfig, adamw
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.schedules import constant
@@ -80,15 +80,9 @@ class CriticTrainer:
 
     def rebuild_optimizer(self) -> None:
         """A fresh AdamW and schedule on the current trainable parameters (after sharding)."""
-        c = self.config
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=c.lr,
-            betas=c.betas,
-            eps=c.eps,
-            weight_decay=c.weight_decay,
-        )
-        self.scheduler = LambdaLR(self.optimizer, c.schedule or constant())
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = adamw(trainable, self.config)
+        self.scheduler = LambdaLR(self.optimizer, self.config.schedule or constant())
 
     @classmethod
     def from_pretrained(

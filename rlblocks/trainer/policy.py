@@ -68,7 +68,7 @@ from rlblocks.trainer.batches import (
     token_advantages,
 )
 from rlblocks.trainer.checkpoint import load_trainer, load_weights, save_trainer, save_weights
-from rlblocks.trainer.config import TrainConfig
+from rlblocks.trainer.config import TrainConfig, adamw
 from rlblocks.trainer.export import DEFAULT_COMMIT_MESSAGE, push_to_hub, save_pretrained
 from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
@@ -130,11 +130,8 @@ class PolicyTrainer:
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         if not trainable:
             raise ValueError("PolicyTrainer: the model has no parameter with requires_grad")
-        c = self.config
-        self.optimizer = torch.optim.AdamW(
-            trainable, lr=c.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay
-        )
-        self.scheduler = LambdaLR(self.optimizer, c.schedule or constant())
+        self.optimizer = adamw(trainable, self.config)
+        self.scheduler = LambdaLR(self.optimizer, self.config.schedule or constant())
 
     @classmethod
     def from_pretrained(
