@@ -35,6 +35,9 @@ Decisions worth knowing:
   same plan and trains on its own share of each mini-batch (``rlblocks.trainer.parallel``).
   Every place that must agree across ranks (the normalizer, the NaN decision, the number of
   micro-batches, the metrics) goes through ``self.dp``, a ``SingleProcess`` in one process.
+- **Host memory.** A trainer on the CPU sets glibc's ``malloc`` to keep freed memory for
+  reuse (``rlblocks.trainer.allocator``): without it every large tensor of a step is a fresh
+  mapping the kernel faults in and zeroes. ``RLBLOCKS_KEEP_FREED_MEMORY=0`` turns it off.
 - **Shared model.** ``trainer.model`` is the (possibly peft-wrapped) module; an in-process
   rollout engine can generate with it directly. ``named_weights()`` gives what a separate
   engine needs, with LoRA merged.
@@ -61,6 +64,7 @@ from rlblocks.losses.inputs import LossInputs, loss_inputs
 from rlblocks.losses.mismatch import mismatch_metrics, mismatch_sums
 from rlblocks.masked import masked_mean
 from rlblocks.rollouts import Rollouts
+from rlblocks.trainer.allocator import keep_freed_memory
 from rlblocks.trainer.batches import (
     in_batch_order,
     micro_batch_pairs,
@@ -107,6 +111,8 @@ class PolicyTrainer:
     ) -> None:
         config = config or TrainConfig()
         self.config = dataclasses.replace(config, **config_overrides)
+        if next(model.parameters()).device.type == "cpu":
+            keep_freed_memory()  # no page faults for every large tensor (trainer.allocator)
         self.tokenizer = tokenizer
         adapter = lora is not None or is_peft_model(model)
         self._adapter_reference = reference == "auto" and adapter
