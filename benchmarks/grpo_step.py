@@ -88,6 +88,7 @@ import transformers
 from transformers import GenerationConfig
 
 import rlblocks as rb
+from rlblocks.trainer.allocator import keep_freed_memory
 from rlblocks.data import PromptBatch, PromptBatches, arithmetic_prompts
 from rlblocks.rewards.math import math_answer_score
 
@@ -480,6 +481,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
+    # The process's malloc setting is shared by every system run here: apply rlblocks' (a CPU
+    # PolicyTrainer would at its first run) before any, so that no system runs without it.
+    kept = keep_freed_memory()
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     data = arithmetic_prompts(args.steps * args.prompts, seed=args.seed, chat=True)
@@ -503,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         f"{args.model}, float32, CPU, {args.threads} thread(s); {args.prompts} prompts x "
         f"{args.group_size} samples x {args.max_new_tokens} new tokens, beta {args.beta}; "
         f"{args.steps} steps per run (first one warm-up), {args.repeats} rounds; "
-        f"{versions}",
+        f"{versions}; freed memory kept for reuse (rlblocks.trainer.allocator): {kept}",
         flush=True,
     )
     runs: dict[str, list[list[StepTime]]] = {}
