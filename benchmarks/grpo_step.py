@@ -88,9 +88,9 @@ import transformers
 from transformers import GenerationConfig
 
 import rlblocks as rb
-from rlblocks.trainer.allocator import keep_freed_memory
 from rlblocks.data import PromptBatch, PromptBatches, arithmetic_prompts
 from rlblocks.rewards.math import math_answer_score
+from rlblocks.trainer.allocator import keep_freed_memory
 
 CLIP = (0.2, 0.28)  # DAPO clip-higher: ratio kept in [1 − 0.2, 1 + 0.28]
 PHASES = ("rollout", "reward", "logprobs", "update", "sync")
