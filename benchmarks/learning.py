@@ -56,7 +56,7 @@ def run_seed(seed: int, folder: Path, passthrough: list[str]) -> dict:
     """The demo's summary for one seed plus ``wall_minutes``, running (or resuming) it first
     when needed. ``wall_minutes`` is None for a resumed run (its first part was not timed)."""
     argv = [*passthrough, "--seed", str(seed), "--out", str(folder)]
-    record_file, summary_file = folder / RECORD, folder / "summary.json"
+    record_file = folder / RECORD
     record = json.loads(record_file.read_text()) if record_file.exists() else None
     if record is None and folder.exists() and any(folder.iterdir()):
         raise SystemExit(f"{folder} holds files this script did not write; choose another --out")
@@ -66,7 +66,7 @@ def run_seed(seed: int, folder: Path, passthrough: list[str]) -> dict:
         )
     if record is not None and "wall_minutes" in record:
         print(f"seed {seed}: finished already in {folder}, read from its files")
-        return json.loads(summary_file.read_text()) | record
+        return _summary(folder) | record
     resume = rb.checkpoint.Checkpointer(folder / "checkpoints").latest() is not None
     folder.mkdir(parents=True, exist_ok=True)
     record_file.write_text(json.dumps({"argv": argv}) + "\n")
@@ -77,7 +77,12 @@ def run_seed(seed: int, folder: Path, passthrough: list[str]) -> dict:
     minutes = None if resume else (time.perf_counter() - start) / 60
     record = {"argv": argv, "wall_minutes": minutes}
     record_file.write_text(json.dumps(record) + "\n")
-    return json.loads(summary_file.read_text()) | record
+    return _summary(folder) | record
+
+
+def _summary(folder: Path) -> dict:
+    summary = json.loads((folder / "summary.json").read_text())
+    return summary | {"seconds_per_step": seconds_per_step(folder)}
 
 
 def model_description(name: str) -> str:
@@ -100,8 +105,17 @@ COLUMNS = {  # header: (format, value from a seed's summary; None when it has no
     "cut after": ("{:.3f}", lambda s: s.get("after_cut")),
     "ended-only before": ("{:.3f}", lambda s: s.get("before_ended")),
     "ended-only after": ("{:.3f}", lambda s: s.get("after_ended")),
+    "s/step": ("{:.1f}", lambda s: s.get("seconds_per_step")),
     "wall minutes": ("{:.1f}", lambda s: s.get("wall_minutes")),
 }
+
+
+def seconds_per_step(folder: Path) -> float | None:
+    """The median ``step_seconds`` of the run's steps after the first (which also warms up,
+    and which the one-step-off option cannot overlap); None with fewer than 2 steps."""
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    seconds = [json.loads(line)["step_seconds"] for line in lines if line.strip()][1:]
+    return statistics.median(seconds) if seconds else None
 
 
 def describe(difficulty: int | Difficulty) -> str:
@@ -120,7 +134,8 @@ def table(demo_args: argparse.Namespace, summaries: dict[int, dict]) -> str:
         f"({describe(task.difficulty)}; instruction {task.instruction!r}). "
         f"GRPO, {demo_args.steps} steps x {demo_args.prompts_per_step} prompts x "
         f"{demo_args.group_size} samples, at most {demo_args.max_new_tokens} new tokens, "
-        f"lr {demo_args.lr:g}, KL coefficient {demo_args.kl_coef:g}. Held-out: {held_out} "
+        f"lr {demo_args.lr:g}, KL coefficient {demo_args.kl_coef:g}"
+        f"{', one-step-off rollout (--async)' if demo_args.async_rollout else ''}. Held-out: {held_out} "
         "distinct problems, greedy, the same for every seed, none in training. "
         f"Seeds: {', '.join(map(str, summaries))}."
     )
@@ -154,7 +169,8 @@ def table(demo_args: argparse.Namespace, summaries: dict[int, dict]) -> str:
         "before / after: greedy held-out accuracy before and after training. cut: share of "
         f"the greedy answers cut off at {demo_args.max_new_tokens} tokens. ended-only: accuracy "
         "on the answers that ended within that budget (a gain that only comes from answers now "
-        "fitting it leaves this column unchanged)."
+        "fitting it leaves this column unchanged). s/step: the median seconds of a training "
+        "step after the first."
     )
     return setup + "\n\n" + "\n".join(rows) + "\n\n" + legend + "\n"
 
