@@ -136,7 +136,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         dest="async_rollout",
         action="store_true",
         help="one-step-off rollouts: the engine (its own copy of the weights) samples the next "
-        "batch in a thread while the trainer updates, each side with half the CPU threads",
+        "batch in a thread while the trainer updates, each side with half the CPU threads; "
+        "pi_old is the engine's log-probs (OneStepOff(old_logprobs='rollout'))",
     )
     p.add_argument(
         "--workers",
@@ -291,7 +292,11 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
             on_step=on_step,
             # (With a shared model the engine's log-probs are π_old exactly: the recipe takes
             # them, one forward pass less.) One step off, π_old is recomputed by the trainer.
-            async_rollout=rb.recipes.OneStepOff() if args.async_rollout else None,
+            # π_old = the sampling weights' log-probs: the PPO ratio corrects the one step of
+            # staleness, and no scoring pass stands between the trainer and its update
+            async_rollout=(
+                rb.recipes.OneStepOff(old_logprobs="rollout") if args.async_rollout else None
+            ),
             # One kept (1.6 GB for SmolLM2-135M with its AdamW state): the older one is
             # deleted only once the newer one is complete.
             checkpoint=rb.checkpoint.Checkpointer(

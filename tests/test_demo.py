@@ -130,6 +130,7 @@ def test_demo_runs_one_step_off(tmp_path, monkeypatch):
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["async/staleness"] for r in records] == [0.0, 1.0, 1.0]
     assert all(r["sync/bytes"] > 0 for r in records)  # the engine's own copy is synced
+    assert all(r["mismatch/abs_max"] == 0.0 for r in records)  # π_old: the engine's log-probs
     with pytest.raises(SystemExit, match="--async runs with the in-process HF engine"):
         demo.main([*argv, "--workers", "2", "--out", str(tmp_path / "other")])
 
