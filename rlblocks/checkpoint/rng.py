@@ -27,9 +27,13 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
     """Restore what `rng_state` returned. A CUDA state saved on a machine with another number of
-    GPUs, or saved without CUDA, is an error only when CUDA is here and the counts differ."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    GPUs, or saved without CUDA, is an error only when CUDA is here and the counts differ. A
+    state without ``"python"`` or ``"numpy"`` (an older `PolicyTrainer.state_dict`, which kept
+    torch's alone) leaves those generators as they are."""
+    if "python" in state:
+        random.setstate(state["python"])
+    if "numpy" in state:
+        np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     cuda = state.get("cuda")
     if cuda is not None and torch.cuda.is_available():

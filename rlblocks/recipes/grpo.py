@@ -37,8 +37,6 @@ from rlblocks.recipes.defaults import (
     DEFAULT_SAMPLING,
     PPO_CLIP,
     StepCallback,
-    reuses_rollout_logprobs,
-    samples_with_policy,
 )
 from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
 from rlblocks.recipes.overlap import OneStepOff, Sampled
@@ -95,13 +93,13 @@ def grpo(
     config = run_config("grpo", locals())  # logged once, checked on resume
     resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
-    reuse = reuses_rollout_logprobs(reuse_rollout_logprobs, policy, engine, sampling)
-    sampled = Sampled(  # 1., in the step or one step ahead (async_rollout)
+    sampled = Sampled(  # 1., in the step or one step ahead (async_rollout), and π_old's source
         engine,
+        policy,
         group_size=group_size,
         sampling=sampling,
         overlap=async_rollout,
-        shares_weights=samples_with_policy(policy, engine, sampling),
+        reuse_rollout_logprobs=reuse_rollout_logprobs,
     )
 
     def step(index: int, batches: Iterator[Any], clock: Clock) -> Step | None:
@@ -114,7 +112,7 @@ def grpo(
             rewards, reward_metrics = reward_fn(rollouts)
         rollouts = rollouts.replace(rewards=rewards)  # kept with the rows (dashboards read it)
         advantages, _ = advantage(rewards, rollouts.response_mask, rollouts.group_ids)  # 3.
-        rollouts = sampled.old_logprobs(rollouts, reuse)  # π_old: the engine's, if so chosen
+        rollouts = sampled.with_old_logprobs(rollouts)  # π_old: the engine's, if so chosen
         with clock("update"):  # 4. (π_old scored inside: the trainer's logprob_seconds)
             train_metrics = policy.step(rollouts, advantages, loss_fn=loss_fn)
         sampled.wait(clock)  # the batch sampled ahead is complete: the engine is idle

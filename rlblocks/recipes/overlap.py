@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rlblocks.interfaces import RolloutEngine, Rollouts, SamplingParams
+from rlblocks.recipes.defaults import samples_with_policy
 from rlblocks.recipes.loop import Clock
 
 
@@ -72,18 +73,25 @@ class OneStepOff:
 
 class Sampled:
     """The rollouts of each step: sampled in the step (``overlap=None``), or started a step
-    ahead in a background thread (`OneStepOff`). A `Stateful` checkpoint block: it saves the
-    batch sampled ahead."""
+    ahead in a background thread (`OneStepOff`), and where their π_old comes from. A
+    `Stateful` checkpoint block: it saves the batch sampled ahead.
+
+    ``reuse_rollout_logprobs`` is the recipes' argument: None takes the engine's log-probs as
+    π_old exactly when ``engine`` samples with ``policy``'s own module
+    (`rlblocks.recipes.defaults.samples_with_policy`); True always, False never (unless
+    ``OneStepOff(old_logprobs="rollout")`` asks for them)."""
 
     def __init__(
         self,
         engine: RolloutEngine,
+        policy: Any,
         *,
         group_size: int,
         sampling: SamplingParams,
         overlap: OneStepOff | None = None,
-        shares_weights: bool = False,
+        reuse_rollout_logprobs: bool | None = None,
     ) -> None:
+        shares_weights = samples_with_policy(policy, engine, sampling)
         if overlap is not None and overlap.staleness and shares_weights:
             raise ValueError(
                 "OneStepOff(staleness=1) needs an engine with its own copy of the weights: this "
@@ -93,6 +101,11 @@ class Sampled:
             )
         self.engine, self.group_size, self.sampling = engine, group_size, sampling
         self.overlap = overlap
+        reuse = shares_weights if reuse_rollout_logprobs is None else reuse_rollout_logprobs
+        self.engine_logprobs_are_old = reuse or (
+            overlap is not None and overlap.old_logprobs == "rollout"
+        )
+        """True when π_old is the engine's log-probs (`with_old_logprobs`)."""
         self._thread = (
             ThreadPoolExecutor(1, thread_name_prefix="rlblocks-rollout") if overlap else None
         )
@@ -127,15 +140,10 @@ class Sampled:
         metrics = {"async/staleness": staleness, "async/sample_seconds": seconds}
         return rollouts, metrics if self.overlap else {}
 
-    @property
-    def engine_logprobs_are_old(self) -> bool:
-        """True with ``OneStepOff(old_logprobs="rollout")``: π_old is the engine's log-probs."""
-        return self.overlap is not None and self.overlap.old_logprobs == "rollout"
-
-    def old_logprobs(self, rollouts: Rollouts, reuse: bool) -> Rollouts:
-        """``rollouts`` with π_old filled from the engine's log-probs where that is the choice:
-        ``reuse`` (the recipe's ``reuse_rollout_logprobs``) or ``old_logprobs="rollout"``."""
-        if reuse or self.engine_logprobs_are_old:
+    def with_old_logprobs(self, rollouts: Rollouts) -> Rollouts:
+        """``rollouts`` with π_old set to the engine's log-probs where that is the choice
+        (`engine_logprobs_are_old`); otherwise as they are, for the trainer to score."""
+        if self.engine_logprobs_are_old:
             return rollouts.replace(old_logprobs=rollouts.rollout_logprobs)
         return rollouts
 

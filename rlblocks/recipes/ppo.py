@@ -57,7 +57,6 @@ from rlblocks.recipes.defaults import (
     DEFAULT_SAMPLING,
     PPO_CLIP,
     StepCallback,
-    samples_with_policy,
 )
 from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
 from rlblocks.recipes.overlap import OneStepOff, Sampled
@@ -85,6 +84,7 @@ def ppo(
     loss_fn: PolicyLoss = PPO_CLIP,
     resharder: Resharder | None = None,
     on_step: StepCallback | None = None,
+    reuse_rollout_logprobs: bool | None = None,
     async_rollout: OneStepOff | None = None,
     progress: bool = True,
     checkpoint: Checkpointer | str | Path | None = None,
@@ -111,9 +111,11 @@ def ppo(
     resharder's, ``critic_warmup`` (1 during warm-up), and the ones every recipe reports
     (`rlblocks.recipes.loop`): ``time/*`` (π_old, π_ref and V are ``time/logprobs``, the critic
     and policy updates ``time/update``), ``step_seconds``, ``response_length``. ``batches``
-    and ``on_step`` work as in :func:`~rlblocks.recipes.grpo`; so does ``async_rollout`` (a
-    `rlblocks.recipes.OneStepOff`: the next batch is sampled during this step's updates; with
-    ``old_logprobs="rollout"`` the engine's log-probs are π_old and are not scored).
+    and ``on_step`` work as in :func:`~rlblocks.recipes.grpo`; so do ``reuse_rollout_logprobs``
+    (by default the engine's log-probs are π_old exactly when it samples with the trainer's
+    own module) and ``async_rollout`` (a `rlblocks.recipes.OneStepOff`: the next batch is
+    sampled during this step's updates; with ``old_logprobs="rollout"`` the engine's
+    log-probs are π_old and are not scored).
 
     ``checkpoint`` (a `rlblocks.checkpoint.Checkpointer` or a folder), ``resume`` (False, True or
     ``"auto"``) and ``tracker`` (`rlblocks.tracking.Tracker`): the run is saved after every
@@ -125,12 +127,13 @@ def ppo(
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
     controller = kl_controller or FixedKLController(kl_coef)
     estimator = kl_estimator or (k1 if kl_in_reward else k3)
-    sampled = Sampled(  # 1., in the step or one step ahead (async_rollout)
+    sampled = Sampled(  # 1., in the step or one step ahead (async_rollout), and π_old's source
         engine,
+        policy,
         group_size=samples_per_prompt,
         sampling=sampling,
         overlap=async_rollout,
-        shares_weights=samples_with_policy(policy, engine, sampling),
+        reuse_rollout_logprobs=reuse_rollout_logprobs,
     )
 
     def step(index: int, batches: Iterator[Any], clock: Clock) -> Step | None:
@@ -142,7 +145,7 @@ def ppo(
             rewards, reward_metrics = reward_fn(rollouts)
         mask = rollouts.response_mask
         with clock("logprobs"):  # 3. all before any update
-            if sampled.engine_logprobs_are_old:  # OneStepOff(old_logprobs="rollout")
+            if sampled.engine_logprobs_are_old:  # reuse_rollout_logprobs, or OneStepOff's
                 old_logprobs = rollouts.rollout_logprobs
             else:
                 old_logprobs = policy.logprobs(rollouts)

@@ -58,6 +58,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from rlblocks.checkpoint.rng import rng_state, set_rng_state
 from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, dispatch
 from rlblocks.losses.aggregate import aggregate
 from rlblocks.losses.inputs import LossInputs, loss_inputs
@@ -80,7 +81,12 @@ from rlblocks.trainer.lora import is_peft_model, wrap_lora
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.schedules import constant
 from rlblocks.trainer.update import assign, run_update, timing
-from rlblocks.trainer.weights import full_weight_spec, full_weights
+from rlblocks.trainer.weights import (
+    full_weight_spec,
+    full_weights,
+    load_trainable_state,
+    trainable_state,
+)
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -440,8 +446,9 @@ class PolicyTrainer:
         return [(name, p) for name, p in frozen if not p.requires_grad]
 
     def state_dict(self) -> dict[str, Any]:
-        """Trainable parameters, optimizer, scheduler, counters and RNG state (references, not
-        copies: ``copy.deepcopy`` it to keep a snapshot while training goes on).
+        """Trainable parameters, optimizer, scheduler, counters and the process's random state
+        (`rlblocks.checkpoint.rng`). References, not copies: ``copy.deepcopy`` it to keep a
+        snapshot while training goes on.
 
         Sharded (data-parallel) trainers return the full, unsharded state on every rank, with
         the optimizer state keyed by parameter name; it loads into a group of any size.
@@ -450,13 +457,13 @@ class PolicyTrainer:
         if self.dp.sharded:
             model, optimizer = full_state(self.model, self.optimizer)
         else:
-            model, optimizer = dict(_trainable(self.model)), self.optimizer.state_dict()
+            model, optimizer = dict(trainable_state(self.model)), self.optimizer.state_dict()
         return {
             "model": model,
             "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "counters": counters,
-            "rng": _rng_state(),
+            "rng": rng_state(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -464,12 +471,12 @@ class PolicyTrainer:
         if self.dp.sharded:
             load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
         else:
-            _load_trainable(self.model, state["model"])
+            load_trainable_state(self.model, state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         for name, value in state["counters"].items():
             setattr(self, name, int(value))
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
 
 
 def _frozen_reference(model: nn.Module, reference: Reference) -> nn.Module | None:
@@ -480,28 +487,3 @@ def _frozen_reference(model: nn.Module, reference: Reference) -> nn.Module | Non
     elif not isinstance(reference, nn.Module):
         raise ValueError(f"reference must be 'auto', 'copy', a module or None, got {reference!r}")
     return reference.requires_grad_(False).eval()
-
-
-def _trainable(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
-    return ((n, p.detach()) for n, p in model.named_parameters() if p.requires_grad)
-
-
-@torch.no_grad()
-def _load_trainable(model: nn.Module, values: Mapping[str, Tensor]) -> None:
-    params = dict(_trainable(model))
-    if set(params) != set(values):
-        missing, extra = sorted(set(params) - set(values)), sorted(set(values) - set(params))
-        raise KeyError(f"state dict mismatch: missing {missing}, extra {extra}")
-    for name, value in values.items():
-        params[name].copy_(value)
-
-
-def _rng_state() -> dict[str, Any]:
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    return {"torch": torch.get_rng_state(), "cuda": cuda}
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])

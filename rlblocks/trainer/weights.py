@@ -1,4 +1,5 @@
-"""What a policy trainer hands a resharder: its full weights, and their spec without values.
+"""What a policy trainer hands a resharder: its full weights, and their spec without values;
+and, for its in-memory ``state_dict``, its trainable parameters.
 
 Both under the Hugging Face names of ``model.state_dict()`` (tied weights under each name):
 
@@ -11,8 +12,9 @@ Both under the Hugging Face names of ``model.state_dict()`` (tied weights under 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
+import torch
 from torch import Tensor, nn
 
 from rlblocks.interfaces import TensorSpec
@@ -47,3 +49,20 @@ def full_weight_spec(model: nn.Module, *, adapter: bool) -> dict[str, TensorSpec
     else:
         tensors = model.state_dict(keep_vars=True).items()
     return {name: TensorSpec.of(tensor) for name, tensor in tensors}
+
+
+def trainable_state(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """``(name, parameter)`` of the parameters that train (detached, not copied)."""
+    return ((n, p.detach()) for n, p in model.named_parameters() if p.requires_grad)
+
+
+@torch.no_grad()
+def load_trainable_state(model: nn.Module, values: Mapping[str, Tensor]) -> None:
+    """Copy :func:`trainable_state`'s tensors back; a missing or extra name is a ``KeyError``
+    naming them."""
+    params = dict(trainable_state(model))
+    if set(params) != set(values):
+        missing, extra = sorted(set(params) - set(values)), sorted(set(values) - set(params))
+        raise KeyError(f"state dict mismatch: missing {missing}, extra {extra}")
+    for name, value in values.items():
+        params[name].copy_(value)

@@ -59,13 +59,32 @@ def test_ppo_raises_the_reward_of_a_toy_task():
 
 
 def test_ppo_with_zero_learning_rate_does_not_learn():
-    history = run_ppo(_blocks(0.0, 1e-3), 25, kl_coef=0.01)
+    # π_old scored by the trainer (not the engine's log-probs, which come from cached attention
+    # and differ from the reference's forward by float rounding): KL is then exactly 0.
+    history = run_ppo(_blocks(0.0, 1e-3), 25, kl_coef=0.01, reuse_rollout_logprobs=False)
     rewards = [h["reward/mean"] for h in history]
     # Same seeds, no policy update: the reward stays at the random model's level (measured
     # between 0.007 and 0.041 at every step; 0.031, 0.015, 0.021 over the last three), and the
     # policy never leaves the reference: KL exactly 0.
     assert sum(rewards[-3:]) / 3 < 0.1, rewards
     assert all(h["kl/seq"] == 0.0 for h in history)
+
+
+def test_engine_sharing_the_model_gives_pi_old_by_default():
+    # As in GRPO: an HFEngine around policy.model samples with the trainer's own weights, so
+    # its log-probs are π_old (no scoring pass): the default run equals reuse=True bit for bit,
+    # and π_old against the rollout log-probs is exactly 0; scored by the trainer (False), the
+    # cached-attention rounding shows in the mismatch metric.
+    runs = {}
+    for reuse in (None, True, False):
+        blocks = _blocks(1e-2, 1e-3)
+        runs[reuse] = (run_ppo(blocks, 2, kl_coef=0.01, reuse_rollout_logprobs=reuse), blocks)
+    (auto, (policy, _, _)), (forced, (forced_policy, _, _)) = runs[None], runs[True]
+    assert [h["loss"] for h in auto] == [h["loss"] for h in forced]
+    after, forced_after = _weights(policy.model), _weights(forced_policy.model)
+    assert all(torch.equal(after[n], forced_after[n]) for n in after)
+    assert all(h["mismatch/abs_max"] == 0.0 for h in auto)
+    assert runs[False][0][0]["mismatch/abs_max"] > 0.0
 
 
 def _weights(module) -> dict[str, torch.Tensor]:
@@ -124,6 +143,7 @@ def test_kl_in_reward_or_in_loss(kl_in_reward):
         kl_in_reward=kl_in_reward,
         gamma=1.0,
         lam=1.0,
+        reuse_rollout_logprobs=False,  # π_old is the trainer's, as the recorder computes it
     )
     assert history[0]["kl/seq"] == 0.0 and history[-1]["kl/seq"] > 0  # the policy moved away
     for record in recorder.seen:
