@@ -3,8 +3,12 @@
 One call of :meth:`PolicyTrainer.step` is the whole PPO-style update of verl's
 ``update_policy`` or OpenRLHF's ``PPOTrainer.training_step``, top to bottom:
 
-1. ``old_logprobs``: given, or ``rollouts.old_logprobs``, or scored now, without
-   gradient, before any update. Reference log-probs likewise, only if the loss takes them.
+1. ``old_logprobs``: given, or ``rollouts.old_logprobs``; otherwise, when the update is one
+   optimizer step (one epoch, one mini-batch: the recipes' default), the detached log-probs
+   of the update's own forward, since the weights have not moved yet when it runs (the
+   ratio is exactly 1, as in a plain on-policy loop or TRL with one iteration); otherwise
+   scored now, without gradient, before any update. Reference log-probs are scored before
+   the update, only if the loss takes them.
 2. For each epoch, the rows are shuffled into mini-batches (kept in order when one
    mini-batch holds them all); the order depends only on ``(config.shuffle_seed, number of
    step calls so far)``, so a restored trainer repeats it.
@@ -80,7 +84,7 @@ from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
 from rlblocks.trainer.lora import is_peft_model, wrap_lora
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.schedules import constant
-from rlblocks.trainer.update import assign, run_update, timing
+from rlblocks.trainer.update import Assignment, assign, run_update, timing
 from rlblocks.trainer.weights import (
     full_weight_spec,
     full_weights,
@@ -304,10 +308,14 @@ class PolicyTrainer:
         if old_logprobs is not None:
             batch = batch.replace(old_logprobs=old_logprobs.to(self.device))
         work = assign(self, batch, minibatches)
-        work = dataclasses.replace(work, batch=self._prepare(work.batch, wants))
+        in_update = work.batch.old_logprobs is None and _one_optimizer_step(work)
+        work = dataclasses.replace(work, batch=self._prepare(work.batch, wants, in_update))
         scored = time.perf_counter()  # old (and reference) log-probs are ready
-        loss = partial(self._micro_loss, loss_fn=loss_fn, wants=wants)
+        seen: list[tuple[Tensor, Tensor]] | None = [] if in_update else None
+        loss = partial(self._micro_loss, loss_fn=loss_fn, wants=wants, seen=seen)
         metrics = run_update(self, work, loss)
+        if seen is not None:  # π_old as the update's forward gave it, for the mismatch metric
+            work = dataclasses.replace(work, batch=_gathered_old(work.batch, seen))
         return {
             **self._mismatch(work.batch.select(work.owned)),
             **metrics,
@@ -331,15 +339,21 @@ class PolicyTrainer:
         sums = torch.cat([self.dp.all_sum(sums[:3]), sums.new_tensor([largest])])
         return mismatch_metrics(sums.cpu())
 
-    def _prepare(self, batch: Rollouts, wants: LossInputs) -> Rollouts:
+    def _prepare(self, batch: Rollouts, wants: LossInputs, in_update: bool) -> Rollouts:
         """This rank's rows with ``old_logprobs`` (and ``ref_logprobs``) filled: taken from
-        the rollouts when there, scored now otherwise (before any update)."""
+        the rollouts when there, scored now otherwise (before any update). ``in_update``:
+        π_old comes from the update's own forward instead; the rows get their index (an
+        extra) so that it can be put back in place."""
         if "rollout_logprobs" in wants.required and batch.rollout_logprobs is None:
             raise ValueError("the loss needs rollout_logprobs but the rollouts carry none")
-        old = batch.old_logprobs
-        if old is None:
-            old = self._score_no_grad(self.model, batch)[0]
-        batch = batch.replace(old_logprobs=old.detach())
+        if in_update:
+            rows = torch.arange(len(batch), device=batch.response_ids.device)
+            batch = batch.replace(extras={**batch.extras, _ROW: rows})
+        else:
+            old = batch.old_logprobs
+            if old is None:
+                old = self._score_no_grad(self.model, batch)[0]
+            batch = batch.replace(old_logprobs=old.detach())
         if "ref_logprobs" in wants.accepted and batch.ref_logprobs is None:
             if self.reference is not None or self._adapter_reference:
                 batch = batch.replace(ref_logprobs=self._ref_scores(batch).detach())
@@ -348,13 +362,23 @@ class PolicyTrainer:
         return batch
 
     def _micro_loss(
-        self, micro: Rollouts, normalizer: Tensor, *, loss_fn: PolicyLoss, wants: LossInputs
+        self,
+        micro: Rollouts,
+        normalizer: Tensor,
+        *,
+        loss_fn: PolicyLoss,
+        wants: LossInputs,
+        seen: list[tuple[Tensor, Tensor]] | None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """One micro-batch: forward, per-token ``loss_fn``, ``aggregate`` with the mini-batch
         normalizer; the loss metrics, and the mean entropy of its valid tokens when the loss
-        takes it or ``config.log_entropy`` asks for it."""
+        takes it or ``config.log_entropy`` asks for it. ``seen`` (π_old from this forward):
+        each micro-batch's row indices and detached log-probs are appended to it."""
         in_loss = "entropy" in wants.accepted
         lp, entropy = self._score(self.model, micro, entropy=in_loss or self.config.log_entropy)
+        if seen is not None:
+            micro = micro.replace(old_logprobs=lp.detach())
+            seen.append((micro.extras[_ROW], lp.detach()))
         if entropy is not None and not in_loss:
             entropy = entropy.detach()  # only a metric: no gradient through it
         inputs = {
@@ -477,6 +501,26 @@ class PolicyTrainer:
         for name, value in state["counters"].items():
             setattr(self, name, int(value))
         set_rng_state(state["rng"])
+
+
+_ROW = "_rlblocks_row"  # the extra that numbers the rows of an update taking π_old in it
+
+
+def _one_optimizer_step(work: Assignment) -> bool:
+    """True when the update is one optimizer step over all of this rank's rows: no weight
+    changes before any row's forward, so each forward's log-probs are π_old."""
+    if len(work.plan) != 1:
+        return False
+    rows = work.plan[0].sort().values
+    return torch.equal(rows, torch.arange(len(work.batch), device=rows.device))
+
+
+def _gathered_old(batch: Rollouts, seen: list[tuple[Tensor, Tensor]]) -> Rollouts:
+    """``batch`` with ``old_logprobs`` put together from each micro-batch's (trimmed) rows."""
+    old = torch.zeros(batch.response_ids.shape, dtype=seen[0][1].dtype, device=seen[0][1].device)
+    for rows, lp in seen:
+        old[rows, : lp.shape[1]] = lp
+    return batch.replace(old_logprobs=old * batch.response_mask)
 
 
 def _frozen_reference(model: nn.Module, reference: Reference) -> nn.Module | None:

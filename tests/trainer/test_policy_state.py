@@ -71,8 +71,9 @@ def test_gradient_checkpointing_gives_the_same_update(make_rollouts):
         )
         calls = _count_forwards(model.model.layers[0].mlp)
         trainer.step(ro, adv, loss_fn=clipped_surrogate)
-        # Forwards of a layer: old log-probs, training forward, + the recomputation in backward.
-        assert len(calls) == (3 if checkpointing else 2)
+        # Forwards of a layer: the training forward (one optimizer step: it gives π_old too),
+        # + the recomputation in backward.
+        assert len(calls) == (2 if checkpointing else 1)
         assert not model.training  # back in eval mode after the step
         results.append(_weights(model))
     assert_close(results[1], results[0])  # float64: recomputation is exact up to ~1e-16
@@ -106,3 +107,37 @@ def test_from_pretrained_builtin(tmp_path, monkeypatch, make_rollouts):
     assert trainer.tokenizer is not None and trainer.config.lr == 1e-3
     out = trainer.step(make_rollouts(seed=4), torch.randn(8), loss_fn=clipped_surrogate)
     assert out["optimizer_steps"] == 1
+
+
+def test_one_optimizer_step_takes_pi_old_from_its_own_forward(make_rollouts):
+    # One epoch, one mini-batch: the weights do not move before any row's forward, so the
+    # update's forward gives π_old. The same update with π_old scored beforehand (two
+    # mini-batches force it; the first mini-batch's update is then compared) must agree: in
+    # float64 the two forwards of the same weights differ by rounding only (~1e-16), so the
+    # weights after the step agree to assert_close's float64 default (rtol 1e-7).
+    ro = make_rollouts(seed=3)
+    adv = torch.randn(8)
+    fused_model = tiny(dtype=torch.float64)[0]
+    fused = PolicyTrainer(fused_model, reference=None, lr=1e-2)
+    calls = _count_forwards(fused_model.model.layers[0].mlp)
+    metrics = fused.step(ro, adv, loss_fn=clipped_surrogate)
+    assert len(calls) == 1  # no scoring pass before the update
+    assert metrics["clip_frac"] == 0.0 and metrics["ratio_max"] == 1.0  # ratio exactly 1
+    scored_model = tiny(dtype=torch.float64)[0]
+    scored = PolicyTrainer(scored_model, reference=None, lr=1e-2)
+    old = scored.logprobs(ro)
+    scored.step(ro, adv, loss_fn=clipped_surrogate, old_logprobs=old)
+    assert_close(_weights(fused_model), _weights(scored_model))
+    # The mismatch metric still compares π_old (now from the update's forward) with the
+    # engine's log-probs, row by row in place: the same as with π_old scored beforehand.
+    with_rollout = ro.replace(rollout_logprobs=old.float() - 0.5 * ro.response_mask)
+    a = PolicyTrainer(tiny(dtype=torch.float64)[0], reference=None, lr=1e-2)
+    b = PolicyTrainer(tiny(dtype=torch.float64)[0], reference=None, lr=1e-2)
+    fused_metrics = a.step(with_rollout, adv, loss_fn=clipped_surrogate)
+    scored_metrics = b.step(with_rollout, adv, loss_fn=clipped_surrogate, old_logprobs=old)
+    # π_old is float64 inside the fused step and the float32 public log-probs in the scored
+    # one; |log p| < 30 here, which float32 holds to 30·2⁻²⁴ ≈ 2e-6, so every metric of the
+    # two agrees to that (kl = mean(e^d − 1 − d) moves by at most |e^d − 1|·2e-6 < 2e-6).
+    for key in ("mismatch/abs_mean", "mismatch/abs_max", "mismatch/kl"):
+        assert_close(fused_metrics[key], scored_metrics[key], rtol=0, atol=2e-6, msg=key)
+    assert_close(fused_metrics["mismatch/abs_max"], 0.5, rtol=0, atol=2e-6)
