@@ -7,7 +7,8 @@
 Subpackages: ``advantage`` (estimators), ``losses`` (per-token losses and ``aggregate``),
 ``rewards`` (rule-based rewards), ``placement`` (where blocks run), ``models`` (loading, the
 tiny and built-in models), ``rollout`` (engines), ``trainer`` (``PolicyTrainer``), ``critic`` (value model), ``resharder``,
-``data`` (prompt datasets, the built-in arithmetic task), ``recipes`` (GRPO...), ``checkpoint``
+``data`` (prompt datasets, the built-in arithmetic task), ``envs`` (multi-turn environments,
+tools and the agent rollout), ``recipes`` (GRPO...), ``checkpoint``
 (whole-run checkpoints and resume), ``runlog`` (metrics JSONL), ``tracking`` (the ``Tracker``:
 metrics JSONL plus TensorBoard, W&B, MLflow, trackio), ``notebook`` (the live ``Dashboard``);
 ``rb.plot`` draws a run's curves. ``interfaces`` holds the block contracts, ``Rollouts`` the
@@ -30,6 +31,7 @@ _LAZY = (
     "checkpoint",
     "critic",
     "data",
+    "envs",
     "models",
     "notebook",
     "recipes",
@@ -49,6 +51,7 @@ __all__ = [
     "checkpoint",
     "critic",
     "data",
+    "envs",
     "interfaces",
     "losses",
     "models",

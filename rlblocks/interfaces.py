@@ -65,9 +65,10 @@ __all__ = [
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: A prompt is raw text, or chat messages ``[{"role": "user", "content": "..."}]`` that the
-#: engine renders with the tokenizer's chat template.
-Prompt = str | Sequence[Mapping[str, str]]
+#: A prompt is raw text, chat messages ``[{"role": "user", "content": "..."}]`` that the
+#: engine renders with the tokenizer's chat template, or token ids used as they are (a
+#: multi-turn rollout hands back the conversation so far, never re-tokenizing sampled ids).
+Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int]
 
 
 # ---------------------------------------------------------------------- data returned by blocks

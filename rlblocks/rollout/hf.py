@@ -6,6 +6,8 @@ trainer's model, so syncing weights costs nothing). Slow next to vLLM, but exact
 Choices made here:
 
 * **Token in, token out.** ``response_ids`` are the sampled ids; text is decoded for rewards only.
+  A prompt given as token ids is sampled from as it is (a multi-turn rollout passes the
+  conversation so far this way, see :mod:`rlblocks.rollout.prompts`).
 * **Only ``SamplingParams`` decide sampling.** The checkpoint's ``generation_config.json``
   (Qwen's ``repetition_penalty``, ``top_k=20``, ...) is set aside during the call: a hidden
   logits processor would sample from a distribution the rollout log-probs do not describe.

@@ -1,6 +1,7 @@
 """Prompts to token ids: chat rendering, validation and left padding, shared by rollout engines.
 
-A prompt is raw text or a list of chat messages (``[{"role": "user", "content": "..."}]``).
+A prompt is raw text, a list of chat messages (``[{"role": "user", "content": "..."}]``) or
+a list of token ids.
 
 * Messages are rendered with ``tokenizer.apply_chat_template(..., add_generation_prompt=True)``
   and tokenized without adding special tokens (the template already holds any BOS).
@@ -10,6 +11,11 @@ A prompt is raw text or a list of chat messages (``[{"role": "user", "content": 
   would change what the policy sees. This is TRL's split between "standard" and
   "conversational" prompts.
 * ``chat=False`` forbids message lists (an error rather than a silent choice).
+* Token ids (a non-empty list of ints) are used as they are, whatever ``chat`` says: the
+  multi-turn agent rollout (`rlblocks.envs.AgentEngine`) hands an engine the conversation so far
+  as ids, so that the tokens the model sampled in earlier turns are never decoded and
+  re-tokenized (which can give other ids: "token in, token out" across turns). Every id must be
+  in the tokenizer's vocabulary; the text of such a prompt is its decoding, special tokens kept.
 
 Padding is done here, on the left, whatever ``tokenizer.padding_side`` says: generation appends
 to the right end of every row, so the prompts must end in the same column.
@@ -17,6 +23,7 @@ to the right end of every row, so the prompts must end in the same column.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,15 +33,22 @@ from torch.nn.utils.rnn import pad_sequence
 
 
 def render_prompts(
-    prompts: Sequence[Any], tokenizer: Any, *, chat: bool | None = None
+    prompts: Sequence[Any],
+    tokenizer: Any,
+    *,
+    chat: bool | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[list[str], list[list[int]]]:
     """The text the model sees and its token ids, one entry per prompt.
 
-    ``prompts``: a non-empty list of strings and/or message lists. ``chat``: see the module
-    docstring (None: strings verbatim, messages templated; True: strings wrapped as a user
-    message; False: strings only). Returns ``(texts, ids)``: ``texts[i]`` the rendered prompt
-    (without special tokens the tokenizer adds around raw text), ``ids[i]`` its token ids.
-    Raises ``TypeError``/``ValueError`` naming the offending prompt.
+    ``prompts``: a non-empty list of strings, message lists and/or token-id lists. ``chat``: see
+    the module docstring (None: strings verbatim, messages templated; True: strings wrapped as a
+    user message; False: strings and ids only). ``tools``: JSON schemas of tools (the format of
+    ``transformers.utils.get_json_schema``) passed to the chat template as ``tools=`` (templates
+    that know tool calling describe them to the model; others ignore them). Returns
+    ``(texts, ids)``: ``texts[i]`` the rendered prompt (without special tokens the tokenizer adds
+    around raw text), ``ids[i]`` its token ids. Raises ``TypeError``/``ValueError`` naming the
+    offending prompt.
     """
     if isinstance(prompts, (str, Mapping)) or not isinstance(prompts, Sequence):
         raise TypeError(
@@ -45,7 +59,12 @@ def render_prompts(
         raise ValueError("prompts is empty: give at least one prompt")
     texts, ids = [], []
     for i, prompt in enumerate(prompts):
-        text, templated = _render(i, prompt, tokenizer, chat)
+        if _is_token_ids(prompt):
+            tokens = _checked_ids(i, prompt, tokenizer)
+            texts.append(tokenizer.decode(tokens, skip_special_tokens=False))
+            ids.append(tokens)
+            continue
+        text, templated = _render(i, prompt, tokenizer, chat, tools)
         tokens = list(tokenizer(text, add_special_tokens=not templated)["input_ids"])
         if not tokens:
             raise ValueError(f"prompt {i} is empty after tokenization: generation needs a token")
@@ -69,7 +88,34 @@ def left_pad(ids: Sequence[Sequence[int]], *, pad_token_id: int) -> tuple[Tensor
     return input_ids, mask
 
 
-def _render(i: int, prompt: Any, tokenizer: Any, chat: bool | None) -> tuple[str, bool]:
+def _is_token_ids(prompt: Any) -> bool:
+    """A non-empty list (or tuple) of integers (bools are not ids)."""
+    return (
+        isinstance(prompt, (list, tuple))
+        and len(prompt) > 0
+        and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in prompt)
+    )
+
+
+def _checked_ids(i: int, prompt: Sequence[int], tokenizer: Any) -> list[int]:
+    tokens = [int(x) for x in prompt]
+    vocab = len(tokenizer)
+    bad = next((x for x in tokens if not 0 <= x < vocab), None)
+    if bad is not None:
+        raise ValueError(
+            f"prompt {i} is a list of token ids but holds {bad}, outside the tokenizer's "
+            f"vocabulary of {vocab} ids"
+        )
+    return tokens
+
+
+def _render(
+    i: int,
+    prompt: Any,
+    tokenizer: Any,
+    chat: bool | None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> tuple[str, bool]:
     """``(text, templated)`` for prompt ``i``."""
     if isinstance(prompt, str):
         if not chat:
@@ -86,7 +132,9 @@ def _render(i: int, prompt: Any, tokenizer: Any, chat: bool | None) -> tuple[str
             f"prompt {i} is a chat conversation but the tokenizer has no chat template; pass raw "
             "strings, or set tokenizer.chat_template"
         )
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, tools=list(tools) if tools else None
+    )
     return text, True
 
 
@@ -98,8 +146,8 @@ def _messages(i: int, prompt: Any) -> list[Mapping[str, Any]]:
         prompt, Mapping
     )
     raise TypeError(
-        f"prompt {i} must be a string or a non-empty list of messages "
-        f'[{{"role": ..., "content": ...}}], got {type(prompt).__name__}{hint}: {prompt!r:.80}'
+        f"prompt {i} must be a string, a non-empty list of messages "
+        f'[{{"role": ..., "content": ...}}] or a non-empty list of token ids, got {type(prompt).__name__}{hint}: {prompt!r:.80}'
     )
 
 

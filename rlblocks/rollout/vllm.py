@@ -4,7 +4,8 @@ Same contract as :class:`~rlblocks.rollout.HFEngine`, several times faster on th
 
 * **Token in, token out.** Prompts are rendered and tokenized exactly as the HF engine does
   (:func:`rlblocks.rollout.render_prompts`) and handed to vLLM as token ids; the response ids are
-  vLLM's own sampled ids, never re-tokenized. Completions are decoded from them.
+  vLLM's own sampled ids, never re-tokenized. Completions are decoded from them. A prompt
+  given as token ids goes to vLLM as it is (``{"prompt_token_ids": ids}``).
 * **Rollout log-probs** are vLLM's ``processed_logprobs`` of each sampled token: the log-softmax
   of the logits after temperature (and after top-k / top-p truncation, renormalized over what is
   kept: the distribution actually sampled). With ``top_k=0`` and ``top_p=1`` that is the HF

@@ -42,6 +42,32 @@ def test_chat_prompts_through_the_engine(peaky):
     assert c.prompts == ["What is 2+2?"] and c.prompt_ids.shape[1] < a.prompt_ids.shape[1]
 
 
+def test_token_ids_are_used_as_they_are(tokenizer):
+    # Ids that are NOT what their text tokenizes to ("a", "b" as two tokens where "ab" may be
+    # one): they must reach the model unchanged, whatever chat says.
+    a, b = (tokenizer.convert_tokens_to_ids(t) for t in ("a", "b"))
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    ids = [im_start, a, b]
+    for chat in (None, True, False):
+        texts, out = render_prompts([ids, (a,)], tokenizer, chat=chat)
+        assert out == [ids, [a]]
+        assert texts == ["<|im_start|>ab", "a"]  # decoded with special tokens kept
+    with pytest.raises(ValueError, match="prompt 1 is a list of token ids but holds 999999"):
+        render_prompts([ids, [a, 999999]], tokenizer)
+    with pytest.raises(TypeError, match="prompt 0 must be a string"):
+        render_prompts([[True, False]], tokenizer)  # bools are not ids
+
+
+def test_token_id_prompts_through_the_engine(peaky):
+    sampling = SamplingParams(max_new_tokens=5, seed=0)
+    engine = HFEngine(*peaky, chat=True, progress=False)
+    by_text = engine.generate(["What is 2+2?"], sampling=sampling)
+    ids = by_text.prompt_ids[0].tolist()
+    by_ids = engine.generate([ids], sampling=sampling)
+    assert torch.equal(by_ids.prompt_ids, by_text.prompt_ids)
+    assert torch.equal(by_ids.response_ids, by_text.response_ids)
+
+
 def test_left_pad_by_hand():
     # [[5, 6, 7], [8]] with padding 0 -> rows end in the same column.
     ids, mask = left_pad([[5, 6, 7], [8]], pad_token_id=0)
@@ -69,7 +95,7 @@ def test_prompt_errors(tokenizer):
         render_prompts("hello", tokenizer)
     with pytest.raises(TypeError, match="prompt 0 .* wrap it in a list"):
         render_prompts(MESSAGES, tokenizer)  # one conversation passed without the outer list
-    with pytest.raises(TypeError, match="prompt 1 must be a string or a non-empty list"):
+    with pytest.raises(TypeError, match="prompt 1 must be a string, a non-empty list"):
         render_prompts(["ok", 42], tokenizer)
     with pytest.raises(ValueError, match="prompt 0 is empty after tokenization"):
         render_prompts([""], tokenizer)
