@@ -154,6 +154,9 @@ def _program(cfg: dict, source: str, verdict: int, *, audit: bool) -> None:
             os.setgroups([])
             os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
             os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+        if os.getuid() == 0 and _initial_user_namespace():
+            # The kernel never applies RLIMIT_NPROC to root: a fork bomb would be unbounded.
+            raise PermissionError("still root in the initial user namespace: no process limit")
         _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         if audit:
             os.chdir(cfg["workdir"])
@@ -184,6 +187,12 @@ def _program(cfg: dict, source: str, verdict: int, *, audit: bool) -> None:
             pass
     _say(verdict, nonce, line)
     os._exit(exit_code & 0xFF)
+
+
+def _initial_user_namespace() -> bool:
+    """Whether this process is in the initial user namespace (its uid map is the identity)."""
+    with open("/proc/self/uid_map") as f:
+        return f.read().split() == ["0", "0", "4294967295"]
 
 
 def _refuse_network(event: str, args: tuple) -> None:
