@@ -43,6 +43,7 @@ PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 BLOCKED_EVENTS = {  # the fallback without a network namespace: no sockets, no other programs
     "socket.__new__", "socket.connect", "socket.bind", "socket.sendto", "socket.getaddrinfo",
     "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen", "ctypes.dlopen",
+    "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.call_function",
 }  # fmt: skip
 
 libc = ctypes.CDLL(None, use_errno=True)

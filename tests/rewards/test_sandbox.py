@@ -14,8 +14,10 @@ that the limit holds; these cases need root or user namespaces (Linux), and skip
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import socket
+import subprocess
 import tempfile
 import threading
 from pathlib import Path
@@ -410,3 +412,51 @@ def test_runs_in_parallel_do_not_share_a_uid(box) -> None:
     nothing_left()
     assert a[0] == b[0] == "15" and a[1] != b[1]
     assert float(a[2]) < float(b[3]) and float(b[2]) < float(a[3])  # their spans overlap
+
+
+# ---------------------------------------------------------------------- without root
+AS_NOBODY = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
+sandbox = importlib.util.module_from_spec(spec)
+sys.modules["sandbox"] = sandbox  # dataclasses look their module up
+spec.loader.exec_module(sandbox)
+limits = sandbox.SandboxLimits(processes=16, wall_seconds=5.0)
+box = sandbox.Sandbox(limits, python=sys.executable)
+results = [box.run(program) for program in json.loads(sys.stdin.read())]
+print(json.dumps([[r.isolation, r.outcome, r.detail, r.stdout] for r in results]))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as nobody")
+def test_without_root_user_namespaces_hold(outside) -> None:
+    # The sandbox module needs only the standard library: load it by path in the system's
+    # python3 as uid 65534 (nobody), which cannot reach this interpreter or rlblocks' deps.
+    # The folder must be searchable by nobody (0755 up to the root) for the module to load.
+    python = "/usr/bin/python3"
+    if not Path(python).exists() or not sandbox_module_readable():
+        pytest.skip("needs /usr/bin/python3 and a checkout every user may read")
+    programs = [
+        FORK_SLEEPERS,
+        NETWORK.format(port=9),
+        f"open({str(outside / 'written.txt')!r}, 'w').write('pwned')",
+    ]
+    command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-I", "-c"]
+    done = subprocess.run(
+        [*command, AS_NOBODY, str(REPO / "rlblocks/rewards/sandbox.py")],
+        input=json.dumps(programs), capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    nothing_left()
+    fork, net, write = json.loads(done.stdout)
+    if fork[0] == "none":
+        pytest.skip("this system refuses unprivileged user namespaces")
+    # 15 forks (processes=16 binds inside the user namespace), as uid 0 there.
+    assert fork[:3] == ["user-namespaces", "ok", ""] and fork[3].split()[:2] == ["15", "0"]
+    assert net[:3] == ["user-namespaces", "error", "OSError"]
+    assert write[:3] == ["user-namespaces", "error", "PermissionError"]
+    assert not (outside / "written.txt").exists()
+
+
+def sandbox_module_readable() -> bool:
+    path = REPO / "rlblocks/rewards/sandbox.py"
+    return all(p.stat().st_mode & 0o001 for p in path.parents) and path.stat().st_mode & 0o004
