@@ -185,15 +185,15 @@ def _run(box: Sandbox, program: str, stdin: str, slot: int) -> RunResult:
     root = os.geteuid() == 0
     uid = UID_BASE + (os.getpid() % 20_000) * SLOTS + slot if root else None
     folder = Path(tempfile.mkdtemp(prefix="rlblocks-sandbox-"))  # mode 700: ours only
-    work = None
+    # The folder of a run without namespaces (asked for, or refused by the system): on disk,
+    # the sandbox uid's own. With namespaces, /tmp/sandbox on a tmpfs hides it.
+    work = Path(tempfile.mkdtemp(prefix="rlblocks-sandbox-work-"))
     try:
-        if not box.namespaces:  # the fallback's folder: on disk, the sandbox uid's own
-            work = Path(tempfile.mkdtemp(prefix="rlblocks-sandbox-work-"))
-            if uid is not None:
-                os.chown(work, uid, uid)
+        if uid is not None:
+            os.chown(work, uid, uid)
         cfg = asdict(limits) | {
             "parent": os.getpid(), "uid": uid, "nonce": nonce, "namespaces": box.namespaces,
-            "workdir": str(work) if work else None,
+            "workdir": str(work),
         }  # fmt: skip
         (folder / "config.json").write_text(json.dumps(cfg))
         (folder / "program.py").write_text(program)
@@ -205,8 +205,7 @@ def _run(box: Sandbox, program: str, stdin: str, slot: int) -> RunResult:
         return _judge(folder, nonce, limits, timed_out, returncode, seconds)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-        if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _start_and_wait(box: Sandbox, folder: Path, nonce: str, wall: float) -> tuple[bool, int]:

@@ -113,8 +113,9 @@ def _init(cfg: dict, source: str, verdict: int) -> None:
             if os.path.isdir(path):
                 flags = MS_NOSUID | MS_NODEV
                 _check(libc.mount(b"tmpfs", path.encode(), b"tmpfs", flags, size), f"tmpfs {path}")
-        flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
-        _check(libc.mount(b"proc", b"/proc", b"proc", flags, None), "mount /proc")
+        # A /proc of the namespace only, where the system allows it (some containers do not):
+        # without it the host's processes are listed, but none can be signalled from here.
+        libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
         os.mkdir(WORKDIR, 0o700)
         with open(os.path.join(WORKDIR, "program.py"), "w") as f:
             f.write(source)
@@ -155,6 +156,7 @@ def _program(cfg: dict, source: str, verdict: int, *, audit: bool) -> None:
             os.setgroups([])
             os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
             os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a new uid cleared it
         if os.getuid() == 0 and _initial_user_namespace():
             # The kernel never applies RLIMIT_NPROC to root: a fork bomb would be unbounded.
             raise PermissionError("still root in the initial user namespace: no process limit")
