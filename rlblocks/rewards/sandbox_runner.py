@@ -164,13 +164,14 @@ def _program(cfg: dict, source: str, verdict: int, *, audit: bool) -> None:
         if audit:
             os.chdir(cfg["workdir"])
             sys.addaudithook(_refuse_network)
-        code = compile(source, "program.py", "exec")
     except BaseException as e:  # noqa: BLE001 -- the sandbox could not be set up
         _say(verdict, nonce, f"setup {type(e).__name__}: {e}")
         os._exit(112)
     sys.argv, sys.path[0:0] = ["program.py"], [os.getcwd()]
     try:
-        exec(code, {"__name__": "__main__", "__builtins__": __builtins__})  # noqa: S102
+        code = compile(source, "program.py", "exec")  # a SyntaxError is the program's error
+        scope = {"__name__": "__main__", "__file__": "program.py", "__builtins__": __builtins__}
+        exec(code, scope)  # noqa: S102
         line, exit_code = "done", 0
     except SystemExit as e:
         exit_code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
