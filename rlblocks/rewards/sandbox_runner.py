@@ -128,6 +128,7 @@ def _init(cfg: dict, source: str, verdict: int) -> None:
         os._exit(112)
     program = os.fork()
     if program == 0:
+        os.setpgid(0, 0)  # a group of its own: killpg(0) from the program cannot reach the runner
         _program(cfg, source, verdict, audit=False)
     while True:  # pid 1 adopts every orphan of the namespace: reap them until P ends
         pid, status = os.wait()
@@ -178,6 +179,10 @@ def _program(cfg: dict, source: str, verdict: int, *, audit: bool) -> None:
         line = f"exit {exit_code}"
     except MemoryError:
         line, exit_code = "memory", 1
+        try:
+            traceback.print_exc()
+        except MemoryError:
+            pass
     except AssertionError:
         traceback.print_exc()
         line, exit_code = "assertion", 1
