@@ -34,6 +34,7 @@ from rlblocks.rewards.math import (
     truth_answer,
 )
 from rlblocks.rewards.overlong import overlong, overlong_penalty
+from rlblocks.rewards.remote_sandbox import RemoteSandbox
 from rlblocks.rewards.sandbox import RunResult, Sandbox, SandboxLimits
 
 REWARDS: dict[str, RewardFn] = {
@@ -47,6 +48,7 @@ __all__ = [
     "THINK_ANSWER",
     "GroupFilter",
     "ProcessPool",
+    "RemoteSandbox",
     "RewardFn",
     "RewardOutput",
     "RewardRowError",
