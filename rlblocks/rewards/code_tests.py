@@ -11,8 +11,9 @@ Each row's ``metadata[tests_key]`` holds its tests, in one of two styles:
   program that exits early, even with code 0, never reached the asserts and fails).
 
 The reward of row i is the fraction of its tests that passed, or with ``all_or_nothing`` 1.0
-when all passed and 0.0 otherwise (its tests then stop at the first failure). Every run is
-counted by outcome in the metrics: ``{key}/passed``, ``failed`` (wrong output, failed assert),
+when all passed and 0.0 otherwise (its tests then stop at the first failure). Rows with the
+same program and tests (common within a GRPO group) run once; ``{key}/runs`` counts the
+programs really run. Every test of every row is counted by outcome in the metrics: ``{key}/passed``, ``failed`` (wrong output, failed assert),
 ``error`` (an exception or non-zero exit), ``timeout``, ``memory``, ``crashed`` (a signal),
 ``output`` (stdout too large) and ``sandbox_error`` (the sandbox failed: logged, scored 0).
 """
@@ -26,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from rlblocks.interfaces import RewardFn, RewardOutput
+from rlblocks.rewards.remote_sandbox import RemoteSandbox
 from rlblocks.rewards.sandbox import RunResult, Sandbox
 
 logger = logging.getLogger(__name__)
@@ -51,14 +53,15 @@ def extract_program(completion: str) -> str:
 
 def code_reward(
     *,
-    sandbox: Sandbox | None = None,
+    sandbox: Sandbox | RemoteSandbox | None = None,
     tests_key: str = "tests",
     all_or_nothing: bool = False,
     key: str = "reward",
 ) -> RewardFn:
     """Batch `RewardFn`: rᵢ = passed testsᵢ / testsᵢ (or 1[all passed]), (b) float32, no grad.
 
-    ``sandbox``: where programs run (default ``Sandbox()``: its limits, 2 at once).
+    ``sandbox``: where programs run (default ``Sandbox()``: its limits, 2 at once), or a
+    `RemoteSandbox` service.
     A row without tests, or with tests in neither style, is a `ValueError` naming the row.
     """
     box = Sandbox() if sandbox is None else sandbox
@@ -66,10 +69,16 @@ def code_reward(
     def code_tests(rollouts, /) -> RewardOutput:
         programs = [extract_program(c) for c in rollouts.completions]
         rows = [_tests_of(meta, i, tests_key) for i, meta in enumerate(rollouts.metadata)]
+        # Rows with the same program and tests (common within a group) run once.
+        first: dict[tuple, int] = {}
+        same_as = [
+            first.setdefault((p, tuple(t)), i) for i, (p, t) in enumerate(zip(programs, rows))
+        ]
+        todo = sorted(set(same_as))
         if all_or_nothing:  # one task per row: its tests stop at the first failure
-            tasks = [[(i, t) for t in range(len(tests))] for i, tests in enumerate(rows)]
+            tasks = [[(i, t) for t in range(len(rows[i]))] for i in todo]
         else:  # one task per test: all of them run, spread over the workers
-            tasks = [[(i, t)] for i, tests in enumerate(rows) for t in range(len(tests))]
+            tasks = [[(i, t)] for i in todo for t in range(len(rows[i]))]
 
         def run_task(task: list[tuple[int, int]]) -> list[tuple[int, str, RunResult]]:
             done = []
@@ -81,8 +90,14 @@ def code_reward(
             return done
 
         with ThreadPoolExecutor(box.workers, thread_name_prefix="rlblocks-code") as ex:
-            finished = [run for runs in ex.map(run_task, tasks) for run in runs]
-        return _summarize(finished, rows, all_or_nothing=all_or_nothing, key=key)
+            runs = [run for runs in ex.map(run_task, tasks) for run in runs]
+        by_row: dict[int, list[tuple[int, str, RunResult]]] = {i: [] for i in todo}
+        for run in runs:
+            by_row[run[0]].append(run)
+        tests = [
+            (i, outcome, result) for i, j in enumerate(same_as) for _, outcome, result in by_row[j]
+        ]
+        return _summarize(tests, rows, runs=len(runs), all_or_nothing=all_or_nothing, key=key)
 
     code_tests.__doc__ = "Sandboxed code reward (`code_reward`)."
     return code_tests
@@ -106,7 +121,9 @@ def _tests_of(meta: dict, i: int, tests_key: str) -> list[tuple[str, str | None]
     )
 
 
-def _run_test(box: Sandbox, program: str, test: tuple[str, str | None]) -> tuple[str, RunResult]:
+def _run_test(
+    box: Sandbox | RemoteSandbox, program: str, test: tuple[str, str | None]
+) -> tuple[str, RunResult]:
     """Run one test; its outcome is one of `TEST_OUTCOMES` or ``sandbox_error``."""
     code_or_input, expected = test
     if expected is None:  # assert style: the snippet runs after the program, in one file
@@ -130,11 +147,13 @@ def _same_output(got: str, expected: str) -> bool:
 
 
 def _summarize(
-    runs: list[tuple[int, str, RunResult]], rows: list[list], *, all_or_nothing: bool, key: str
-) -> RewardOutput:
+    tests: list[tuple[int, str, RunResult]], rows: list[list], *, runs: int,
+    all_or_nothing: bool, key: str,
+) -> RewardOutput:  # fmt: skip
+    """Scores and metrics from each row's test outcomes; ``runs``: programs really run."""
     passed = [0] * len(rows)
     counts = dict.fromkeys((*TEST_OUTCOMES, "sandbox_error"), 0)
-    for i, outcome, result in runs:
+    for i, outcome, result in tests:
         passed[i] += outcome == "passed"
         counts[outcome] += 1
         if outcome == "sandbox_error":
@@ -146,5 +165,5 @@ def _summarize(
     rewards = torch.tensor(scores, dtype=torch.float32).reshape(len(scores))
     metrics = {f"{key}/mean": float(rewards.mean()) if scores else 0.0}
     metrics |= {f"{key}/{name}": float(n) for name, n in counts.items()}
-    metrics[f"{key}/runs"] = float(len(runs))
+    metrics[f"{key}/runs"] = float(runs)
     return RewardOutput(rewards, metrics)

@@ -457,3 +457,14 @@ def test_without_root_user_namespaces_hold(outside) -> None:
 def sandbox_module_readable() -> bool:
     path = REPO / "rlblocks/rewards/sandbox.py"
     return all(p.stat().st_mode & 0o001 for p in path.parents) and path.stat().st_mode & 0o004
+
+
+def test_identical_rows_run_once(make_rollouts, box) -> None:
+    # A group of 4 where 3 completions hold the same program: 2 distinct programs x 2 cases
+    # run (4 runs), while the counts cover all 4 rows x 2 cases.
+    fenced = f"```python\n{SUM}\n```"
+    ro = make_rollouts([fenced, f"Sure!\n{fenced}", fenced, "print(3)"], [{"tests": CASES}] * 4)
+    rewards, metrics = code_reward(sandbox=box)(ro)
+    assert rewards.tolist() == [1.0, 1.0, 1.0, 0.5]  # print(3) matches the first case only
+    assert metrics["reward/runs"] == 4 and metrics["reward/passed"] == 7
+    assert metrics["reward/failed"] == 1
