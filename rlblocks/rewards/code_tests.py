@@ -13,9 +13,10 @@ Each row's ``metadata[tests_key]`` holds its tests, in one of two styles:
 The reward of row i is the fraction of its tests that passed, or with ``all_or_nothing`` 1.0
 when all passed and 0.0 otherwise (its tests then stop at the first failure). Rows with the
 same program and tests (common within a GRPO group) run once; ``{key}/runs`` counts the
-programs really run. Every test of every row is counted by outcome in the metrics: ``{key}/passed``, ``failed`` (wrong output, failed assert),
-``error`` (an exception or non-zero exit), ``timeout``, ``memory``, ``crashed`` (a signal),
-``output`` (stdout too large) and ``sandbox_error`` (the sandbox failed: logged, scored 0).
+programs really run. Every test of every row is counted by outcome in the metrics:
+``{key}/passed``, ``failed`` (wrong output, failed assert), ``error`` (an exception or a
+non-zero exit), ``timeout``, ``memory``, ``crashed`` (a signal), ``output`` (stdout too large)
+and ``sandbox_error`` (the sandbox failed: logged, scored 0).
 """
 
 from __future__ import annotations
