@@ -65,7 +65,7 @@ def main(folder: str) -> None:
     with open(os.path.join(folder, "program.py")) as f:
         source = f.read()
     verdict = os.open(os.path.join(folder, "verdict"), os.O_WRONLY | os.O_APPEND)
-    isolation = _enter_namespaces(cfg) if cfg["namespaces"] else "none"
+    isolation = cfg["isolation"] = _enter_namespaces(cfg) if cfg["namespaces"] else "none"
     _say(verdict, cfg["nonce"], f"isolation {isolation}")
     if isolation == "none":  # no pid namespace to hold the program: run it here
         _program(cfg, source, verdict, audit=True)
@@ -147,7 +147,8 @@ def _program(cfg: dict, source: str, verdict: int, *, audit: bool) -> None:
             resource.RLIMIT_AS: cfg["memory_bytes"],
             resource.RLIMIT_FSIZE: cfg["file_bytes"],
             resource.RLIMIT_NOFILE: cfg["open_files"],
-            resource.RLIMIT_NPROC: cfg["processes"],
+            # In a user namespace the runner and pid 1 share the program's count: 2 more.
+            resource.RLIMIT_NPROC: cfg["processes"] + 2 * (cfg["isolation"] == "user-namespaces"),
         }
         for which, value in limits.items():
             # CPU: the soft limit sends SIGXCPU, the hard limit one second later SIGKILL.

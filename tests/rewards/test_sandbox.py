@@ -155,7 +155,7 @@ def test_the_process_limit_binds(box) -> None:
 
 def test_the_file_size_limit_binds(box) -> None:
     limits = SandboxLimits(file_bytes=4096, output_bytes=1 << 20)
-    big = Sandbox(limits).run("open('f', 'wb').write(b'x' * 5000)")
+    big = Sandbox(limits).run("with open('f', 'wb') as f:\n    f.write(b'x' * 5000)")
     nothing_left()
     assert (big.outcome, big.detail) == ("error", "OSError")  # EFBIG past 4096 bytes
     assert "File too large" in big.stderr
@@ -322,9 +322,9 @@ import os, signal
 for pid in (os.getppid(), {os.getpid()}):
     try:
         os.kill(pid, signal.SIGKILL)
-        print("killed", pid)
+        print("killed", pid, flush=True)
     except OSError as e:
-        print(type(e).__name__)
+        print(type(e).__name__, flush=True)
 os.killpg(0, signal.SIGKILL)  # its own process group, itself included
 """
     result = box.run(program)
