@@ -46,7 +46,6 @@ float, while this reward reports each program's outcome. The runner is started w
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -181,7 +180,7 @@ def _others_can_run(path: str) -> bool:
 
 
 def _run(box: Sandbox, program: str, stdin: str, slot: int) -> RunResult:
-    limits, nonce = box.limits, secrets.token_hex(16)
+    limits, nonce = box.limits, "n" + secrets.token_hex(16)  # never all digits: stays text
     root = os.geteuid() == 0
     uid = UID_BASE + (os.getpid() % 20_000) * SLOTS + slot if root else None
     folder = Path(tempfile.mkdtemp(prefix="rlblocks-sandbox-"))  # mode 700: ours only
@@ -195,7 +194,7 @@ def _run(box: Sandbox, program: str, stdin: str, slot: int) -> RunResult:
             "parent": os.getpid(), "uid": uid, "nonce": nonce, "namespaces": box.namespaces,
             "workdir": str(work),
         }  # fmt: skip
-        (folder / "config.json").write_text(json.dumps(cfg))
+        (folder / "config").write_text("".join(f"{k} {v}\n" for k, v in cfg.items()))
         (folder / "program.py").write_text(program)
         (folder / "stdin").write_text(stdin)
         (folder / "verdict").touch(mode=0o600)
