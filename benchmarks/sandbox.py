@@ -8,6 +8,9 @@ fresh runner process, namespaces, tmpfs, limits, uid), ``workers`` at a time:
 - **trivial**: ``print(1)``: the sandbox's own cost per run;
 - **test suite**: a small solution (``is_prime`` and a ``fib`` with a loop) followed by 12
   ``assert`` lines, as the assert-style `code_reward` runs it.
+- **floor**: ``python -I -c "print(1)"`` by `subprocess.run`, the same interpreter with no
+  sandbox: what starting a process costs on this machine at that moment, so that the other
+  rows can be read against it on a busy machine.
 
 Each run's outcome is checked (``ok`` and finished, else the benchmark fails: a fast sandbox
 that fails its programs would measure nothing). A row reports the median programs/s over
@@ -22,7 +25,9 @@ import argparse
 import os
 import platform
 import statistics
+import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from rlblocks.rewards.sandbox import Sandbox
 
@@ -71,6 +76,19 @@ def rate(box: Sandbox, program: str, n: int) -> float:
     return n / seconds
 
 
+def floor_rate(python: str, n: int, workers: int) -> float:
+    """Programs per second starting ``python -I -c "print(1)"`` plainly, ``workers`` at once."""
+    start = time.perf_counter()
+    with ThreadPoolExecutor(workers) as ex:
+        command = [python, "-I", "-c", "print(1)"]
+        done = list(
+            ex.map(lambda _: subprocess.run(command, capture_output=True, check=False), range(n))
+        )
+    if any(d.returncode != 0 or d.stdout != b"1\n" for d in done):
+        raise RuntimeError("the plain interpreter failed")
+    return n / (time.perf_counter() - start)
+
+
 def main(argv: list[str] | None = None) -> dict[tuple[str, int], float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--programs", type=int, default=64, help="runs per measurement")
@@ -79,18 +97,23 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, int], float]:
     args = parser.parse_args(argv)
     boxes = {w: Sandbox(workers=w) for w in args.workers}
     first = next(iter(boxes.values())).run(TRIVIAL)
-    settings = [(name, w) for name in PROGRAMS for w in args.workers]
+    load = os.getloadavg()  # other jobs on a shared machine: said beside the numbers
+    settings = [(name, w) for name in (*PROGRAMS, "floor") for w in args.workers]
     for box in boxes.values():
         rate(box, TRIVIAL, 2 * max(args.workers))  # warm the page cache
     rates: dict[tuple[str, int], list[float]] = {s: [] for s in settings}
     for r in range(args.repeats):
         for name, w in settings[r % len(settings) :] + settings[: r % len(settings)]:
-            rates[name, w].append(rate(boxes[w], PROGRAMS[name], args.programs))
+            if name == "floor":
+                rates[name, w].append(floor_rate(boxes[w].python, args.programs, w))
+            else:
+                rates[name, w].append(rate(boxes[w], PROGRAMS[name], args.programs))
     print(
         f"setup: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
         f"Linux {platform.release()}, programs run by {boxes[args.workers[0]].python}, "
         f"isolation {first.isolation}, uid drop {os.geteuid() == 0}, "
-        f"{args.programs} runs x {args.repeats} rounds per row"
+        f"{args.programs} runs x {args.repeats} rounds per row, "
+        f"load average before {load[0]:.1f}, after {os.getloadavg()[0]:.1f}"
     )
     print("\n| program | workers | programs/s (median) | min | max |\n|---|---|---|---|---|")
     medians = {}
