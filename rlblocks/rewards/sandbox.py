@@ -50,6 +50,7 @@ import logging
 import os
 import queue
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -226,18 +227,40 @@ def _start_and_wait(box: Sandbox, folder: Path, nonce: str, wall: float) -> tupl
         )  # fmt: skip
     timed_out = False
     try:
-        proc.wait(timeout=wall)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        if _said(folder, nonce).get("isolation", "none") != "none":
-            proc.send_signal(signal.SIGTERM)  # the runner kills the namespace and waits for it
-            try:
-                proc.wait(timeout=STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                logger.warning("sandbox: the runner did not stop in %g s; killed", STOP_SECONDS)
+        if not _wait(proc, wall):
+            timed_out = True
+            if _said(folder, nonce).get("isolation", "none") != "none":
+                proc.send_signal(signal.SIGTERM)  # the runner kills the namespace, waits for it
+                if not _wait(proc, STOP_SECONDS):
+                    logger.warning("sandbox: the runner did not stop in %g s; killed", STOP_SECONDS)
     finally:  # Ctrl-C in the caller included: the program must not outlive the call
         _kill_group(proc)
     return timed_out, proc.returncode
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for ``proc`` to end (and reap it); False if it still runs.
+
+    Through a pidfd where the system has one: ``Popen.wait(timeout=...)`` polls with sleeps
+    that grow to 50 ms, which cost about 25 ms of a 75 ms run (measured).
+    """
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # not Linux 5.3+: poll
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        ended = bool(poller.poll(timeout * 1000))
+    finally:
+        os.close(pidfd)
+    if ended:
+        proc.wait()
+    return ended
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
