@@ -21,8 +21,8 @@ leftover processes        a new pid namespace: its pid 1 waits for the program a
                           with it, and the kernel kills every process left in the namespace,
                           even those that left the process group (``setsid``, double fork)
 network                   a new network namespace: no interface but a loopback that is down
-folder                    a fresh tmpfs mounted on /tmp (and /var/tmp, /dev/shm) in a new
-                          mount namespace, size ``tmp_bytes``; the program's cwd is
+folder                    a fresh tmpfs mounted on /tmp (and /var/tmp, /dev/shm,
+                          /run/lock) in a new mount namespace, size ``tmp_bytes``; the program's cwd is
                           /tmp/sandbox; it disappears with the namespace
 files outside             as root: the program runs as uid ``UID_BASE + slot`` (no such user,
                           no groups, ``no_new_privs``), so it can read only what any user may
@@ -95,7 +95,7 @@ class SandboxLimits:
     open_files: int = 64
     """File descriptors (``RLIMIT_NOFILE``)."""
     tmp_bytes: int = 64 * MiB
-    """Size of each private tmpfs (/tmp with the program's folder, /var/tmp, /dev/shm)."""
+    """Size of each private tmpfs (/tmp with the program's folder, /var/tmp, /dev/shm, /run/lock)."""
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ Three processes, so that every process the program starts dies with it:
 
     runner R (root or the caller's user, outside any namespace; session leader)
       unshare(new mount, network and pid namespaces; a user namespace too when not root)
-      └── init C: pid 1 of the new pid namespace. Mounts a fresh tmpfs on /tmp, /var/tmp and
-          /dev/shm (the program's folder is /tmp/sandbox) and a /proc that shows the
+      └── init C: pid 1 of the new pid namespace. Mounts a fresh tmpfs on /tmp, /var/tmp,
+          /dev/shm and /run/lock (the program's folder is /tmp/sandbox) and a /proc that shows the
           namespace only; waits for P; writes P's wait status to ``verdict``; exits, and the
           kernel kills every process left in the namespace (setsid or double fork included).
           └── program P: rlimits, drop to the sandbox uid, no_new_privs, then exec's
@@ -37,7 +37,7 @@ PR_SET_NO_NEW_PRIVS = 38
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x10000000, 0x20000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
 WORKDIR = "/tmp/sandbox"
-PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # the usual world-writable folders
 BLOCKED_EVENTS = {  # the fallback without a network namespace: no sockets, no other programs
     "socket.__new__", "socket.connect", "socket.bind", "socket.sendto", "socket.getaddrinfo",
     "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen", "ctypes.dlopen",

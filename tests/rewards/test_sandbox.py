@@ -230,11 +230,13 @@ def test_writing_outside_the_sandbox_folder(box, outside, tmp_path) -> None:
     target = outside / "written.txt"
     result = box.run(f"open({str(target)!r}, 'w').write('pwned')")
     assert (result.outcome, result.detail) == ("error", "PermissionError")
-    # /tmp in the sandbox is a private tmpfs: a write there succeeds and disappears with it,
-    # and the caller's /tmp (here pytest's tmp_path) is not even visible.
+    # /tmp and the other world-writable folders are private tmpfs mounts in the sandbox: a
+    # write there succeeds and disappears with the run; the caller's /tmp (here pytest's
+    # tmp_path) is not even visible.
     tmp_host = tmp_path / "written.txt"
     program = f"""
-open('/tmp/escaped.txt', 'w').write('x')
+for folder in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):  # all world-writable
+    open(folder + "/escaped.txt", "w").write("x")
 try:
     open({str(tmp_host)!r}, 'w').write('x')
 except OSError as e:
@@ -244,7 +246,8 @@ except OSError as e:
     nothing_left()
     assert (in_tmp.outcome, in_tmp.stdout.strip()) == ("ok", "FileNotFoundError")
     assert not target.exists() and not tmp_host.exists()
-    assert not Path("/tmp/escaped.txt").exists()
+    for folder in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
+        assert not Path(folder, "escaped.txt").exists()
 
 
 def test_reading_files_outside_it(box, outside) -> None:
