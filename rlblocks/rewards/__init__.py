@@ -8,6 +8,8 @@
   a fallback score and failure counts. The two rewards above are built with it.
 - `ProcessPool`: worker processes for `per_sample(fn, pool=...)`, for rewards whose time limit
   must really stop them (CPU-bound loops, programs they start, crashes).
+- `code_reward`: run the program in a completion against its tests in a `Sandbox` (limits,
+  namespaces, no network): the fraction of tests passed, each run counted by outcome.
 - `combine`: weighted sum of rewards; `overlong`: DAPO's soft overlong punishment.
 - `keep_informative_groups`: DAPO dynamic sampling, a (b) bool mask of rows to keep.
 
@@ -17,6 +19,7 @@ pass the functions themselves.
 
 from rlblocks.interfaces import RewardFn, RewardOutput
 from rlblocks.rewards.checked import checked
+from rlblocks.rewards.code_tests import code_reward, extract_program
 from rlblocks.rewards.combine import combine
 from rlblocks.rewards.filters import GroupFilter, keep_informative_groups
 from rlblocks.rewards.format import THINK_ANSWER, format_reward, think_answer_format
@@ -31,6 +34,8 @@ from rlblocks.rewards.math import (
     truth_answer,
 )
 from rlblocks.rewards.overlong import overlong, overlong_penalty
+from rlblocks.rewards.remote_sandbox import RemoteSandbox
+from rlblocks.rewards.sandbox import RunResult, Sandbox, SandboxLimits
 
 REWARDS: dict[str, RewardFn] = {
     "math_answer": math_answer,
@@ -43,14 +48,20 @@ __all__ = [
     "THINK_ANSWER",
     "GroupFilter",
     "ProcessPool",
+    "RemoteSandbox",
     "RewardFn",
     "RewardOutput",
     "RewardRowError",
+    "RunResult",
     "SampleFn",
+    "Sandbox",
+    "SandboxLimits",
     "answers_equal",
     "checked",
+    "code_reward",
     "combine",
     "extract_answer",
+    "extract_program",
     "format_reward",
     "keep_informative_groups",
     "math_answer",

@@ -1,0 +1,348 @@
+"""`Sandbox`: run an untrusted Python program under limits, in a fresh folder, with no network.
+
+Each `Sandbox.run` starts one process (`sandbox_runner`) in a new session, so the program and
+everything it starts form a process group of their own, and waits for it under a wall-clock
+deadline; at the deadline the whole group gets SIGKILL. What holds the program, on Linux:
+
+========================  ==================================================================
+limit                     how
+========================  ==================================================================
+CPU time                  ``RLIMIT_CPU`` (SIGXCPU at the limit, SIGKILL one second later)
+memory                    ``RLIMIT_AS``: all virtual memory, so ``mmap`` and thread stacks
+                          count too (``RLIMIT_DATA`` leaves out file mappings and the stack);
+                          the price: runtimes that reserve address space up front (Go, JVM,
+                          ASan) need a larger limit than they really use
+processes                 ``RLIMIT_NPROC``, per user, threads included; root is exempt from
+                          it, so a root parent runs each program as a uid of its own (below)
+file size                 ``RLIMIT_FSIZE``: stdout, stderr and every file the program writes
+open files                ``RLIMIT_NOFILE``
+wall clock                the parent kills the process group at ``wall_seconds``
+leftover processes        a new pid namespace: its pid 1 waits for the program and exits
+                          with it, and the kernel kills every process left in the namespace,
+                          even those that left the process group (``setsid``, double fork)
+network                   a new network namespace: no interface but a loopback that is down
+folder                    a fresh tmpfs mounted on /tmp (and /var/tmp, /dev/shm,
+                          /run/lock) in a new mount namespace, size ``tmp_bytes``; the program's cwd is
+                          /tmp/sandbox; it disappears with the namespace
+files outside             as root: the program runs as uid ``UID_BASE + slot`` (no such user,
+                          no groups, ``no_new_privs``), so it can read only what any user may
+                          read (world-readable files: the Python library, /etc/passwd, ...)
+                          and write nowhere but its tmpfs folders; it cannot signal the
+                          caller's processes
+========================  ==================================================================
+
+Namespaces need root or unprivileged user namespaces. As a non-root user with user namespaces
+the program keeps the caller's uid (it can read and write what the caller can outside /tmp).
+With neither, or ``namespaces=False``, there is no pid, mount or network namespace: the
+process-group kill still applies, and an audit hook in the program refuses sockets and starting
+other programs; a program that calls C (``ctypes`` is refused too, other extension modules are
+not) gets around it. `RunResult.isolation` says which held.
+
+Why not `ProcessPool`: each program already is a process killed at its deadline; a pool worker
+around it would add a process and a pipe hop per run, and `per_sample` reduces a row to one
+float, while this reward reports each program's outcome. The runner is started without
+``preexec_fn`` (fork and exec in C), so starting it from a threaded training process is safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+RUNNER = Path(__file__).with_name("sandbox_runner.py")
+UID_BASE = 2_000_000_000  # far above real users and the usual subordinate-id ranges
+SLOTS = 100  # programs one process runs at once, each with its own uid
+STOP_SECONDS = 5.0  # how long a stopped run may take to die before the caller warns
+MiB = 1 << 20
+OUTCOMES = ("ok", "assertion", "error", "timeout", "memory", "crashed", "output", "sandbox_error")
+"""How a run ended: ran to its end (or exit 0); an ``assert`` failed; another exception or a
+non-zero exit; past its CPU or wall time; out of memory (``MemoryError``); killed by a signal;
+stdout past ``output_bytes``; the sandbox itself failed (a bug or a refused setup, not the
+program's fault)."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """What one program may use. Every field is per run."""
+
+    cpu_seconds: int = 5
+    """CPU seconds (``RLIMIT_CPU``), per process."""
+    wall_seconds: float = 10.0
+    """Wall-clock seconds before the whole process group is killed."""
+    memory_bytes: int = 512 * MiB
+    """Address space (``RLIMIT_AS``), per process."""
+    processes: int = 32
+    """Processes and threads of the program's uid (``RLIMIT_NPROC``), the program included."""
+    file_bytes: int = 16 * MiB
+    """Largest file the program may write (``RLIMIT_FSIZE``), stdout and stderr included."""
+    output_bytes: int = 1 * MiB
+    """Stdout beyond this is the outcome ``output``; this much is read back."""
+    open_files: int = 64
+    """File descriptors (``RLIMIT_NOFILE``)."""
+    tmp_bytes: int = 64 * MiB
+    """Size of each private tmpfs (/tmp with the program's folder, /var/tmp, /dev/shm, /run/lock)."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One program run: how it ended, its output, and which isolation held."""
+
+    outcome: str
+    """One of `OUTCOMES`."""
+    stdout: str
+    stderr: str
+    finished: bool
+    """The program ran to its last line (no exit, no exception); assert-style tests need it."""
+    seconds: float
+    isolation: str
+    """"namespaces" (root), "user-namespaces" (not root), "none" (the audit-hook fallback)."""
+    detail: str = ""
+    """The exit code, signal or exception type, or what failed in the sandbox."""
+
+
+_slots: queue.SimpleQueue[int] = queue.SimpleQueue()  # process-wide: uids must not be shared
+for _slot in range(SLOTS):
+    _slots.put(_slot)
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """Runs programs under `SandboxLimits`; ``workers`` at once in `run_many`.
+
+    ``python``: the interpreter of the programs; default: this one, if the sandbox uid can run
+    it, else ``python3`` on the PATH (a root parent's interpreter under /root, mode 700, cannot
+    be run by any other uid). ``namespaces=False`` skips the namespaces (the weak fallback of
+    the module docstring), for testing it or for systems that log refused ``unshare`` calls.
+    """
+
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    workers: int = 2
+    python: str | None = None
+    namespaces: bool = True
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.workers > SLOTS:
+            raise ValueError(f"Sandbox: workers must be in 1..{SLOTS}, got {self.workers}")
+        if self.python is None:
+            object.__setattr__(self, "python", _default_python())
+
+    def run(self, program: str, stdin: str = "") -> RunResult:
+        """Run ``program`` (Python source) once with ``stdin``; never raises for the program."""
+        slot = _slots.get()
+        try:
+            return _run(self, program, stdin, slot)
+        finally:
+            _slots.put(slot)
+
+    def run_many(self, jobs: Iterable[tuple[str, str]]) -> list[RunResult]:
+        """`run` each ``(program, stdin)``, ``workers`` at a time; results in order."""
+        jobs = list(jobs)
+        if len(jobs) <= 1 or self.workers == 1:
+            return [self.run(p, s) for p, s in jobs]
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="rlblocks-sandbox") as ex:
+            return list(ex.map(lambda job: self.run(*job), jobs))
+
+
+def _default_python() -> str:
+    if os.geteuid() != 0 or _others_can_run(sys.executable):
+        return sys.executable
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        found = os.path.join(folder, "python3")
+        if os.path.isfile(found) and _others_can_run(found):
+            logger.info("sandbox: programs run with %s (other uids cannot run %s)",
+                        found, sys.executable)  # fmt: skip
+            return found
+    raise RuntimeError(
+        f"Sandbox: the sandbox uid cannot run {sys.executable} (a folder on its path is not "
+        "searchable by other users) and no python3 on the PATH is; pass python=..."
+    )
+
+
+def _others_can_run(path: str) -> bool:
+    """Every folder above ``path`` is searchable, and ``path`` readable and executable, by all."""
+    real = Path(os.path.realpath(path))
+    dirs_ok = all(p.stat().st_mode & 0o001 for p in real.parents)
+    return dirs_ok and real.stat().st_mode & 0o005 == 0o005
+
+
+def _run(box: Sandbox, program: str, stdin: str, slot: int) -> RunResult:
+    limits, nonce = box.limits, "n" + secrets.token_hex(16)  # never all digits: stays text
+    root = os.geteuid() == 0
+    uid = UID_BASE + (os.getpid() % 20_000) * SLOTS + slot if root else None
+    folder = Path(tempfile.mkdtemp(prefix="rlblocks-sandbox-"))  # mode 700: ours only
+    # The folder of a run without namespaces (asked for, or refused by the system): on disk,
+    # the sandbox uid's own. With namespaces, /tmp/sandbox on a tmpfs hides it.
+    work = Path(tempfile.mkdtemp(prefix="rlblocks-sandbox-work-"))
+    try:
+        if uid is not None:
+            os.chown(work, uid, uid)
+        cfg = asdict(limits) | {
+            "parent": os.getpid(), "uid": uid, "nonce": nonce, "namespaces": box.namespaces,
+            "workdir": str(work),
+        }  # fmt: skip
+        (folder / "config").write_text("".join(f"{k} {v}\n" for k, v in cfg.items()))
+        (folder / "program.py").write_text(program)
+        (folder / "stdin").write_text(stdin)
+        (folder / "verdict").touch(mode=0o600)
+        start = time.monotonic()
+        timed_out, returncode = _start_and_wait(box, folder, nonce, limits.wall_seconds)
+        seconds = time.monotonic() - start
+        return _judge(folder, nonce, limits, timed_out, returncode, seconds)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _start_and_wait(box: Sandbox, folder: Path, nonce: str, wall: float) -> tuple[bool, int]:
+    """Start the runner in its own session and wait for it, stopping it at ``wall`` s.
+
+    Returns (stopped at the deadline, the runner's return code). Once this returns, no process
+    of the run is alive: with namespaces the runner exits only after the namespace is empty;
+    without, its process group is killed and waited for.
+    """
+    with (
+        open(folder / "stdin", "rb") as stdin,
+        open(folder / "stdout", "wb") as stdout,
+        open(folder / "stderr", "wb") as stderr,
+    ):
+        proc = subprocess.Popen(
+            [box.python, "-I", str(RUNNER), str(folder)],
+            stdin=stdin, stdout=stdout, stderr=stderr, cwd="/",
+            start_new_session=True, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        )  # fmt: skip
+    timed_out = False
+    try:
+        if not _wait(proc, wall):
+            timed_out = True
+            if _said(folder, nonce).get("isolation", "none") != "none":
+                proc.send_signal(signal.SIGTERM)  # the runner kills the namespace, waits for it
+                if not _wait(proc, STOP_SECONDS):
+                    logger.warning("sandbox: the runner did not stop in %g s; killed", STOP_SECONDS)
+    finally:  # Ctrl-C in the caller included: the program must not outlive the call
+        _kill_group(proc)
+    return timed_out, proc.returncode
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for ``proc`` to end (and reap it); False if it still runs.
+
+    Through a pidfd where the system has one: ``Popen.wait(timeout=...)`` polls with sleeps
+    that grow to 50 ms, which cost about 25 ms of a 75 ms run (measured).
+    """
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # not Linux 5.3+: poll
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        ended = bool(poller.poll(timeout * 1000))
+    finally:
+        os.close(pidfd)
+    if ended:
+        proc.wait()
+    return ended
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the runner's process group, reap the runner, wait until the group is empty."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the usual end: the runner was reaped and nothing is left
+        proc.wait()
+        return
+    proc.wait()  # reaped after the kill, so its pid (the group id) was not reused before it
+    deadline = time.monotonic() + STOP_SECONDS
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is alive (not a zombie), read from /proc."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in "ZX":
+            return True
+    return False
+
+
+def _said(folder: Path, nonce: str) -> dict[str, str]:
+    """What the runner and the program's wrapper wrote to ``verdict``, by first word.
+
+    Lines without the nonce were written by the program (it holds the file open): ignored.
+    """
+    said = {}
+    for line in (folder / "verdict").read_text(errors="replace").splitlines():
+        if line.startswith(nonce + " "):
+            word, _, rest = line[len(nonce) + 1 :].partition(" ")
+            said.setdefault(word, rest)
+    return said
+
+
+def _judge(
+    folder: Path, nonce: str, limits: SandboxLimits, timed_out: bool, returncode: int,
+    seconds: float,
+) -> RunResult:  # fmt: skip
+    """The `RunResult` from the files the runner and the program left in ``folder``."""
+    with open(folder / "stdout", "rb") as f:
+        out = f.read(limits.output_bytes + 1)
+    with open(folder / "stderr", "rb") as f:
+        err = f.read(64 * 1024).decode("utf-8", "replace")
+    said = _said(folder, nonce)
+    isolation = said.get("isolation", "unknown")
+    finished = "done" in said
+
+    def result(outcome: str, detail: str = "") -> RunResult:
+        text = out[: limits.output_bytes].decode("utf-8", "replace")
+        return RunResult(outcome, text, err, finished, seconds, isolation, detail)
+
+    if "setup" in said:
+        return result("sandbox_error", said["setup"])
+    if timed_out:
+        return result("timeout", f"wall clock {limits.wall_seconds:g} s")
+    if len(out) > limits.output_bytes:
+        return result("output", f"stdout over {limits.output_bytes} bytes")
+    if "status" not in said and isolation != "none":
+        return result("sandbox_error", f"the runner ended without a status; stderr: {err[-500:]}")
+    if "memory" in said:
+        return result("memory", "MemoryError")
+    if "assertion" in said:
+        return result("assertion", "AssertionError")
+    if "error" in said:
+        return result("error", said["error"])
+    if "exit" in said and said["exit"] != "0":
+        return result("error", f"exit {said['exit']}")
+    # How the program's process ended: the status its pid 1 saw, or (fallback) the runner's.
+    code = os.waitstatus_to_exitcode(int(said["status"])) if "status" in said else returncode
+    if code < 0:
+        sig = -code
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and seconds >= limits.cpu_seconds):
+            return result(
+                "timeout", f"CPU time {limits.cpu_seconds} s ({signal.Signals(sig).name})"
+            )
+        if sig == signal.SIGXFSZ:
+            return result("output", "file size limit (SIGXFSZ)")
+        return result("crashed", signal.Signals(sig).name)
+    return result("ok") if code == 0 else result("error", f"exit {code}")
