@@ -10,6 +10,9 @@
   must really stop them (CPU-bound loops, programs they start, crashes).
 - `combine`: weighted sum of rewards; `overlong`: DAPO's soft overlong punishment.
 - `keep_informative_groups`: DAPO dynamic sampling, a (b) bool mask of rows to keep.
+- `RewardModel`: a trained reward model (sequence classification) scoring each row, its
+  conversation rendered with the reward model's own chat template; `prompts_in_metadata` puts
+  the original prompts where it reads them.
 
 ``REWARDS`` maps names to ready-made reward functions for config files and CLIs only; in code,
 pass the functions themselves.
@@ -22,6 +25,7 @@ from rlblocks.rewards.filters import GroupFilter, keep_informative_groups
 from rlblocks.rewards.format import THINK_ANSWER, format_reward, think_answer_format
 from rlblocks.rewards.guard import RewardRowError, SampleFn, per_sample
 from rlblocks.rewards.isolation import ProcessPool
+from rlblocks.rewards.model import RewardModel, prompts_in_metadata
 from rlblocks.rewards.math import (
     answers_equal,
     extract_answer,
@@ -43,6 +47,7 @@ __all__ = [
     "THINK_ANSWER",
     "GroupFilter",
     "ProcessPool",
+    "RewardModel",
     "RewardFn",
     "RewardOutput",
     "RewardRowError",
@@ -59,6 +64,7 @@ __all__ = [
     "overlong",
     "overlong_penalty",
     "per_sample",
+    "prompts_in_metadata",
     "think_answer_format",
     "truth_answer",
 ]
