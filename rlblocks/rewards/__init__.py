@@ -25,7 +25,6 @@ from rlblocks.rewards.filters import GroupFilter, keep_informative_groups
 from rlblocks.rewards.format import THINK_ANSWER, format_reward, think_answer_format
 from rlblocks.rewards.guard import RewardRowError, SampleFn, per_sample
 from rlblocks.rewards.isolation import ProcessPool
-from rlblocks.rewards.model import RewardModel, prompts_in_metadata
 from rlblocks.rewards.math import (
     answers_equal,
     extract_answer,
@@ -34,6 +33,7 @@ from rlblocks.rewards.math import (
     math_answer_score,
     truth_answer,
 )
+from rlblocks.rewards.model import RewardModel, prompts_in_metadata
 from rlblocks.rewards.overlong import overlong, overlong_penalty
 
 REWARDS: dict[str, RewardFn] = {
@@ -47,8 +47,8 @@ __all__ = [
     "THINK_ANSWER",
     "GroupFilter",
     "ProcessPool",
-    "RewardModel",
     "RewardFn",
+    "RewardModel",
     "RewardOutput",
     "RewardRowError",
     "SampleFn",

@@ -109,7 +109,9 @@ class RewardModel:
         if batch_size < 1:
             raise ValueError(f"RewardModel: batch_size must be >= 1, got {batch_size}")
         if overlong not in ("error", "truncate"):
-            raise ValueError(f"RewardModel: overlong must be 'error' or 'truncate', got {overlong!r}")
+            raise ValueError(
+                f"RewardModel: overlong must be 'error' or 'truncate', got {overlong!r}"
+            )
         self.model, self.tokenizer = model.eval(), tokenizer
         self.batch_size, self.overlong, self.chat = batch_size, overlong, chat
         self.prompt_key, self.normalize = prompt_key, normalize
@@ -333,7 +335,9 @@ def _label(model: Any, label: int | None) -> int:
 
 def _pad_token_id(model: Any, tokenizer: Any) -> int:
     """``config.pad_token_id``, set first from the tokenizer (pad, else EOS) when missing."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = (
+        model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    )
     if config.pad_token_id is not None:
         return int(config.pad_token_id)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

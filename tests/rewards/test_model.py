@@ -41,13 +41,13 @@ ANSWERS = ["5", "He has 8 apples. #### 8", "Hello! How are you today?", "21", "e
 
 # Float32 tolerance of a batched score against its unpadded single-row forward. A score is the
 # dot product of the 64-wide final hidden state (RMS-normed, entries ~1) with the head's weights
-# (~0.02), |score| < 1. Padding changes only the shapes the kernels see, so the order of the
-# float32 additions in the matrix products (sums of 64-128 terms) and in the softmax over the
-# keys: each such sum moves by up to ~n·2⁻²⁴ ≈ 128 · 6e-8 ≈ 8e-6 relative in the worst case,
-# and two layers add a few of them, a few 1e-5 at worst. A real padding bug (pads attended to,
-# the score read at a pad or at the wrong token) moves a score by > 1e-3: see the negative
-# control in test_batched_scores_equal_unpadded_single_row_forwards.
-ATOL = 5e-5
+# (~0.02): |score| < 0.2 here, where a float32 ulp is 1.5e-8. Padding changes only the shapes the
+# kernels see, hence the order of float32 additions in the matrix products and in the softmax
+# over the keys; reordering a sum of n terms moves it by about sqrt(n)·2⁻²⁴ relative, and with
+# n = 64-128 and two layers that is a few 1e-7 at most (measured: at most 6e-8, 4 ulps). A
+# padding bug (pads attended to, the score read at a pad or at the wrong row) moves a score by
+# > 1e-3: see the negative controls in test_batched_scores_equal_unpadded_single_row_forwards.
+ATOL = 1e-6
 
 
 def rm_tokenizer(*, pad: bool = True, side: str = "right") -> PreTrainedTokenizerFast:
@@ -63,7 +63,7 @@ def rm_tokenizer(*, pad: bool = True, side: str = "right") -> PreTrainedTokenize
 
 
 def qwen_rm(tokenizer, *, seed: int = 0, **overrides) -> Qwen2ForSequenceClassification:
-    config = rb.models.tiny_config(tokenizer, num_labels=1, **overrides)
+    config = rb.models.tiny_config(tokenizer, **{"num_labels": 1, **overrides})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return Qwen2ForSequenceClassification(config).eval()
@@ -120,8 +120,9 @@ def test_batched_scores_equal_unpadded_single_row_forwards(make_rollouts, family
     reference = unpadded_scores(model, ids)
     batched, metrics = rm(ro)  # 6 rows: batches of 4 and 2, padded to their longest row
     torch.testing.assert_close(batched, reference, rtol=0, atol=ATOL)
+    # One row at a time nothing is padded: the very same forward, bit for bit.
     one_by_one = torch.cat([rm(ro.select([i])).rewards for i in range(len(ro))])
-    torch.testing.assert_close(one_by_one, reference, rtol=0, atol=ATOL)
+    assert torch.equal(one_by_one, reference)
     # The scores differ from row to row by far more than the tolerance: a swapped or shifted
     # row would show.
     gaps = (reference[:, None] - reference[None, :]).abs()[~torch.eye(len(ids), dtype=torch.bool)]
@@ -171,8 +172,10 @@ def test_the_conversation_is_rendered_with_the_reward_models_template(make_rollo
     ro = chat_rollouts(make_rollouts, n=2)
     assert rm.render(ro) == [
         "### user: What is 2 + 3?\n### assistant: 5\n",
-        "### user: Tom has 3 apples and buys 5 more. How many apples does he have now?\n"
-        "### assistant: He has 8 apples. #### 8\n",
+        (
+            "### user: Tom has 3 apples and buys 5 more. How many apples does he have now?\n"
+            "### assistant: He has 8 apples. #### 8\n"
+        ),
     ]
     # A system message and a multi-turn prompt keep their roles.
     turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
@@ -294,7 +297,8 @@ def test_combined_with_a_rule_reward(make_rollouts):
     rewards, metrics = reward(ro)
     correct = torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
     torch.testing.assert_close(rewards, 0.5 * scores + correct)
-    assert metrics["reward_model/weight"] == 0.5 and metrics["math_answer/mean"] == pytest.approx(1 / 6)
+    assert metrics["reward_model/weight"] == 0.5
+    assert metrics["math_answer/mean"] == pytest.approx(1 / 6)
     assert metrics["reward_model/raw_mean"] == pytest.approx(float(scores.mean()), rel=1e-6)
 
 
@@ -331,25 +335,33 @@ def test_one_grpo_step_with_the_reward_model():
 
 
 # ---------------------------------------------------------------------- placement and devices
+# One worker: the role's plumbing (built in a worker from a folder, called through the handle,
+# 13-19 s on 2 busy cores, mostly Ray and the worker starting). Two workers also split the rows
+# between them (19-28 s, so marked slow).
 @pytest.mark.ray
-def test_runs_on_a_ray_role(make_rollouts, tmp_path):
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_runs_on_a_ray_role(make_rollouts, tmp_path, workers):
     tokenizer = rm_tokenizer()
     qwen_rm(tokenizer).save_pretrained(tmp_path / "rm")
     tokenizer.save_pretrained(tmp_path / "rm")
     local = rb.rewards.RewardModel.from_pretrained(tmp_path / "rm", batch_size=2)
     ro = chat_rollouts(make_rollouts)
     expected = local(ro)
-    with rb.placement.Ray(workers=2) as placement:
+    with rb.placement.Ray(workers=workers) as placement:
         rm = placement.build(
             "reward", rb.rewards.RewardModel.from_pretrained, str(tmp_path / "rm"), batch_size=2
         )
-        rewards, metrics = rm(ro)  # rows split over the 2 workers, put back in row order
+        assert rm.world_size == workers
+        rewards, metrics = rm(ro)  # rows split over the workers, put back in row order
         combined, combined_metrics = rb.rewards.combine(
             [("rm", rm, 1.0), (rb.rewards.math_answer, 2.0)]
         )(ro)
-    # Other batches than locally (each worker scores its share): equal up to float32 rounding.
+    # With 2 workers the batches are not the local ones (each worker scores its share): equal up
+    # to float32 rounding (ATOL).
     torch.testing.assert_close(rewards, expected.rewards, rtol=0, atol=ATOL)
-    assert metrics["reward/raw_mean"] == pytest.approx(expected.metrics["reward/raw_mean"], abs=ATOL)
+    assert metrics["reward/raw_mean"] == pytest.approx(
+        expected.metrics["reward/raw_mean"], abs=ATOL
+    )
     correct = torch.tensor([0.0, 2.0, 0.0, 0.0, 0.0, 0.0])
     torch.testing.assert_close(combined, expected.rewards + correct, rtol=0, atol=ATOL)
     assert combined_metrics["rm/weight"] == 1.0
