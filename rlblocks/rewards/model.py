@@ -226,7 +226,7 @@ class RewardModel:
             rows = order[start : start + self.batch_size]
             try:
                 scores[rows] = self._forward([ids[i] for i in rows])
-            except RuntimeError as error:  # out of memory, a kernel error: say which rows
+            except Exception as error:  # out of memory, an id past the vocabulary: say which rows
                 raise RuntimeError(
                     f"RewardModel: scoring rows {rows} ({len(ids[rows[0]])} tokens the longest) "
                     f"on {self.device} failed: {error}"

@@ -9,6 +9,7 @@ forward of that row's conversation would score it, not what the scores mean.
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
@@ -211,6 +212,20 @@ def test_bad_prompts_name_the_row(make_rollouts):
     ro = make_rollouts(["a"], [{"messages": [{"role": "user", "content": "x"}]}])
     with pytest.raises(ValueError, match="row 0 is a chat conversation but the reward model's"):
         rb.rewards.RewardModel(qwen_rm(tokenizer), no_template)(ro)
+
+
+def test_a_failing_batch_names_its_rows(make_rollouts):
+    # A tokenizer that is not the model's: its ids run past the model's 300-row embedding.
+    tokenizer = rm_tokenizer()
+    model = qwen_rm(tokenizer, vocab_size=300)
+    rm = rb.rewards.RewardModel(model, tokenizer, batch_size=2)
+    ro = chat_rollouts(make_rollouts, n=3)
+    ids, _ = rm.encode(ro)
+    assert max(max(row) for row in ids) >= 300
+    longest = sorted(range(3), key=lambda i: -len(ids[i]))[:2]  # the first batch
+    message = f"scoring rows {longest} ({len(ids[longest[0]])} tokens the longest) on cpu failed"
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        rm(ro)
 
 
 # ---------------------------------------------------------------------- length, labels, scores
