@@ -12,6 +12,9 @@
   namespaces, no network): the fraction of tests passed, each run counted by outcome.
 - `combine`: weighted sum of rewards; `overlong`: DAPO's soft overlong punishment.
 - `keep_informative_groups`: DAPO dynamic sampling, a (b) bool mask of rows to keep.
+- `RewardModel`: a trained reward model (sequence classification) scoring each row, its
+  conversation rendered with the reward model's own chat template; `prompts_in_metadata` puts
+  the original prompts where it reads them.
 
 ``REWARDS`` maps names to ready-made reward functions for config files and CLIs only; in code,
 pass the functions themselves.
@@ -33,6 +36,7 @@ from rlblocks.rewards.math import (
     math_answer_score,
     truth_answer,
 )
+from rlblocks.rewards.model import RewardModel, prompts_in_metadata
 from rlblocks.rewards.overlong import overlong, overlong_penalty
 from rlblocks.rewards.remote_sandbox import RemoteSandbox
 from rlblocks.rewards.sandbox import RunResult, Sandbox, SandboxLimits
@@ -50,6 +54,7 @@ __all__ = [
     "ProcessPool",
     "RemoteSandbox",
     "RewardFn",
+    "RewardModel",
     "RewardOutput",
     "RewardRowError",
     "RunResult",
@@ -70,6 +75,7 @@ __all__ = [
     "overlong",
     "overlong_penalty",
     "per_sample",
+    "prompts_in_metadata",
     "think_answer_format",
     "truth_answer",
 ]
