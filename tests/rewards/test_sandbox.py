@@ -461,7 +461,7 @@ def test_without_root_user_namespaces_hold(outside) -> None:
     # 15 forks (processes=16 binds inside the user namespace), as uid 0 there.
     assert fork[:3] == ["user-namespaces", "ok", ""] and fork[3].split()[:2] == ["15", "0"]
     assert net[:3] == ["user-namespaces", "error", "OSError"]
-    assert write[:3] == ["user-namespaces", "error", "PermissionError"]
+    assert write[:2] == ["user-namespaces", "error"] and write[2] in CONTAINED
     assert not (outside / "written.txt").exists()
 
 
