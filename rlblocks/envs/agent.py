@@ -50,7 +50,7 @@ import torch
 from torch import Tensor, nn
 
 from rlblocks.envs.base import Environment, ModelTurn, ToolCall
-from rlblocks.envs.chat import ChatFormat
+from rlblocks.envs.chat import TOOLS_PROMPT, ChatFormat
 from rlblocks.envs.tools import parse_tool_calls
 from rlblocks.interfaces import (
     Dispatch,
@@ -107,7 +107,8 @@ class AgentEngine:
     context of the engine's model when it lives in this process, else no limit of ours (the
     engine's own check then raises for a turn past its context). ``parser``: reads the tool
     calls of a turn's text (`parse_tool_calls`: the ``<tool_call>`` JSON format). ``sampling``:
-    the default ``SamplingParams`` (None: the wrapped engine's ``sampling``).
+    the default ``SamplingParams`` (None: the wrapped engine's ``sampling``). ``tools_prompt``:
+    how the tools are described to a model whose chat template ignores them (`ChatFormat`).
     """
 
     def __init__(
@@ -119,6 +120,7 @@ class AgentEngine:
         max_total_tokens: int | None = None,
         parser: Callable[[str], Sequence[ToolCall]] = parse_tool_calls,
         sampling: SamplingParams | None = None,
+        tools_prompt: str = TOOLS_PROMPT,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"AgentEngine: max_turns must be >= 1, got {max_turns}")
@@ -131,7 +133,7 @@ class AgentEngine:
         self.tokenizer = engine.tokenizer  # one round trip for a handle, once
         self.serves_adapters = bool(engine.serves_adapters)
         self.sampling = sampling if sampling is not None else engine.sampling
-        self.chat = ChatFormat(self.tokenizer, env.tools)
+        self.chat = ChatFormat(self.tokenizer, env.tools, tools_prompt=tools_prompt)
         model = self.model
         if max_total_tokens is None and isinstance(model, nn.Module):
             max_total_tokens = context_length(model)

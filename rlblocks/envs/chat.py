@@ -46,7 +46,7 @@ PLACEHOLDER = "RLBLOCKS_TURN_PLACEHOLDER"
 TOOLS_PROMPT = """You can call tools. To call one, write a JSON object with the tool's name and \
 arguments between <tool_call> and </tool_call> tags, for example:
 <tool_call>
-{{"name": "<tool name>", "arguments": {{"<argument>": <value>}}}}
+{"name": "<tool name>", "arguments": {"<argument>": <value>}}
 </tool_call>
 Each call's result comes back in a message from the tool. Answer without a tool call when you \
 are done. The tools:
@@ -58,10 +58,18 @@ class ChatFormat:
 
     ``tokenizer``: a Hugging Face tokenizer with a chat template; ``tools``: the environment's
     tool schemas (empty for none). ``describes_tools`` is True when the template renders them
-    itself, False when they go into the system message (module docstring).
+    itself, False when they go into the system message (module docstring). ``tools_prompt``:
+    the text put there, with ``{schemas}`` replaced by one JSON schema per line (a small
+    model may do better with a short text of its own and no schemas).
     """
 
-    def __init__(self, tokenizer: Any, tools: Sequence[Mapping[str, Any]] = ()) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools: Sequence[Mapping[str, Any]] = (),
+        *,
+        tools_prompt: str = TOOLS_PROMPT,
+    ) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(
                 "the agent rollout renders conversations with the tokenizer's chat template, "
@@ -69,6 +77,7 @@ class ChatFormat:
             )
         self.tokenizer = tokenizer
         self.tools = [dict(t) for t in tools]
+        self.tools_prompt = tools_prompt
         self.describes_tools = bool(self.tools) and self._template_renders_tools()
 
     # ------------------------------------------------------------------ rendering
@@ -79,7 +88,7 @@ class ChatFormat:
         if not self.tools or self.describes_tools:
             return messages
         schemas = "\n".join(json.dumps(t.get("function", t)) for t in self.tools)
-        text = TOOLS_PROMPT.format(schemas=schemas)
+        text = self.tools_prompt.replace("{schemas}", schemas)
         if messages and messages[0]["role"] == "system":
             messages[0]["content"] = f"{messages[0]['content']}\n\n{text}"
         else:

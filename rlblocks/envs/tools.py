@@ -117,7 +117,9 @@ class ToolEnv:
     episode: it is the answer. ``timeout``: seconds a call may take, one number for every tool
     or ``{name: seconds}`` (tools not named get ``default_timeout``). ``max_calls_per_turn``:
     calls past it are answered with an error, not run. ``system_prompt``: a system message put
-    first. ``reward``: ``fn(completion, **metadata) -> float`` scored on the last model turn's
+    first. ``examples``: messages shown before each task (after its system message, if any): a
+    worked exchange with a tool call teaches a small model the format better than a
+    description does. ``reward``: ``fn(completion, **metadata) -> float`` scored on the last model turn's
     text (the `rlblocks.rewards.per_sample` signature: ``rb.rewards.math_answer_score``-style
     checks fit); None gives 0.0 and leaves scoring to a reward function on the rollouts.
 
@@ -131,6 +133,7 @@ class ToolEnv:
         *,
         reward: Callable[..., float] | None = None,
         system_prompt: str | None = None,
+        examples: Sequence[Message] = (),
         timeout: float | Mapping[str, float] = 5.0,
         default_timeout: float = 5.0,
         max_calls_per_turn: int = 8,
@@ -150,13 +153,16 @@ class ToolEnv:
             raise ValueError(f"ToolEnv: max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
         self.reward_fn = reward
         self.system_prompt = system_prompt
+        self.examples = initial_messages(list(examples)) if examples else []
         self.max_calls_per_turn = max_calls_per_turn
 
     def reset(self, prompt: Any, metadata: Mapping[str, Any]) -> list[Message]:
         messages = initial_messages(prompt)
         if self.system_prompt is not None and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
-        return messages
+        first = int(messages[0]["role"] == "system")
+        examples = [dict(m) for m in self.examples]
+        return messages[:first] + examples + messages[first:]
 
     def step(self, turn: ModelTurn, state: dict[str, Any]) -> EnvStep:
         if not turn.tool_calls:

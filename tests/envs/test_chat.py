@@ -4,6 +4,7 @@ tiny model's, and tools in the system message for templates that ignore ``tools=
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 
@@ -78,6 +79,18 @@ def test_a_template_that_ignores_tools_gets_them_in_the_system_message(tokenizer
     with_system = fmt.messages([{"role": "system", "content": "Be brief."}, *USER])
     assert with_system[0]["content"].startswith("Be brief.\n\nYou can call tools.")
     assert len(with_system) == 2
+    # The example call is literal JSON (the prompt is filled by replacement, not str.format).
+    assert '{"name": "<tool name>", "arguments": {"<argument>": <value>}}' in text
+
+
+def test_a_tools_prompt_of_ones_own_replaces_the_default(tokenizer):
+    short = "Call the calculator as <tool_call>JSON</tool_call>."
+    text, _ = ChatFormat(tokenizer, [tool_schema(calculator)], tools_prompt=short).prompt(USER)
+    assert text.startswith(f"<|im_start|>system\n{short}<|im_end|>")
+    schemas = ChatFormat(tokenizer, [tool_schema(calculator)], tools_prompt="Tools:\n{schemas}")
+    assert schemas.messages(USER)[0]["content"] == "Tools:\n" + json.dumps(
+        tool_schema(calculator)["function"]
+    )
 
 
 def test_a_template_that_renders_tools_is_left_to_do_so():

@@ -163,6 +163,24 @@ def test_a_turn_without_a_call_ends_the_episode_and_is_scored():
     assert ToolEnv([calculator]).reward(state) == 0.0  # no reward function: 0
 
 
+def test_examples_come_before_the_task_after_its_system_message():
+    shown = [
+        {"role": "user", "content": "What is 1 + 1?"},
+        {"role": "assistant", "content": '<tool_call>{"name": "calculator"}</tool_call>'},
+    ]
+    env = ToolEnv([calculator], system_prompt="Use the calculator.", examples=shown)
+    first = env.reset("What is 2 + 3?", {})
+    assert first == [
+        {"role": "system", "content": "Use the calculator."},
+        *shown,
+        {"role": "user", "content": "What is 2 + 3?"},
+    ]
+    first[1]["content"] = "changed"  # each episode gets its own copies
+    assert env.reset("What is 2 + 3?", {})[1] == shown[0]
+    without_system = ToolEnv([calculator], examples=shown).reset("What is 2 + 3?", {})
+    assert without_system == [*shown, {"role": "user", "content": "What is 2 + 3?"}]
+
+
 def test_calls_past_the_limit_of_a_turn_are_not_run():
     env = ToolEnv([calculator], max_calls_per_turn=2)
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>'

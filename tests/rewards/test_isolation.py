@@ -22,10 +22,10 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from proc_helpers import live_descendants, processes
 
 from rlblocks.rewards.guard import RewardRowError, per_sample
 from rlblocks.rewards.isolation import ProcessPool
@@ -36,32 +36,8 @@ LIMIT = 0.3  # seconds: a row's time limit, short to keep the suite fast
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def _processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, state letter) for every process, read from /proc."""
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:  # the name field may hold spaces and parentheses: split after the last ")"
-                state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
-            except (OSError, ValueError):
-                continue  # exited while we read
-            table[int(entry.name)] = (int(ppid), state)
-    return table
-
-
-def _live_descendants(root: int) -> set[int]:
-    """Processes below ``root`` that are not zombies."""
-    table, found, frontier = _processes(), set(), [root]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, (ppid, _) in table.items() if ppid == parent]
-        found.update(pid for pid in children if table[pid][1] not in "ZX")
-        frontier += children
-    return found
-
-
 def _alive(pid: int) -> bool:
-    return _processes().get(pid, (0, "X"))[1] not in "ZX"
+    return processes().get(pid, (0, "X"))[1] not in "ZX"
 
 
 def _gone_within(pids: list[int], seconds: float = 2.0) -> bool:
@@ -80,12 +56,12 @@ def no_leftovers():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     me, threads_before = os.getpid(), set(threading.enumerate())
-    before = _live_descendants(me)
+    before = live_descendants(me)
     yield
     deadline = time.monotonic() + 2.0
-    while (left := _live_descendants(me) - before) and time.monotonic() < deadline:
+    while (left := live_descendants(me) - before) and time.monotonic() < deadline:
         time.sleep(0.02)
-    for pid, (ppid, state) in _processes().items():  # orphans re-parented to us: reap them
+    for pid, (ppid, state) in processes().items():  # orphans re-parented to us: reap them
         if ppid == me and state == "Z":
             os.waitpid(pid, os.WNOHANG)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)

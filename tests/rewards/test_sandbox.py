@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from proc_helpers import live_descendants
 
 from rlblocks.rewards.code_tests import code_reward, extract_program
 from rlblocks.rewards.sandbox import SLOTS, UID_BASE, Sandbox, SandboxLimits
@@ -57,25 +58,6 @@ def sandbox_processes() -> list[int]:
             state = _proc_field(entry.name, "State")
             if uid and state and first <= int(uid) < first + SLOTS and state not in "ZX":
                 found.append(int(entry.name))
-    return found
-
-
-def live_descendants(root: int) -> set[int]:
-    """Processes below ``root`` that are not zombies."""
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
-            except (OSError, ValueError):
-                continue
-            table[int(entry.name)] = (int(ppid), state)
-    found, frontier = set(), [root]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, (ppid, _) in table.items() if ppid == parent]
-        found.update(pid for pid in children if table[pid][1] not in "ZX")
-        frontier += children
     return found
 
 
