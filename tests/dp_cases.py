@@ -8,6 +8,7 @@ with the same update in one process.
 from __future__ import annotations
 
 import copy
+import faulthandler
 import os
 from datetime import timedelta
 from functools import partial
@@ -58,13 +59,14 @@ def step_locally(trainer, minibatch, ro, advantages, rank):
     return trainer.step(ro.select(rows), advantages[rows], loss_fn=LOSS)
 
 
-def worker(rank: int, world: int, port: int, case: str, out: str, backend: str = "gloo") -> None:
+def worker(rank: int, world: int, case: str, out: str, store: str, backend: str = "gloo") -> None:
+    faulthandler.enable()  # a crash in C++ prints every thread's Python stack to stderr
     torch.set_num_threads(1)
     if backend == "nccl":
         torch.cuda.set_device(rank)
     dist.init_process_group(
         backend,
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"file://{store}",  # no port to pick: nothing else can take it
         rank=rank,
         world_size=world,
         timeout=timedelta(seconds=60),
@@ -318,13 +320,12 @@ CASES = {
 def run(case: str, out: str, world: int = 2, backend: str = "gloo") -> dict:
     """Spawn ``world`` processes on ``case`` (``backend`` "nccl": one GPU each); rank 0's
     result."""
-    import socket
+    import tempfile
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(worker, args=(world, port, case, out, backend), nprocs=world, join=True)
+    with tempfile.TemporaryDirectory() as folder:  # the rendezvous file, outside the test's
+        store = os.path.join(folder, "store")
+        mp.spawn(worker, args=(world, case, out, store, backend), nprocs=world, join=True)
     return torch.load(out, weights_only=False)

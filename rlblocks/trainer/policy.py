@@ -49,7 +49,6 @@ Decisions worth knowing:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -66,9 +65,9 @@ from rlblocks.checkpoint.rng import rng_state, set_rng_state
 from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, dispatch
 from rlblocks.losses.aggregate import aggregate
 from rlblocks.losses.inputs import LossInputs, loss_inputs
-from rlblocks.losses.mismatch import mismatch_metrics, mismatch_sums
 from rlblocks.masked import masked_mean
 from rlblocks.rollouts import Rollouts
+from rlblocks.trainer import pi_old
 from rlblocks.trainer.allocator import keep_freed_memory
 from rlblocks.trainer.batches import (
     in_batch_order,
@@ -84,8 +83,9 @@ from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
 from rlblocks.trainer.lora import is_peft_model, wrap_lora
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.schedules import constant
-from rlblocks.trainer.update import Assignment, assign, run_update, timing
+from rlblocks.trainer.update import assign, run_update, timing
 from rlblocks.trainer.weights import (
+    frozen_reference,
     full_weight_spec,
     full_weights,
     load_trainable_state,
@@ -128,7 +128,7 @@ class PolicyTrainer:
         self._adapter_reference = reference == "auto" and adapter
         if reference == "auto":
             reference = None if adapter else "copy"
-        self.reference = _frozen_reference(model, reference)
+        self.reference = frozen_reference(model, reference)
         if self.config.gradient_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
@@ -308,16 +308,16 @@ class PolicyTrainer:
         if old_logprobs is not None:
             batch = batch.replace(old_logprobs=old_logprobs.to(self.device))
         work = assign(self, batch, minibatches)
-        in_update = work.batch.old_logprobs is None and _one_optimizer_step(work)
+        in_update = work.batch.old_logprobs is None and pi_old.from_update(work)
         work = dataclasses.replace(work, batch=self._prepare(work.batch, wants, in_update))
         scored = time.perf_counter()  # old (and reference) log-probs are ready
         seen: list[tuple[Tensor, Tensor]] | None = [] if in_update else None
         loss = partial(self._micro_loss, loss_fn=loss_fn, wants=wants, seen=seen)
         metrics = run_update(self, work, loss)
         if seen is not None:  # π_old as the update's forward gave it, for the mismatch metric
-            work = dataclasses.replace(work, batch=_gathered_old(work.batch, seen))
+            work = dataclasses.replace(work, batch=pi_old.gathered(work.batch, seen))
         return {
-            **self._mismatch(work.batch.select(work.owned)),
+            **pi_old.mismatch(self.dp, work.batch.select(work.owned)),
             **metrics,
             **timing(
                 self.dp,
@@ -328,17 +328,6 @@ class PolicyTrainer:
             ),
         }
 
-    def _mismatch(self, batch: Rollouts) -> dict[str, float]:
-        """Engine versus trainer on the sampled tokens: π_old against the rollout log-probs
-        (``rlblocks.losses.mismatch``), over the rows of every rank; {} without them."""
-        if batch.rollout_logprobs is None:
-            return {}
-        sums = mismatch_sums(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask)
-        # counts and sums add up over ranks, the max is a max
-        largest = self.dp.all_max(float(sums[3]))
-        sums = torch.cat([self.dp.all_sum(sums[:3]), sums.new_tensor([largest])])
-        return mismatch_metrics(sums.cpu())
-
     def _prepare(self, batch: Rollouts, wants: LossInputs, in_update: bool) -> Rollouts:
         """This rank's rows with ``old_logprobs`` (and ``ref_logprobs``) filled: taken from
         the rollouts when there, scored now otherwise (before any update). ``in_update``:
@@ -347,8 +336,7 @@ class PolicyTrainer:
         if "rollout_logprobs" in wants.required and batch.rollout_logprobs is None:
             raise ValueError("the loss needs rollout_logprobs but the rollouts carry none")
         if in_update:
-            rows = torch.arange(len(batch), device=batch.response_ids.device)
-            batch = batch.replace(extras={**batch.extras, _ROW: rows})
+            batch = pi_old.numbered(batch)
         else:
             old = batch.old_logprobs
             if old is None:
@@ -378,7 +366,7 @@ class PolicyTrainer:
         lp, entropy = self._score(self.model, micro, entropy=in_loss or self.config.log_entropy)
         if seen is not None:
             micro = micro.replace(old_logprobs=lp.detach())
-            seen.append((micro.extras[_ROW], lp.detach()))
+            seen.append((micro.extras[pi_old.ROW], lp.detach()))
         if entropy is not None and not in_loss:
             entropy = entropy.detach()  # only a metric: no gradient through it
         inputs = {
@@ -501,33 +489,3 @@ class PolicyTrainer:
         for name, value in state["counters"].items():
             setattr(self, name, int(value))
         set_rng_state(state["rng"])
-
-
-_ROW = "_rlblocks_row"  # the extra that numbers the rows of an update taking π_old in it
-
-
-def _one_optimizer_step(work: Assignment) -> bool:
-    """True when the update is one optimizer step over all of this rank's rows: no weight
-    changes before any row's forward, so each forward's log-probs are π_old."""
-    if len(work.plan) != 1:
-        return False
-    rows = work.plan[0].sort().values
-    return torch.equal(rows, torch.arange(len(work.batch), device=rows.device))
-
-
-def _gathered_old(batch: Rollouts, seen: list[tuple[Tensor, Tensor]]) -> Rollouts:
-    """``batch`` with ``old_logprobs`` put together from each micro-batch's (trimmed) rows."""
-    old = torch.zeros(batch.response_ids.shape, dtype=seen[0][1].dtype, device=seen[0][1].device)
-    for rows, lp in seen:
-        old[rows, : lp.shape[1]] = lp
-    return batch.replace(old_logprobs=old * batch.response_mask)
-
-
-def _frozen_reference(model: nn.Module, reference: Reference) -> nn.Module | None:
-    if reference is None:
-        return None
-    if reference == "copy":
-        reference = copy.deepcopy(model)
-    elif not isinstance(reference, nn.Module):
-        raise ValueError(f"reference must be 'auto', 'copy', a module or None, got {reference!r}")
-    return reference.requires_grad_(False).eval()

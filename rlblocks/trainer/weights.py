@@ -12,6 +12,7 @@ Both under the Hugging Face names of ``model.state_dict()`` (tied weights under 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping
 
 import torch
@@ -66,3 +67,15 @@ def load_trainable_state(model: nn.Module, values: Mapping[str, Tensor]) -> None
         raise KeyError(f"state dict mismatch: missing {missing}, extra {extra}")
     for name, value in values.items():
         params[name].copy_(value)
+
+
+def frozen_reference(model: nn.Module, reference: str | nn.Module | None) -> nn.Module | None:
+    """The frozen reference policy a trainer keeps: None, a deep copy of ``model`` ("copy") or
+    the given module, without gradient and in ``eval()`` mode."""
+    if reference is None:
+        return None
+    if reference == "copy":
+        reference = copy.deepcopy(model)
+    elif not isinstance(reference, nn.Module):
+        raise ValueError(f"reference must be 'auto', 'copy', a module or None, got {reference!r}")
+    return reference.requires_grad_(False).eval()
