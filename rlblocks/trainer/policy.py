@@ -67,7 +67,6 @@ from rlblocks.losses.aggregate import aggregate
 from rlblocks.losses.inputs import LossInputs, loss_inputs
 from rlblocks.masked import masked_mean
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer import pi_old
 from rlblocks.trainer.allocator import keep_freed_memory
 from rlblocks.trainer.batches import (
     in_batch_order,
@@ -82,6 +81,7 @@ from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
 from rlblocks.trainer.lora import is_peft_model, wrap_lora
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
+from rlblocks.trainer.pi_old import ROW, from_update, gathered, mismatch, numbered
 from rlblocks.trainer.schedules import constant
 from rlblocks.trainer.update import assign, run_update, timing
 from rlblocks.trainer.weights import (
@@ -308,16 +308,16 @@ class PolicyTrainer:
         if old_logprobs is not None:
             batch = batch.replace(old_logprobs=old_logprobs.to(self.device))
         work = assign(self, batch, minibatches)
-        in_update = work.batch.old_logprobs is None and pi_old.from_update(work)
+        in_update = work.batch.old_logprobs is None and from_update(work)
         work = dataclasses.replace(work, batch=self._prepare(work.batch, wants, in_update))
         scored = time.perf_counter()  # old (and reference) log-probs are ready
         seen: list[tuple[Tensor, Tensor]] | None = [] if in_update else None
         loss = partial(self._micro_loss, loss_fn=loss_fn, wants=wants, seen=seen)
         metrics = run_update(self, work, loss)
         if seen is not None:  # π_old as the update's forward gave it, for the mismatch metric
-            work = dataclasses.replace(work, batch=pi_old.gathered(work.batch, seen))
+            work = dataclasses.replace(work, batch=gathered(work.batch, seen))
         return {
-            **pi_old.mismatch(self.dp, work.batch.select(work.owned)),
+            **mismatch(self.dp, work.batch.select(work.owned)),
             **metrics,
             **timing(
                 self.dp,
@@ -336,7 +336,7 @@ class PolicyTrainer:
         if "rollout_logprobs" in wants.required and batch.rollout_logprobs is None:
             raise ValueError("the loss needs rollout_logprobs but the rollouts carry none")
         if in_update:
-            batch = pi_old.numbered(batch)
+            batch = numbered(batch)
         else:
             old = batch.old_logprobs
             if old is None:
@@ -366,7 +366,7 @@ class PolicyTrainer:
         lp, entropy = self._score(self.model, micro, entropy=in_loss or self.config.log_entropy)
         if seen is not None:
             micro = micro.replace(old_logprobs=lp.detach())
-            seen.append((micro.extras[pi_old.ROW], lp.detach()))
+            seen.append((micro.extras[ROW], lp.detach()))
         if entropy is not None and not in_loss:
             entropy = entropy.detach()  # only a metric: no gradient through it
         inputs = {
