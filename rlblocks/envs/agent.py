@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rlblocks.envs.base import Environment, ModelTurn, ToolCall
+from rlblocks.envs.base import Environment, ModelTurn, ToolCall, last_answer
 from rlblocks.envs.chat import TOOLS_PROMPT, ChatFormat
 from rlblocks.envs.tools import parse_tool_calls
 from rlblocks.interfaces import (
@@ -332,9 +332,6 @@ class AgentEngine:
                     f"{episode.prompt}: {error}"
                 ) from error
             messages = episode.state["messages"]
-            answer = next(
-                (m["content"] for m in reversed(messages) if m["role"] == "assistant"), ""
-            )
             rows.append(
                 {
                     **meta[episode.prompt],
@@ -343,7 +340,7 @@ class AgentEngine:
                         "turn_rewards": [r for _, r in episode.turn_rewards],
                         **episode.counts,
                         "end": episode.end,
-                        "answer": answer,
+                        "answer": last_answer(messages),
                         "messages": messages,
                     },
                 }

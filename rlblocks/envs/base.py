@@ -114,4 +114,17 @@ def initial_messages(prompt: Any) -> list[Message]:
     )
 
 
-__all__ = ["EnvStep", "Environment", "Message", "ModelTurn", "ToolCall", "initial_messages"]
+def last_answer(messages: Sequence[Message]) -> str:
+    """The content of the last assistant message ("" if there is none): an episode's answer."""
+    return next((m["content"] for m in reversed(messages) if m["role"] == "assistant"), "")
+
+
+__all__ = [
+    "EnvStep",
+    "Environment",
+    "Message",
+    "ModelTurn",
+    "ToolCall",
+    "initial_messages",
+    "last_answer",
+]

@@ -28,7 +28,14 @@ from typing import Any
 
 from transformers.utils import get_json_schema
 
-from rlblocks.envs.base import EnvStep, Message, ModelTurn, ToolCall, initial_messages
+from rlblocks.envs.base import (
+    EnvStep,
+    Message,
+    ModelTurn,
+    ToolCall,
+    initial_messages,
+    last_answer,
+)
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 
@@ -179,10 +186,7 @@ class ToolEnv:
     def reward(self, state: dict[str, Any]) -> float:
         if self.reward_fn is None:
             return 0.0
-        answer = next(
-            (m["content"] for m in reversed(state["messages"]) if m["role"] == "assistant"), ""
-        )
-        return float(self.reward_fn(answer, **state["metadata"]))
+        return float(self.reward_fn(last_answer(state["messages"]), **state["metadata"]))
 
     def _answer(self, call: ToolCall, k: int) -> tuple[str, bool]:
         """``(content, ok)`` of the tool message answering call ``k`` of a turn."""

@@ -27,10 +27,9 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from rlblocks.rewards.sandbox import RunResult, SandboxLimits
+from rlblocks.rewards.sandbox import RunResult, SandboxLimits, run_each
 
 _LAST_EXCEPTION = re.compile(r"^(\w+(?:\.\w+)*)(?::|$)")
 
@@ -72,9 +71,7 @@ class RemoteSandbox:
 
     def run_many(self, jobs: Iterable[tuple[str, str]]) -> list[RunResult]:
         """`run` each ``(program, stdin)``, ``workers`` at a time; results in order."""
-        jobs = list(jobs)
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="rlblocks-remote") as ex:
-            return list(ex.map(lambda job: self.run(*job), jobs))
+        return run_each(self.run, jobs, self.workers)
 
 
 def _post(url: str, body: dict, *, timeout: float) -> dict:

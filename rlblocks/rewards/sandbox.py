@@ -57,7 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -151,11 +151,19 @@ class Sandbox:
 
     def run_many(self, jobs: Iterable[tuple[str, str]]) -> list[RunResult]:
         """`run` each ``(program, stdin)``, ``workers`` at a time; results in order."""
-        jobs = list(jobs)
-        if len(jobs) <= 1 or self.workers == 1:
-            return [self.run(p, s) for p, s in jobs]
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="rlblocks-sandbox") as ex:
-            return list(ex.map(lambda job: self.run(*job), jobs))
+        return run_each(self.run, jobs, self.workers)
+
+
+def run_each(
+    run: Callable[[str, str], RunResult], jobs: Iterable[tuple[str, str]], workers: int
+) -> list[RunResult]:
+    """``run(program, stdin)`` for each job, ``workers`` threads at a time; results in order
+    (a sandbox's ``run_many``)."""
+    jobs = list(jobs)
+    if len(jobs) <= 1 or workers == 1:
+        return [run(p, s) for p, s in jobs]
+    with ThreadPoolExecutor(workers, thread_name_prefix="rlblocks-sandbox") as ex:
+        return list(ex.map(lambda job: run(*job), jobs))
 
 
 def _default_python() -> str:
