@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 import rlblocks as rb
 from rlblocks.data import Difficulty, PromptBatches, PromptDataset, arithmetic_prompts
+from rlblocks.extras import is_installed
 from rlblocks.interfaces import RewardFn
 
 
@@ -101,6 +102,7 @@ def grpo_loss(
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The main job's command line (see the module docstring)."""
     p = argparse.ArgumentParser(prog="python -m rlblocks.demo", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m", help="built-in name or model folder")
     p.add_argument("--task", default="arithmetic", choices=sorted(TASKS))
@@ -159,6 +161,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Run the main job: evaluate, train with GRPO, evaluate again; returns the summary written to
+    ``summary.json``."""
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     task = TASKS[args.task]
@@ -322,9 +326,13 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
         "train_minutes": minutes,
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if history:
+    wrote = ["metrics.jsonl", "summary.json", "checkpoints/"]
+    if history and is_installed("matplotlib"):
         rb.plot(args.out / "metrics.jsonl", args.out / "curves.png")  # the whole run, resumed too
-    print(f"wrote {args.out}/metrics.jsonl, curves.png, summary.json, checkpoints/")
+        wrote.insert(1, "curves.png")
+    elif history:
+        print('  no curves.png: matplotlib is not installed (pip install "rlblocks[plot]")')
+    print(f"wrote {args.out}/" + ", ".join(wrote))
     return summary
 
 

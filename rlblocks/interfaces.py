@@ -188,7 +188,8 @@ class Aggregation(Protocol):
     ranks) and passed to every micro-batch call, so gradient accumulation changes nothing.
     """
 
-    def normalizer(self, mask: Tensor) -> Tensor: ...
+    def normalizer(self, mask: Tensor) -> Tensor:
+        """The mini-batch normalizer n(M) computed from its whole response mask (b t) bool."""
 
     def __call__(self, loss: Tensor, mask: Tensor, normalizer: Tensor | float) -> Tensor: ...
 
@@ -246,9 +247,11 @@ def dispatch_of(method: Callable[..., Any]) -> Dispatch | None:
 class Stateful(Protocol):
     """Anything whose state can be saved and restored exactly."""
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """The block's state, enough to resume it exactly."""
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a state returned by ``state_dict``."""
 
 
 @runtime_checkable
@@ -261,9 +264,11 @@ class Checkpointable(Protocol):
     their own shards there (the folder must be on a file system they all see).
     """
 
-    def save_checkpoint(self, folder: str | Path) -> None: ...
+    def save_checkpoint(self, folder: str | Path) -> None:
+        """Write this block's part of a run checkpoint into ``folder``."""
 
-    def load_checkpoint(self, folder: str | Path) -> None: ...
+    def load_checkpoint(self, folder: str | Path) -> None:
+        """Restore this block from ``folder``, written by ``save_checkpoint``."""
 
 
 @runtime_checkable
@@ -413,7 +418,8 @@ class Shardable(Protocol):
     a group; the block decides what that means (stay whole in a group of one, refuse what it
     cannot shard) and from then on splits its own work and reduces its own metrics."""
 
-    def shard(self, group: Any = None) -> None: ...
+    def shard(self, group: Any = None) -> None:
+        """Join a data-parallel process group (None: the default group)."""
 
 
 @runtime_checkable
@@ -438,7 +444,9 @@ class Placement(Protocol):
     splits each call over its workers as the method's :class:`Dispatch` says.
     """
 
-    def build(self, role: str, factory: Callable[..., T], /, *args: Any, **kwargs: Any) -> T: ...
+    def build(self, role: str, factory: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Build a block for ``role`` with ``factory(*args, **kwargs)``: the block itself, or a
+        handle with the same methods."""
 
     def shutdown(self) -> None:
         """Release what the placement started (worker processes, a Ray instance)."""

@@ -139,6 +139,7 @@ class Rollouts:
     # ------------------------------------------------------------------ views
     @property
     def batch_size(self) -> int:
+        """The number of rows (sequences), ``b``."""
         return self.prompt_ids.shape[0]
 
     def __len__(self) -> int:

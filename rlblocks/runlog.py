@@ -39,6 +39,8 @@ class RunLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """Append one step's metrics as a JSON line (numbers made plain floats) and return the
+        record written."""
         record = {"step": step, **{k: plain(v) for k, v in metrics.items()}}
         self.records.append(record)
         if self.path is not None:

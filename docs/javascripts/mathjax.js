@@ -1,18 +1,22 @@
-// MathJax settings for pymdownx.arithmatex (generic mode): \( \) inline, \[ \] display.
+// MathJax 3 settings (loaded before the MathJax file, which lies in javascripts/vendor/: the
+// site renders formulas offline). Two kinds of pages hold math:
+// - Markdown pages: pymdownx.arithmatex (generic mode) wraps it in .arithmatex as \( \) / \[ \];
+// - rendered notebooks (mkdocs-jupyter): their Markdown cells keep $ $ and $$ $$.
 window.MathJax = {
   tex: {
-    inlineMath: [["\\(", "\\)"]],
-    displayMath: [["\\[", "\\]"]],
+    inlineMath: [["\\(", "\\)"], ["$", "$"]],
+    displayMath: [["\\[", "\\]"], ["$$", "$$"]],
     processEscapes: true,
     processEnvironments: true,
   },
   options: {
     ignoreHtmlClass: ".*|",
-    processHtmlClass: "arithmatex",
+    processHtmlClass: "arithmatex|jp-RenderedMarkdown",
   },
 };
 
 document$.subscribe(() => {
+  if (!window.MathJax.startup || !window.MathJax.typesetPromise) return;  // not loaded yet
   MathJax.startup.output.clearCache();
   MathJax.typesetClear();
   MathJax.texReset();

@@ -102,6 +102,7 @@ class CriticTrainer:
 
     @property
     def device(self) -> torch.device:
+        """The device of the value model's parameters."""
         return next(self.model.parameters()).device
 
     def shard(self, group: Any = None) -> None:

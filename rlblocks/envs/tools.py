@@ -164,6 +164,8 @@ class ToolEnv:
         self.max_calls_per_turn = max_calls_per_turn
 
     def reset(self, prompt: Any, metadata: Mapping[str, Any]) -> list[Message]:
+        """The episode's first messages: the system prompt (when given and the prompt has none),
+        the worked examples, then the task's messages."""
         messages = initial_messages(prompt)
         if self.system_prompt is not None and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
@@ -172,6 +174,8 @@ class ToolEnv:
         return messages[:first] + examples + messages[first:]
 
     def step(self, turn: ModelTurn, state: dict[str, Any]) -> EnvStep:
+        """Answer every tool call of the model's turn with a tool message (errors as text, counted
+        in ``info``); a turn without tool calls ends the episode."""
         if not turn.tool_calls:
             return EnvStep(done=True)
         messages, errors = [], 0
@@ -184,6 +188,8 @@ class ToolEnv:
         return EnvStep(messages, info=info)
 
     def reward(self, state: dict[str, Any]) -> float:
+        """The episode's reward: ``reward(last assistant answer, **metadata)``, 0.0 without a
+        reward function."""
         if self.reward_fn is None:
             return 0.0
         return float(self.reward_fn(last_answer(state["messages"]), **state["metadata"]))

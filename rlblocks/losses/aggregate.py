@@ -54,6 +54,7 @@ class TokenMean:
     """
 
     def normalizer(self, mask: Tensor) -> Tensor:
+        """The number of valid tokens in ``mask``."""
         return mask.sum().float()
 
     def __call__(self, loss: Tensor, mask: Tensor, normalizer: Tensor | float) -> Tensor:
@@ -69,6 +70,7 @@ class SeqMeanTokenSum:
     """
 
     def normalizer(self, mask: Tensor) -> Tensor:
+        """The number of sequences with at least one valid token."""
         return _n_sequences(mask)
 
     def __call__(self, loss: Tensor, mask: Tensor, normalizer: Tensor | float) -> Tensor:
@@ -85,6 +87,8 @@ class SeqMeanTokenMean:
     """
 
     def normalizer(self, mask: Tensor) -> Tensor:
+        """The number of sequences with at least one valid token (each row's sum is divided by
+        its own length first)."""
         return _n_sequences(mask)
 
     def __call__(self, loss: Tensor, mask: Tensor, normalizer: Tensor | float) -> Tensor:
@@ -105,6 +109,7 @@ class SeqMeanTokenSumNorm:
     max_tokens: float | None = None
 
     def normalizer(self, mask: Tensor) -> Tensor:
+        """Sequences with a valid token × ``max_tokens`` (the mask's width when None)."""
         constant = mask.shape[-1] if self.max_tokens is None else self.max_tokens
         return _n_sequences(mask) * float(constant)
 

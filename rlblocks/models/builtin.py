@@ -37,6 +37,8 @@ class GGUFModel:
     """The GGUF file's name inside the package."""
 
     def locate(self) -> Path:
+        """The GGUF file inside its installed wheel; a clear error naming the package to install
+        when it is missing."""
         try:
             files = importlib.metadata.files(self.package) or []
         except importlib.metadata.PackageNotFoundError:
@@ -50,6 +52,8 @@ class GGUFModel:
         raise FileNotFoundError(f"{self.filename} is not in the installed {self.package} package")
 
     def convert(self, target: Path) -> None:
+        """Read the GGUF file with transformers and write the model and tokenizer as a Hugging Face
+        folder at ``target``."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         gguf = self.locate()
@@ -71,6 +75,7 @@ class TinyModel:
     seed: int = 0
 
     def convert(self, target: Path) -> None:
+        """Build the tiny model from its seed and write it as a Hugging Face folder at ``target``."""
         save_tiny(target, seed=self.seed)
 
 
@@ -81,6 +86,8 @@ BUILTINS: dict[str, GGUFModel | TinyModel] = {
 
 
 def cache_dir() -> Path:
+    """Where built-in models are converted once: ``$RLBLOCKS_CACHE/models`` (default
+    ``~/.cache/rlblocks/models``)."""
     root = os.environ.get("RLBLOCKS_CACHE") or Path.home() / ".cache" / "rlblocks"
     return Path(root) / "models"
 

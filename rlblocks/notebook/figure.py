@@ -72,6 +72,9 @@ def curves_figure(
     dashboard's history). Non-finite values (NaN from a step skipped by the NaN guard) are left
     out of their curve. Raises ``ValueError`` when none of ``curves`` appears.
     """
+    from rlblocks.extras import require
+
+    require("matplotlib", needed_by="a figure of the curves (rb.plot, the dashboard)")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator

@@ -22,6 +22,9 @@ _FROM_RAY = ("Pool", "Ray", "WorkerGroup")
 
 def __getattr__(name: str):
     if name in _FROM_RAY:
+        from rlblocks.extras import require
+
+        require("ray", needed_by=f"rb.placement.{name}")
         from rlblocks.placement import ray as _ray
 
         return getattr(_ray, name)

@@ -51,10 +51,12 @@ class WorkerGroup:
 
     @property
     def world_size(self) -> int:
+        """The number of workers in the group."""
         return self._workers.size
 
     @property
     def role(self) -> str:
+        """The role the block was built for (``"actor"``, ``"rollout"``, ...)."""
         return self._role
 
     def __repr__(self) -> str:

@@ -17,6 +17,8 @@ class Local:
     """Builds each block in this process and returns the block itself."""
 
     def build(self, role: str, factory: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Call ``factory(*args, **kwargs)`` in this process and return the block itself (``role``
+        is only a name here)."""
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
         return factory(*args, **kwargs)

@@ -48,6 +48,7 @@ class Pool:
 
     @property
     def size(self) -> int:
+        """Workers in the pool: ``nodes × workers_per_node``."""
         return self.nodes * self.workers_per_node
 
 
@@ -115,6 +116,7 @@ class Workers:
 
     @property
     def size(self) -> int:
+        """The number of started worker actors."""
         return len(self.actors)
 
     def submit(self, task: Callable[[Any, int], Any], *, role: str, call: str) -> list:
@@ -191,6 +193,8 @@ class Workers:
         return self.info[rank]["node"][:8] if self.info else "?"
 
     def stop(self, reason: str = "shut down") -> None:
+        """Kill every worker actor and release the placement group; later calls fail with
+        ``reason``."""
         if self.broken is None:
             self.broken = reason
         for actor in self.actors:

@@ -37,6 +37,7 @@ class Worker:
         self.node = ray.get_runtime_context().get_node_id()
 
     def info(self) -> dict[str, Any]:
+        """This worker's IP, a free port for rank 0's rendezvous, its Ray node id and process id."""
         with socket.socket() as s:  # a free port for rank 0's rendezvous
             s.bind(("", 0))
             port = s.getsockname()[1]
@@ -44,6 +45,8 @@ class Worker:
         return {"ip": ip, "port": port, "node": self.node, "pid": os.getpid()}
 
     def init_process_group(self, init_method: str, backend: str, timeout: float) -> None:
+        """Join the group's ``torch.distributed`` process group (gloo or NCCL) as this worker's
+        rank."""
         import torch.distributed as dist
 
         if backend == "nccl":  # Ray shows each worker only its own GPU(s): cuda:0 is ours

@@ -78,11 +78,13 @@ KL_LOSS_METRICS = ("kl_loss", "kl")
 class Tracker(Protocol):
     """What the loop asks of a tracker (``rb.tracking.Tracker``)."""
 
-    def start(self, config: Mapping[str, Any], *, resume_step: int | None = None) -> None: ...
+    def start(self, config: Mapping[str, Any], *, resume_step: int | None = None) -> None:
+        """Record the run's configuration; ``resume_step``: the step a resumed run starts from."""
 
     def log(
         self, step: int, metrics: Mapping[str, Any], rollouts: Rollouts | None = None
-    ) -> Any: ...
+    ) -> Any:
+        """Record one step's metrics (and samples from its rollouts, when given)."""
 
 
 class Clock:

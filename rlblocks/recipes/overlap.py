@@ -168,6 +168,7 @@ class Sampled:
         return {"ahead": rollouts, "seconds": seconds}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``state_dict`` saved."""
         self._ahead = None
         if state["ahead"] is not None:
             if self._thread is None:

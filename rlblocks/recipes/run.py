@@ -44,10 +44,12 @@ class Drawn:
         return item
 
     def state_dict(self) -> dict[str, Any]:
+        """The data position: how many batches have been drawn."""
         source = self.source.state_dict() if isinstance(self.source, Stateful) else None
         return {"drawn": self.drawn, "source": source}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the data position saved by ``state_dict``."""
         if self._iterator is not None:
             raise RuntimeError("Drawn.load_state_dict: batches were already drawn")
         drawn = int(state["drawn"])

@@ -152,9 +152,11 @@ class Resharder:
         }
 
     def state_dict(self) -> dict[str, int]:
+        """The weight version (the number of syncs so far)."""
         return {"version": self.version}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore the weight version saved by ``state_dict``."""
         self.version = int(state["version"])
 
 

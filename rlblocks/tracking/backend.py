@@ -9,7 +9,6 @@ of a tracker's ``report_to`` entries.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
@@ -48,11 +47,3 @@ def require(module: str, package: str | None = None) -> ModuleType:
             f"the {module!r} tracking backend needs {package}, which is not installed: "
             f"{EXTRA} (every backend) or pip install {package}"
         ) from error
-
-
-def is_installed(module: str) -> bool:
-    """Whether ``module`` can be imported, without importing it."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a parent missing, or sys.modules[module] is None
-        return False

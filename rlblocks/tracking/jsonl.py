@@ -54,5 +54,6 @@ class JsonlFiles:
         return kept
 
     def log_samples(self, step: int, rows: Sequence[Sample]) -> None:
+        """Append the samples of ``step`` to ``samples.jsonl``, one JSON line each."""
         for row in rows:
             append_line(self.samples, {"step": step, **row._asdict()})

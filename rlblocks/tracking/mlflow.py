@@ -55,6 +55,8 @@ class MLflow:
         self.run_id: str | None = None
 
     def start(self, config: Mapping[str, Any], resume_step: int | None = None) -> None:
+        """Open the MLflow run and record the configuration (a resumed run continues from
+        ``resume_step``)."""
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
@@ -75,6 +77,7 @@ class MLflow:
         self.client.log_dict(self.run_id, dict(config), "config.json")
 
     def log_metrics(self, step: int, scalars: Mapping[str, float]) -> None:
+        """Log one step's scalar metrics."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -82,10 +85,12 @@ class MLflow:
         self.client.log_batch(self.run_id, metrics=metrics)
 
     def log_samples(self, step: int, rows: Sequence[Sample]) -> None:
+        """Log a table of sampled completions at ``step``."""
         columns = {field: [getattr(r, field) for r in rows] for field in Sample._fields}
         self.client.log_table(self.run_id, data=columns, artifact_file=samples_file(step))
 
     def close(self) -> None:
+        """Flush and finish the run; a second call does nothing."""
         if self.run_id is not None:
             self.client.set_terminated(self.run_id)
             self.run_id = None

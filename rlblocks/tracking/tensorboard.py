@@ -33,6 +33,8 @@ class TensorBoard:
         self.writer: Any = None
 
     def start(self, config: Mapping[str, Any], resume_step: int | None = None) -> None:
+        """Open the TensorBoard run and record the configuration (a resumed run continues from
+        ``resume_step``)."""
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(self.log_dir), purge_step=resume_step)
@@ -40,14 +42,17 @@ class TensorBoard:
         self.writer.add_text("config", _code(text), global_step=resume_step or 0)
 
     def log_metrics(self, step: int, scalars: Mapping[str, float]) -> None:
+        """Log one step's scalar metrics."""
         for name, value in scalars.items():
             self.writer.add_scalar(name, value, global_step=step)
         self.writer.flush()
 
     def log_samples(self, step: int, rows: Sequence[Sample]) -> None:
+        """Log a table of sampled completions at ``step``."""
         self.writer.add_text("samples", markdown_table(rows), global_step=step)
 
     def close(self) -> None:
+        """Flush and finish the run; a second call does nothing."""
         if self.writer is not None:
             self.writer.close()
             self.writer = None

@@ -17,8 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlblocks.extras import is_installed
 from rlblocks.runlog import RunLog
-from rlblocks.tracking.backend import TrackingBackend, is_installed
+from rlblocks.tracking.backend import TrackingBackend
 from rlblocks.tracking.jsonl import METRICS, JsonlFiles
 from rlblocks.tracking.mlflow import MLflow
 from rlblocks.tracking.samples import Sample, pick_samples

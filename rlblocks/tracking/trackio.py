@@ -52,6 +52,8 @@ class Trackio:
         self.run: Any = None
 
     def start(self, config: Mapping[str, Any], resume_step: int | None = None) -> None:
+        """Open the Trackio run and record the configuration (a resumed run continues from
+        ``resume_step``)."""
         name = self.run_name if resume_step is None else f"{self.run_name}-resume{resume_step}"
         self.run = self.trackio.init(
             project=self.project,
@@ -64,15 +66,18 @@ class Trackio:
         )
 
     def log_metrics(self, step: int, scalars: Mapping[str, float]) -> None:
+        """Log one step's scalar metrics."""
         self.run.log(dict(scalars), step=step)
 
     def log_samples(self, step: int, rows: Sequence[Sample]) -> None:
+        """Log a table of sampled completions at ``step``."""
         table = self.trackio.Table(
             columns=["prompt", "completion", "reward"], data=[list(r) for r in rows]
         )
         self.run.log({"samples": table}, step=step)
 
     def close(self) -> None:
+        """Flush and finish the run; a second call does nothing."""
         if self.run is not None:
             self.run.finish()
             self.run = None

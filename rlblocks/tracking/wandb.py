@@ -43,6 +43,8 @@ class Wandb:
         self.run: Any = None
 
     def start(self, config: Mapping[str, Any], resume_step: int | None = None) -> None:
+        """Open the Wandb run and record the configuration (a resumed run continues from
+        ``resume_step``)."""
         resumed = resume_step is not None
         self.folder.mkdir(parents=True, exist_ok=True)
         self.run = self.wandb.init(
@@ -56,15 +58,18 @@ class Wandb:
         )
 
     def log_metrics(self, step: int, scalars: Mapping[str, float]) -> None:
+        """Log one step's scalar metrics."""
         self.run.log(dict(scalars), step=step)
 
     def log_samples(self, step: int, rows: Sequence[Sample]) -> None:
+        """Log a table of sampled completions at ``step``."""
         table = self.wandb.Table(
             columns=["prompt", "completion", "reward"], data=[list(r) for r in rows]
         )
         self.run.log({"samples": table}, step=step)
 
     def close(self) -> None:
+        """Flush and finish the run; a second call does nothing."""
         if self.run is not None:
             self.run.finish()
             self.run = None

@@ -73,7 +73,8 @@ class Exportable(Protocol):
     has_adapter: bool
     dp: SingleProcess | DataParallel  # its rank: 0 writes
 
-    def named_weights(self) -> Iterator[tuple[str, Tensor]]: ...
+    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """Full weights under their Hugging Face names (LoRA merged)."""
 
 
 def save_pretrained(

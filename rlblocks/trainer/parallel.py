@@ -56,18 +56,23 @@ class SingleProcess:
     sharded = False  # the model is whole: its own tensors are its weights
 
     def all_sum(self, x: Tensor) -> Tensor:
+        """``x`` itself: one process is the whole group."""
         return x
 
     def all_max(self, value: float) -> float:
+        """``value`` itself: one process is the whole group."""
         return float(value)
 
     def all_true(self, flag: Tensor) -> Tensor:
+        """``flag`` itself: one process is the whole group."""
         return flag
 
     def aligned(self, parts: Sequence[Any], *, filler: Any) -> list[tuple[Any, bool]]:
+        """Every part as a real one: no rank to keep in step with."""
         return [(p, True) for p in parts]
 
     def share(self, batch: Rollouts, plan: Sequence[Tensor]) -> Share:
+        """The whole batch and plan: this process trains on every row."""
         return share(batch, plan, rank=0, size=1)
 
     def __repr__(self) -> str:

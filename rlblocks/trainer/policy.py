@@ -169,6 +169,7 @@ class PolicyTrainer:
 
     @property
     def device(self) -> torch.device:
+        """The device of the model's parameters."""
         return next(self.model.parameters()).device
 
     def shard(self, group: Any = None) -> None:

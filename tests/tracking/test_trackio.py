@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from tracking_cases import CONFIG, NAMES, SAMPLE_ROWS, batch, comparable, metrics_at, scalar_steps
 
+from rlblocks.extras import is_installed
 from rlblocks.tracking import Tracker
-from rlblocks.tracking.backend import is_installed
 
 # Not imported at collection: trackio reads TRACKIO_DIR once, and the first tracker sets it.
 pytestmark = pytest.mark.skipif(not is_installed("trackio"), reason="trackio is not installed")
