@@ -226,8 +226,14 @@ def test_trl_and_verl_functions_inside_a_grpo_step():
         return format_reward_func(completions, **kwargs)
 
     def verl_recorder(data_source, solution_str, ground_truth, extra_info=None):
-        verl_calls.append(dict(data_source=data_source, solution_str=solution_str,
-                               ground_truth=ground_truth, extra_info=dict(extra_info)))  # fmt: skip
+        verl_calls.append(
+            {
+                "data_source": data_source,
+                "solution_str": solution_str,
+                "ground_truth": ground_truth,
+                "extra_info": dict(extra_info),
+            }
+        )
         extra_info["index"] = -1  # verl's own functions may write into it
         return gsm8k_compute_score(data_source, solution_str, ground_truth, extra_info)
 
