@@ -28,7 +28,8 @@ inside a loss::
 rollout the tool's observation tokens are real tokens (attended to) that the policy did not
 generate, so they are False in ``response_mask``.
 
-This module imports nothing else from rlblocks.
+This module imports nothing else from rlblocks but, on first use of ``to_records``,
+`rlblocks.rollouts_table` (which imports nothing of rlblocks).
 """
 
 from __future__ import annotations
@@ -177,6 +178,29 @@ class Rollouts:
     def with_extras(self, **tensors: Tensor) -> Rollouts:
         """A copy carrying more per-row tensors, e.g. ``ro.with_extras(advantages=adv)``."""
         return self.replace(extras={**self.extras, **tensors})
+
+    # ------------------------------------------------------------------ data out
+    def to_records(
+        self, *, rewards: Tensor | None = None, advantages: Tensor | None = None
+    ) -> list[dict[str, Any]]:
+        """One dict per row: prompt, completion, token counts, reward, advantage, metadata
+        (`rlblocks.rollouts_table.rollout_records`; ``rewards`` / ``advantages`` default to
+        the batch's own fields)."""
+        from rlblocks.rollouts_table import rollout_records
+
+        return rollout_records(self, rewards=rewards, advantages=advantages)
+
+    def to_pandas(self, *, rewards: Tensor | None = None, advantages: Tensor | None = None) -> Any:
+        """`to_records` as a ``pandas.DataFrame``, one row per sequence."""
+        import pandas as pd
+
+        return pd.DataFrame(self.to_records(rewards=rewards, advantages=advantages))
+
+    def to_dataset(self, *, rewards: Tensor | None = None, advantages: Tensor | None = None) -> Any:
+        """`to_records` as a ``datasets.Dataset`` (``save_to_disk``, ``to_parquet``, the Hub)."""
+        from datasets import Dataset
+
+        return Dataset.from_list(self.to_records(rewards=rewards, advantages=advantages))
 
     # ------------------------------------------------------------------ row operations
     def select(self, index: Index) -> Rollouts:

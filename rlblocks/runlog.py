@@ -18,7 +18,7 @@ import json
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,19 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             )
         records.append(record)
     return records
+
+
+def metrics_frame(source: str | Path | Sequence[Mapping[str, Any]]) -> Any:
+    """A run's metrics as a ``pandas.DataFrame``, one row per step, one column per metric.
+
+    ``source``: a metrics JSONL file (read with :func:`read_metrics`), or the records
+    themselves (``RunLog.records``, ``Tracker.records``, the history a recipe returns). A
+    metric missing at some step is NaN there; non-scalar values stay as they were logged.
+    """
+    import pandas as pd
+
+    records = read_metrics(source) if isinstance(source, str | Path) else list(source)
+    return pd.DataFrame.from_records([dict(r) for r in records])
 
 
 def append_line(path: Path, record: Mapping[str, Any]) -> None:

@@ -255,3 +255,63 @@ def test_every_rank_gets_a_row_when_there_are_enough():
     for b in range(4, 12):
         lengths = torch.randint(1, 50, (b,), generator=torch.Generator().manual_seed(b)).tolist()
         assert all(balanced_partition(lengths, 4))
+
+
+# ---------------------------------------------------------------------- data out
+def test_to_records_hand_worked():
+    ro = Rollouts.from_lists(
+        [[1, 2, 3], [4]],
+        [[5, 6], [7, 8, 9]],
+        response_masks=[[True, True], [True, False, True]],  # row 1: token 8 is an observation
+        group_ids=[3, 3],
+        prompts=["p0", "p1"],
+        completions=["c0", "c1"],
+        metadata=[
+            {"ground_truth": "1", "prompt": [{"role": "user", "content": "q"}]},
+            {"ground_truth": "2", "level": "easy"},
+        ],
+    )
+    advantages = torch.tensor([[0.5, 0.5, 0.0], [1.0, 9.0, 3.0]])
+    records = ro.replace(rewards=torch.tensor([1.0, 0.0]), advantages=advantages).to_records()
+    assert records == [
+        {
+            "group_id": 3, "prompt": "p0", "completion": "c0", "prompt_tokens": 3,
+            "response_tokens": 2, "policy_tokens": 2, "reward": 1.0,
+            "advantage": 0.5,  # (0.5 + 0.5) / 2 policy tokens; the padding's 0.0 not counted
+            "ground_truth": "1", "metadata.prompt": [{"role": "user", "content": "q"}],
+            "level": None,
+        },
+        {
+            "group_id": 3, "prompt": "p1", "completion": "c1", "prompt_tokens": 1,
+            "response_tokens": 3, "policy_tokens": 2, "reward": 0.0,
+            "advantage": 2.0,  # (1.0 + 3.0) / 2: the observation token's 9.0 not counted
+            "ground_truth": "2", "metadata.prompt": None, "level": "easy",
+        },
+    ]  # fmt: skip
+    per_token = torch.tensor([[0.0, 1.0, 0.0], [0.25, 0.0, 0.5]])
+    plain = ro.to_records(rewards=per_token, advantages=torch.tensor([1.0, -1.0]))
+    assert [r["reward"] for r in plain] == [1.0, 0.75]  # (b t) rewards: summed over the row
+    assert [r["advantage"] for r in plain] == [1.0, -1.0]
+    assert "reward" not in ro.to_records()[0] and "advantage" not in ro.to_records()[0]
+    with pytest.raises(ValueError, match=r"rewards has shape \(3,\), expected \(2,\)"):
+        ro.to_records(rewards=torch.zeros(3))
+
+
+def test_to_pandas_and_to_dataset_round_trip(tmp_path):
+    ro = Rollouts.from_lists(
+        [[1], [2]],
+        [[5], [6, 7]],
+        prompts=["p0", "p1"],
+        completions=["c0", "c1"],
+        metadata=[{"ground_truth": "1", "extra_info": {"index": 0}}] * 2,
+    )
+    rewards = torch.tensor([0.5, -1.0])
+    records = ro.to_records(rewards=rewards)
+    frame = ro.to_pandas(rewards=rewards)
+    assert frame.to_dict(orient="records") == records
+    assert frame.groupby("ground_truth")["reward"].mean().to_dict() == {"1": -0.25}
+    ds = ro.to_dataset(rewards=rewards)
+    ds.to_parquet(tmp_path / "rollouts.parquet")
+    from datasets import Dataset
+
+    assert Dataset.from_parquet(str(tmp_path / "rollouts.parquet")).to_list() == records

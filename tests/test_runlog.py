@@ -64,3 +64,16 @@ def test_read_metrics_names_file_and_line_of_a_broken_line_before_the_end(tmp_pa
     path.write_text('{"step": 0}\n[1, 2]\n')
     with pytest.raises(ValueError, match=r", line 2: expected a JSON object"):
         read_metrics(path)
+
+
+def test_metrics_frame_from_a_file_and_from_records(tmp_path):
+    from rlblocks.runlog import metrics_frame
+
+    log = RunLog(tmp_path / "metrics.jsonl")
+    log.log(0, {"reward/mean": 0.25, "loss": torch.tensor(1.5)})
+    log.log(1, {"reward/mean": 0.75, "kl": 0.1})  # no loss at step 1, a kl from step 1 on
+    frame = metrics_frame(tmp_path / "metrics.jsonl")
+    assert list(frame.columns) == ["step", "reward/mean", "loss", "kl"]
+    assert frame["step"].tolist() == [0, 1] and frame["reward/mean"].tolist() == [0.25, 0.75]
+    assert frame["loss"].iloc[0] == 1.5 and frame["loss"].isna().tolist() == [False, True]
+    assert metrics_frame(log.records).equals(frame)

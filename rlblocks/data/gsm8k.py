@@ -50,8 +50,11 @@ def gsm8k(
     ``max_prompt_tokens``, ``overlong``). Raises ``ValueError`` naming the row whose answer
     has no ``#### <number>``.
     """
-    keep = ("solution", *load_kwargs.pop("keep", ()))
-    rows, _ = read_rows(source, columns=["question", "answer", *keep[1:]])
+    extra = load_kwargs.pop("keep", ())
+    keep_all = extra is True  # every column, "solution" with them
+    keep = True if keep_all else ("solution", *extra)
+    named = [] if keep_all else list(extra)
+    rows, _ = read_rows(source, columns=["question", "answer", *named], all_columns=keep_all)
     prepared = []
     for index, row in enumerate(rows):
         solution = row["answer"]

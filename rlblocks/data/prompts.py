@@ -6,7 +6,8 @@
 
 A prompt is raw text or chat messages (``rlblocks.interfaces.Prompt``); a rollout engine takes
 ``ds.prompts`` as they are. ``metadata`` is what reward functions read (``ground_truth``,
-``data_source`` and the columns named in ``keep``).
+``data_source`` and the columns named in ``keep``; ``keep=True`` keeps every column, the
+prompt column included, as the source holds it: what TRL's and verl's reward functions read).
 
 Choices made here:
 
@@ -21,12 +22,17 @@ Choices made here:
 - **Templates**: ``str.format`` with column names; ``{prompt}`` is always the prompt column,
   so one template fits datasets whose question column is named differently.
 - **Chat**: ``chat=True`` or a ``system`` string gives ``[system?, user]`` messages. A prompt
-  column that already holds messages (verl's parquet layout) is taken as it is.
+  column that already holds messages (TRL's conversational and verl's parquet layouts) is
+  taken as it is, each message with all its keys (``name``, ...) except those that hold None
+  (a ``datasets.Dataset`` gives every message the keys of all of them, None where absent).
+- **Nested ground truth**: ``ground_truth="reward_model.ground_truth"`` reads a field of a
+  dict column (verl's layout).
 - **Length**: with ``tokenizer`` and ``max_prompt_tokens``, `limit_prompt_length` applies.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -74,7 +80,7 @@ def load_prompts(
     template: str | None = None,
     system: str | None = None,
     chat: bool = False,
-    keep: Sequence[str] = (),
+    keep: Sequence[str] | bool = (),
     data_source: str | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     max_prompt_tokens: int | None = None,
@@ -85,12 +91,15 @@ def load_prompts(
     Args:
         source: ``.parquet`` / ``.jsonl`` / ``.json`` / ``.csv`` path, a Dataset, or dicts.
         prompt: the column holding the question text (or chat messages).
-        ground_truth: the column holding the reference answer; None for unlabelled prompts.
+        ground_truth: the column holding the reference answer; None for unlabelled prompts;
+            ``"column.field"`` reads a field of a dict column (``"reward_model.ground_truth"``).
         template: ``str.format`` template over column names, ``{prompt}`` meaning the prompt
             column, e.g. ``"Question: {prompt}\\nAnswer:"``. None uses the question as it is.
         system: a system message; implies ``chat=True``.
         chat: make ``[system?, user]`` chat messages instead of raw text.
-        keep: further columns copied into ``metadata``.
+        keep: further columns copied into ``metadata``, values as they are; ``True``: every
+            column of the source (the prompt column too, under its own name, as the source
+            holds it) but ``ground_truth`` and ``data_source``, which are always there.
         data_source: ``metadata["data_source"]``; default: a ``data_source`` column if the
             data has one, else the file name without its suffix, else ``"prompts"``.
         tokenizer, max_prompt_tokens, overlong: see `limit_prompt_length` ("error",
@@ -104,11 +113,17 @@ def load_prompts(
         raise ValueError("pass tokenizer= and max_prompt_tokens= together (or neither)")
     if overlong not in ("error", "truncate", "filter"):
         raise ValueError(f"overlong must be 'error', 'truncate' or 'filter', got {overlong!r}")
+    keep_all = keep is True
+    keep = () if isinstance(keep, bool) else tuple(keep)
     if reserved := [name for name in keep if name in _RESERVED]:
         raise ValueError(f"keep={reserved}: {_RESERVED} are always in the metadata")
     spec = _RowSpec(prompt, ground_truth, template, system, chat or system is not None, keep)
     optional = ["data_source"] if data_source is None else []
-    rows, columns = read_rows(source, columns=spec.columns(), optional=optional)
+    rows, columns = read_rows(
+        source, columns=spec.columns(), optional=optional, all_columns=keep_all
+    )
+    if keep_all:
+        spec = dataclasses.replace(spec, keep=[c for c in columns if c not in _RESERVED])
     if data_source is None and "data_source" not in columns:
         data_source = "prompts" if rows.file is None else rows.file.stem
     dataset = PromptDataset(
@@ -122,17 +137,22 @@ def load_prompts(
 
 
 def read_rows(
-    source: Source, *, columns: Sequence[str], optional: Sequence[str] = ()
+    source: Source,
+    *,
+    columns: Sequence[str],
+    optional: Sequence[str] = (),
+    all_columns: bool = False,
 ) -> tuple[Rows, list[str]]:
     """Rows of ``source`` as mappings (`Rows`: they know their file and lines), and the names
     of all its columns.
 
     ``columns`` must all exist (else ``ValueError`` listing the columns there are); a parquet
-    or CSV file or a Dataset is cut down to them and to the ``optional`` columns it has. JSON
-    rows and a list of dicts are returned as they are: a key missing from some rows is
-    reported per row by `load_prompts`.
+    or CSV file or a Dataset is cut down to them and to the ``optional`` columns it has, unless
+    ``all_columns``. JSON rows and a list of dicts are returned as they are: a key missing from
+    some rows is reported per row by `load_prompts`.
     """
-    rows = _open(source, [*columns, *optional])
+    rows = _open(source, None if all_columns else [*columns, *optional])
+    columns = [name.split(".", 1)[0] for name in columns]  # "reward_model.ground_truth"
     if missing := [name for name in dict.fromkeys(columns) if name not in rows.columns]:
         hint = "; ground_truth=None loads unlabelled prompts" if "ground_truth" in missing else ""
         raise ValueError(
@@ -154,13 +174,18 @@ def instruction_template(instruction: str | None) -> str | None:
 
 
 # ---------------------------------------------------------------------- reading
-def _open(source: Source, columns: Sequence[str]) -> Rows:
+def _open(source: Source, columns: Sequence[str] | None) -> Rows:
+    """The rows of ``source``; ``columns``: read only these where the format allows (None:
+    all); a dotted name ``"a.b"`` stands for its column ``a``."""
+    if columns is not None:
+        columns = [name.split(".", 1)[0] for name in columns]
     if isinstance(source, DatasetDict):
         raise TypeError(f"got a DatasetDict with splits {list(source)}: pass one split")
     if isinstance(source, Dataset):
         available = list(source.column_names)
-        wanted = [name for name in dict.fromkeys(columns) if name in available]
-        return Rows(source.select_columns(wanted).to_list(), columns=available)
+        if columns is not None:
+            source = source.select_columns([n for n in dict.fromkeys(columns) if n in available])
+        return Rows(source.to_list(), columns=available)
     if isinstance(source, str | os.PathLike):
         return read_file(source, columns=columns)
     if isinstance(source, Rows):
@@ -220,7 +245,7 @@ class _RowSpec:
             prompt = self._wrap(text)
         truth = None
         if self.ground_truth is not None:
-            truth = _text(_value(row, where, self.ground_truth), where, self.ground_truth)
+            truth = _text(_field(row, where, self.ground_truth), where, self.ground_truth)
         source = data_source or _text(_value(row, where, "data_source"), where, "data_source")
         metadata = {"ground_truth": truth, "data_source": source}
         metadata.update({name: _value(row, where, name, required=False) for name in self.keep})
@@ -252,7 +277,7 @@ class _RowSpec:
                 )
             _unicode(message["role"], where, self.prompt)
             _unicode(message["content"], where, self.prompt)
-        out = [{"role": m["role"], "content": m["content"]} for m in messages]
+        out = [{k: v for k, v in m.items() if v is not None} for m in messages]
         if self.system is not None and (not out or out[0]["role"] != "system"):
             out.insert(0, {"role": "system", "content": self.system})
         return out
@@ -264,6 +289,21 @@ def _value(row: Mapping[str, Any], where: str, column: str, *, required: bool = 
     value = row[column]
     if required and (value is None or (isinstance(value, float) and math.isnan(value))):
         raise ValueError(f"{where}, column {column!r}: value is missing (None)")
+    return value
+
+
+def _field(row: Mapping[str, Any], where: str, path: str) -> Any:
+    """``row["a"]["b"]`` for ``path="a.b"`` (a plain column name reads the column)."""
+    column, *fields = path.split(".")
+    value = _value(row, where, column)
+    for depth, name in enumerate(fields, 1):
+        if not isinstance(value, Mapping) or name not in value:
+            inner = ".".join([column, *fields[: depth - 1]])
+            got = list(value) if isinstance(value, Mapping) else type(value).__name__
+            raise ValueError(f"{where}, column {inner!r}: no field {name!r} (has {got})")
+        value = value[name]
+        if value is None:
+            raise ValueError(f"{where}, column {path!r}: value is missing (None)")
     return value
 
 

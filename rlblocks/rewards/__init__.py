@@ -1,6 +1,9 @@
 """Rule-based rewards: ``reward_fn(rollouts) -> RewardOutput(rewards (b) float32, metrics)``.
 
-- `math_answer` / `math_answer_reward`: final-answer correctness (GSM8K ``####``, ``\\boxed{}``).
+- `math_answer` / `math_answer_reward`: final-answer correctness (GSM8K ``####``, ``\\boxed{}``);
+  `math_verify_reward` / `math_verify_score`: the same with math-verify's symbolic comparison.
+- `from_trl` / `from_verl`: reward functions written for TRL's GRPOTrainer and verl's reward
+  manager, called with the arguments those give them, guarded like `per_sample`.
 - `format_reward` / `think_answer_format`: whole-completion regular-expression match.
 - `checked`: the `RewardFn` contract enforced where rewards enter a loop (every recipe uses
   it): a clear error for a wrong output, the fallback score for a NaN/inf row, counted.
@@ -27,6 +30,7 @@ from rlblocks.rewards.combine import combine
 from rlblocks.rewards.filters import GroupFilter, keep_informative_groups
 from rlblocks.rewards.format import THINK_ANSWER, format_reward, think_answer_format
 from rlblocks.rewards.guard import RewardRowError, SampleFn, per_sample
+from rlblocks.rewards.interop import from_trl, from_verl, trl_inputs, verl_inputs
 from rlblocks.rewards.isolation import ProcessPool
 from rlblocks.rewards.math import (
     answers_equal,
@@ -35,6 +39,11 @@ from rlblocks.rewards.math import (
     math_answer_reward,
     math_answer_score,
     truth_answer,
+)
+from rlblocks.rewards.mathverify import (
+    math_verify_reward,
+    math_verify_score,
+    require_math_verify,
 )
 from rlblocks.rewards.model import RewardModel, prompts_in_metadata
 from rlblocks.rewards.overlong import overlong, overlong_penalty
@@ -68,14 +77,21 @@ __all__ = [
     "extract_answer",
     "extract_program",
     "format_reward",
+    "from_trl",
+    "from_verl",
     "keep_informative_groups",
     "math_answer",
     "math_answer_reward",
     "math_answer_score",
+    "math_verify_reward",
+    "math_verify_score",
     "overlong",
     "overlong_penalty",
     "per_sample",
     "prompts_in_metadata",
+    "require_math_verify",
     "think_answer_format",
+    "trl_inputs",
     "truth_answer",
+    "verl_inputs",
 ]

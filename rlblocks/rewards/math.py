@@ -16,12 +16,14 @@ arXiv 2501.12948, §2.2.2 "accuracy rewards") and verl's ``reward_score/gsm8k.py
   Answers that are not numbers are compared as strings after removing whitespace, ``$``,
   ``\\text{}`` and case. There is no symbolic algebra: ``x+1`` and ``1+x`` differ.
 
-No dependency beyond the standard library (no sympy, no math_verify).
+No dependency beyond the standard library (no sympy). `rlblocks.rewards.mathverify` adds
+math-verify's symbolic comparison as a second backend (``math_answer_reward(score=...)``).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from fractions import Fraction
 
 from rlblocks.interfaces import RewardFn
@@ -187,18 +189,22 @@ def math_answer_reward(
     rel_tol: float = 1e-6,
     timeout: float | None = 5.0,
     fallback: float = 0.0,
+    score: Callable[..., float] = math_answer_score,
+    name: str = "math_answer",
 ) -> RewardFn:
     """Batch `RewardFn` scoring ``completions[i]`` against ``metadata[i][ground_truth_key]``.
 
-    rᵢ = math_answer_score(completionᵢ, metadataᵢ[ground_truth_key]) ∈ {0, 1}, (b) float32, no
-    gradient. Runs through `per_sample`, so a row without the key, or one that makes the parser
-    fail, scores ``fallback`` and is counted in ``reward/failures``.
+    rᵢ = score(completionᵢ, metadataᵢ[ground_truth_key], rel_tol=rel_tol) ∈ {0, 1}, (b) float32,
+    no gradient. ``score`` is the comparison backend: `math_answer_score` (no dependency) or
+    ``rb.rewards.math_verify_score`` (symbolic, the ``math`` extra; `math_verify_reward` builds
+    that one). Runs through `per_sample`, so a row without the key, or one that makes the
+    parser fail, scores ``fallback`` and is counted in ``reward/failures``.
     """
 
     def math_answer(completion: str, **row: object) -> float:
-        return math_answer_score(completion, str(row[ground_truth_key]), rel_tol=rel_tol)
+        return score(completion, str(row[ground_truth_key]), rel_tol=rel_tol)
 
-    return per_sample(math_answer, timeout=timeout, fallback=fallback, name="math_answer")
+    return per_sample(math_answer, timeout=timeout, fallback=fallback, name=name)
 
 
 math_answer: RewardFn = math_answer_reward()

@@ -74,3 +74,16 @@ def test_gsm8k_malformed_answer_names_the_row(tmp_path):
         gsm8k([{"question": "q?", "answer": None}])
     with pytest.raises(ValueError, match=r"\['answer'\] not in the data; available columns"):
         gsm8k([{"question": "q?", "solution": "#### 1"}])
+
+
+def test_keep_true_keeps_every_column():
+    rows = [{"question": "2 + 2?", "answer": "2 + 2 = 4\n#### 4", "id": 7}]
+    ds = gsm8k(rows, instruction=None, keep=True)
+    assert ds[0].metadata == {
+        "ground_truth": "4",
+        "data_source": "gsm8k",
+        "question": "2 + 2?",
+        "answer": "2 + 2 = 4\n#### 4",
+        "id": 7,
+        "solution": "2 + 2 = 4\n#### 4",
+    }

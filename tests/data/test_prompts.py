@@ -223,3 +223,51 @@ def test_prompt_dataset_sequence_behaviour():
     part = ds[1:3]
     assert isinstance(part, PromptDataset) and part.prompts == ["p1", "p2"]
     assert part.num_dropped == 1 and "4 rows, 1 dropped" in repr(ds)
+
+
+# ---------------------------------------------------------------------- keep=True (TRL / verl)
+def test_keep_true_carries_every_column_of_a_conversational_dataset(tmp_path):
+    messages = [
+        {"role": "system", "content": "Be brief.", "name": "judge"},
+        {"role": "user", "content": "What is 2 + 2?"},
+    ]
+    row = {
+        "data_source": "openai/gsm8k",
+        "prompt": messages,
+        "reward_model": {"style": "rule", "ground_truth": "4"},
+        "extra_info": {"split": "train", "index": 0},
+        "solution": "2 + 2 = 4",
+    }
+    source = Dataset.from_list([row])
+    # Arrow gives every message every key: the user turn gets "name": None.
+    assert source[0]["prompt"][1] == {"role": "user", "content": "What is 2 + 2?", "name": None}
+    path = tmp_path / "verl.parquet"
+    source.to_parquet(path)
+    for given, held in ((source, source[0]), (path, source[0]), ([row], row)):
+        ds = load_prompts(given, ground_truth="reward_model.ground_truth", keep=True)
+        assert ds[0].prompt == messages  # keys that hold None dropped, "name" kept
+        assert ds[0].ground_truth == "4"
+        # Every column as the source holds it (the prompt too), and rb.data's two keys.
+        assert ds[0].metadata == {**held, "ground_truth": "4", "data_source": "openai/gsm8k"}
+
+
+def test_keep_true_text_prompts():
+    ds = load_prompts(
+        ROWS, prompt="question", ground_truth="answer", keep=True, template="Q: {prompt}"
+    )
+    # The prompt column keeps the dataset's text; the engine's prompt is the formatted one.
+    assert ds[0].prompt == "Q: What is 2 + 3?"
+    assert ds[0].metadata == {
+        "ground_truth": "5", "data_source": "prompts", **ROWS[0],
+    }  # fmt: skip
+
+
+def test_nested_ground_truth_errors_name_row_and_column():
+    rows = [
+        {"prompt": "a", "reward_model": {"ground_truth": "1"}},
+        {"prompt": "b", "reward_model": {}},
+    ]
+    with pytest.raises(ValueError, match=r"row 1, column 'reward_model': no field 'ground_truth'"):
+        load_prompts(rows, ground_truth="reward_model.ground_truth")
+    with pytest.raises(ValueError, match=r"column\(s\) \['answer'\] not in the data"):
+        load_prompts(rows, ground_truth="answer.value")
