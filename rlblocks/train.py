@@ -132,7 +132,9 @@ def parser(recipe: str, names: Mapping[str, str] | None = None) -> ArgumentParse
     p.add_argument("--recipe", type=Literal[tuple(RECIPES)], default=recipe, help="RECIPES")
     for key, (kind, default, help_) in RUN_KEYS.items():
         p.add_argument(f"--{key}", type=kind, default=default, help=help_)
-    if "loss_fn" in params:  # GRPO family: β of kl_regularized around the loss (0: no KL term)
+    if (
+        "loss_fn" in params and "kl_coef" not in params
+    ):  # GRPO family: β of kl_regularized around the loss (0: no KL term)
         p.add_argument("--kl_coef", type=float, default=0.0, help="β of a k3 KL loss term")
     own = {k for k, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY}
     p.add_function_arguments(fn, None, skip=set(params) - own | BUILT | NOT_CONFIGURABLE)
@@ -279,7 +281,7 @@ def build(config: Namespace) -> tuple[Callable[..., list[dict[str, Any]]], dict[
     torch.manual_seed(config.seed)
     model = config.model
     device = model.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    kl_coef = config.get("kl_coef", 0.0)
+    kl_coef = config.get("kl_coef", 0.0)  # PPO's own, or β of a KL loss term (GRPO family)
     lora = None
     if model.lora is not None:
         from peft import LoraConfig
@@ -320,7 +322,8 @@ def build(config: Namespace) -> tuple[Callable[..., list[dict[str, Any]]], dict[
         arguments["advantage"] = _bound(ESTIMATORS, config.advantage, "advantage")
     if "loss_fn" in params:
         loss = _bound(LOSSES, config.loss, "loss")
-        arguments["loss_fn"] = kl_regularized(loss, coef=kl_coef) if kl_coef else loss
+        wrap = kl_coef and "kl_coef" not in params  # PPO applies its own kl_coef
+        arguments["loss_fn"] = kl_regularized(loss, coef=kl_coef) if wrap else loss
     own = set(params) - BUILT - NOT_CONFIGURABLE
     arguments |= {k: config[k] for k in own if k in config}
     return fn, arguments
