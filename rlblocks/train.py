@@ -1,0 +1,379 @@
+"""Run a recipe from a YAML file, with command-line overrides::
+
+    python -m rlblocks.train examples/grpo_arithmetic.yaml
+    python -m rlblocks.train examples/grpo_arithmetic.yaml --model.name tiny --steps 2
+    python -m rlblocks.train runs/grpo/config.yaml --resume      # go on where it stopped
+
+The file's sections are the arguments that exist already, not a new schema (docs/configs.md):
+``recipe`` names a recipe (`RECIPES`) and every other top-level key is one of that recipe's own
+keyword arguments (``steps``, ``group_size``, DAPO's ``max_rounds`` ...) or one of the run's
+(``prompts_per_step``, ``seed``, ``out``, ``tracking``, ``checkpoint_every``, ``kl_coef``);
+``trainer`` and ``critic`` are `rlblocks.trainer.TrainConfig`'s fields, ``sampling``
+`rlblocks.interfaces.SamplingParams`'s, ``engine`` `rlblocks.rollout.HFEngine`'s, and
+``data``, ``advantage`` and ``loss`` are a ``name`` from a registry (or ``package.module:fn``)
+plus that function's keyword arguments, bound with ``functools.partial``. The resolved
+configuration is written to ``<out>/config.yaml``; a run relaunched from it is the same run.
+
+The library is jsonargparse (the parser of LightningCLI), chosen over OmegaConf and over plain
+PyYAML with hand-written checks because it builds the parser *from the dataclasses and function
+signatures themselves*: every key is checked against the type hint of the field or argument
+it fills (``steps: three`` -> 'Parser key "steps": Expected a <class 'int'>'), unknown keys
+are refused by name, ``--trainer.lr 1e-5`` overrides any nested key, and a new keyword argument
+of a loss or estimator is configurable without touching this file. OmegaConf merges YAML and
+dotted overrides well but checks types only against its own structured configs (no Literal,
+no tuples of floats, no function signatures), and plain PyYAML would mean writing that checker
+here. Its one runtime requirement is PyYAML. jsonargparse does not report the line of a bad
+key; `_where` adds it from PyYAML's node marks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import yaml
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+
+from rlblocks import recipes
+from rlblocks.advantage import ESTIMATORS
+from rlblocks.checkpoint import Checkpointer
+from rlblocks.critic import CriticTrainer
+from rlblocks.data import PromptBatches, arithmetic_prompts, gsm8k, load_prompts
+from rlblocks.interfaces import SamplingParams
+from rlblocks.losses import (
+    AGGREGATIONS,
+    cispo,
+    clip_cov,
+    clipped_surrogate,
+    gpg_loss,
+    gspo,
+    kl_cov,
+    kl_regularized,
+)
+from rlblocks.recipes.run import LOOP_ARGUMENTS
+from rlblocks.rewards import REWARDS
+from rlblocks.rollout import HFEngine
+from rlblocks.tracking import Tracker
+from rlblocks.trainer import PolicyTrainer, TrainConfig
+
+# The edge of the program: names for a config file. Everything else takes the functions.
+RECIPES: dict[str, Callable[..., list[dict[str, Any]]]] = {
+    "grpo": recipes.grpo,
+    "dapo": recipes.dapo,
+    "remax": recipes.remax,
+    "ppo": recipes.ppo,
+}
+"""Name -> recipe function for ``recipe:``."""
+
+DATA: dict[str, Callable[..., Any]] = {
+    "arithmetic": arithmetic_prompts,
+    "file": load_prompts,  # source: a .jsonl / .json / .csv / .parquet file
+    "gsm8k": gsm8k,
+}
+"""Name -> prompt-dataset builder for ``data.name``; the other keys are its arguments."""
+
+LOSSES: dict[str, Callable[..., Any]] = {
+    "clipped_surrogate": clipped_surrogate,
+    "gspo": gspo,
+    "cispo": cispo,
+    "clip_cov": clip_cov,
+    "kl_cov": kl_cov,
+    "gpg": gpg_loss,
+}
+"""Name -> policy loss for ``loss.name``; the other keys are its keyword arguments."""
+
+BUILT = frozenset(
+    {"policy", "critic", "engine", "reward_fn", "batches", "sampling", "advantage", "loss_fn"}
+)
+"""Recipe arguments built from their own sections, not set as top-level keys."""
+
+NOT_CONFIGURABLE = LOOP_ARGUMENTS | {"resharder", "async_rollout", "kl_controller", "kl_estimator"}
+"""Recipe arguments that take objects a YAML value cannot name; the defaults are used."""
+
+RUN_KEYS = {
+    "out": (str, "runs/train", "the run's folder: config.yaml, metrics.jsonl, checkpoints/"),
+    "seed": (int, 0, "torch.manual_seed before the model is built; the prompt shuffling seed"),
+    "prompts_per_step": (int, 8, "prompts per step (PromptBatches)"),
+    "checkpoint_every": (int, 1, "steps between checkpoints (the newest is kept)"),
+    "tracking": (list[str], ["none"], "Tracker report_to: tensorboard, wandb, mlflow, trackio"),
+}
+
+
+@dataclasses.dataclass
+class Model:
+    """The ``model:`` section: what `PolicyTrainer.from_pretrained` loads."""
+
+    name: str = "smollm2-135m"
+    """A built-in name (``rlblocks.models``) or a model folder."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The weights' dtype."""
+    device: str | None = None
+    """Where the policy and the engine run; None: cuda when there is a GPU, else cpu."""
+    lora: dict[str, Any] | None = None
+    """Keyword arguments of ``peft.LoraConfig`` (only the adapters train); None: all weights."""
+
+
+def parser(recipe: str, names: Mapping[str, str] | None = None) -> ArgumentParser:
+    """The parser of a run of ``recipe``, with the ``data``/``advantage``/``loss`` sections for
+    the builders named in ``names`` (default: the registry defaults)."""
+    names = dict(names or {})
+    fn = _pick(RECIPES, recipe, "recipe")
+    params = inspect.signature(fn).parameters
+    p = ArgumentParser(prog="rlblocks-train", exit_on_error=False)
+    p.add_argument("--config", action=ActionConfigFile, help="a YAML file (the positional one)")
+    p.add_argument("--recipe", type=Literal[tuple(RECIPES)], default=recipe, help="RECIPES")
+    for key, (kind, default, help_) in RUN_KEYS.items():
+        p.add_argument(f"--{key}", type=kind, default=default, help=help_)
+    if (
+        "loss_fn" in params and "kl_coef" not in params
+    ):  # GRPO family: β of kl_regularized around the loss (0: no KL term)
+        p.add_argument("--kl_coef", type=float, default=0.0, help="β of a k3 KL loss term")
+    own = {k for k, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY}
+    p.add_function_arguments(fn, None, skip=set(params) - own | BUILT | NOT_CONFIGURABLE)
+    p.add_class_arguments(Model, "model")
+    _add_train_config(p, "trainer")
+    if "critic" in params:
+        _add_train_config(p, "critic")
+    p.add_class_arguments(SamplingParams, "sampling")
+    default_sampling = params["sampling"].default  # the recipe's default, not SamplingParams'
+    p.set_defaults({f"sampling.{k}": v for k, v in dataclasses.asdict(default_sampling).items()})
+    p.add_class_arguments(HFEngine, "engine", skip={"model", "tokenizer", "sampling"})
+    p.set_defaults({"engine.progress": False})
+    p.add_argument("--reward", type=str, default="math_answer", help="REWARDS name or mod:fn")
+    _add_block(p, "data", DATA, names.get("data", "arithmetic"))
+    if "advantage" in params:
+        _add_block(p, "advantage", ESTIMATORS, names.get("advantage", "grpo"))
+    if "loss_fn" in params:
+        _add_block(p, "loss", LOSSES, names.get("loss", "clipped_surrogate"))
+    return p
+
+
+def _add_train_config(p: ArgumentParser, key: str) -> None:
+    """TrainConfig's fields under ``key``; ``aggregation`` by its `AGGREGATIONS` name.
+    ``schedule`` and ``fsdp`` take objects: the defaults are used."""
+    p.add_class_arguments(TrainConfig, key, skip={"aggregation", "schedule", "fsdp"})
+    p.add_argument(f"--{key}.aggregation", type=Literal[tuple(AGGREGATIONS)], default="token-mean")
+
+
+def _add_block(p: ArgumentParser, key: str, registry: Mapping[str, Callable], name: str) -> None:
+    """``key.name`` and the keyword arguments of the function it names (not its tensors)."""
+    fn = _pick(registry, name, f"{key}.name")
+    base = fn.func if isinstance(fn, partial) else fn
+    skip = {
+        k
+        for k, v in inspect.signature(base).parameters.items()
+        if v.kind is inspect.Parameter.POSITIONAL_ONLY or "Tensor" in str(v.annotation)
+    }
+    skip |= {"tokenizer"}  # data: the policy's, given when max_prompt_tokens is set
+    p.add_argument(f"--{key}.name", type=str, default=name, help=f"{key}: a name or mod:fn")
+    p.add_function_arguments(base, key, skip=skip)
+    if isinstance(fn, partial):  # a registry variant (dr_grpo): its keywords are the defaults
+        p.set_defaults({f"{key}.{k}": v for k, v in fn.keywords.items()})
+
+
+def _pick(registry: Mapping[str, Callable], name: str, key: str) -> Callable:
+    """``registry[name]``, or the function at ``package.module:function``."""
+    if name in registry:
+        return registry[name]
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            return getattr(__import__(module, fromlist=[attr]), attr)
+        except (ImportError, AttributeError) as error:
+            raise ValueError(f"{key}: cannot import {name!r} ({error})") from error
+    raise ValueError(f"{key}: unknown name {name!r}; one of {sorted(registry)} or mod:function")
+
+
+def parse(argv: Sequence[str]) -> tuple[Namespace, ArgumentParser, bool]:
+    """``[CONFIG.yaml] [--key.sub value ...] [--resume]`` -> (config, its parser, resume).
+
+    Errors are ``SystemExit`` messages naming the key and where it was given: the file and
+    its line, or the command line."""
+    argv = list(argv)
+    resume = "--resume" in argv
+    argv = [a for a in argv if a != "--resume"]
+    file = Path(argv.pop(0)) if argv and not argv[0].startswith("-") else None
+    data = _read(file) if file else {}
+    names = {k: _peek(argv, data, k) for k in ("recipe", "data", "advantage", "loss")}
+    names = {k: v for k, v in names.items() if v is not None}
+    try:
+        p = parser(names.pop("recipe", "grpo"), names)
+        config = p.parse_args([*(["--config", str(file)] if file else []), *argv])
+    except (ValueError, TypeError, argparse.ArgumentError) as error:
+        raise SystemExit(_where(str(error), _key_of(str(error)), file, argv)) from error
+    for key, check in (("sampling", _sampling), ("trainer", _train_config)):
+        try:  # the dataclasses' own checks (__post_init__), named by section
+            check(config[key])
+        except (ValueError, TypeError) as error:
+            field = re.search(r"\.(\w+)", str(error))
+            path = f"{key}.{field[1]}" if field else key
+            raise SystemExit(_where(f"{key}: {error}", path, file, argv)) from error
+    return config, p, resume
+
+
+def _read(file: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(file.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise SystemExit(f"{file}: {error}") from error
+    if not isinstance(data, dict):
+        raise SystemExit(f"{file}: the file must hold a mapping of keys (recipe: grpo, ...)")
+    return data
+
+
+def _peek(argv: list[str], data: Mapping[str, Any], key: str) -> str | None:
+    """The name chosen for ``key`` (recipe) or ``key.name``: on the command line, else in the
+    file. Needed before parsing: it decides which arguments the parser has."""
+    flag = "--recipe" if key == "recipe" else f"--{key}.name"
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    value = data.get(key)
+    return value.get("name") if isinstance(value, dict) else value
+
+
+def _key_of(message: str) -> str | None:
+    """The dotted key a jsonargparse message is about: 'Parser key "trainer.lr"', "Group
+    'data' does not accept option 'bogus'", "Option 'stepz' is not accepted"."""
+    if message.startswith("unrecognized arguments"):
+        flag = re.search(r"--([\w.]+)", message)
+        return flag[1] if flag else None
+    quoted = re.findall(r"""['"]([\w.]+)['"]""", message)
+    if message.startswith("Group") and len(quoted) >= 2:
+        return f"{quoted[0]}.{quoted[1]}"
+    return quoted[0] if quoted else None
+
+
+def _where(message: str, key: str | None, file: Path | None, argv: list[str]) -> str:
+    """``message`` prefixed with where ``key`` was given: ``command line:`` when an override
+    names it, else ``file, line N:`` (PyYAML's mark of the key), else ``file:``."""
+    if key is not None and any(a.split("=")[0] == f"--{key}" for a in argv):
+        return f"command line: {message}"
+    if file is None:
+        return message
+    node: Any = yaml.compose(file.read_text())
+    line = None
+    for part in (key or "").split("."):
+        if not isinstance(node, yaml.MappingNode):
+            break
+        found = [(k, v) for k, v in node.value if getattr(k, "value", None) == part]
+        if not found:
+            break
+        line, node = found[0][0].start_mark.line + 1, found[0][1]
+    return f"{file}, line {line}: {message}" if line else f"{file}: {message}"
+
+
+def build(config: Namespace) -> tuple[Callable[..., list[dict[str, Any]]], dict[str, Any]]:
+    """The recipe and the arguments ``config`` stands for, blocks built (the model loaded):
+    ``fn(**arguments)`` is the run, without its checkpoint and tracker."""
+    fn = RECIPES[config.recipe]
+    params = inspect.signature(fn).parameters
+    torch.manual_seed(config.seed)
+    model = config.model
+    device = model.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    kl_coef = config.get("kl_coef", 0.0)  # PPO's own, or β of a KL loss term (GRPO family)
+    lora = None
+    if model.lora is not None:
+        from peft import LoraConfig
+
+        lora = LoraConfig(**model.lora)
+    policy = PolicyTrainer.from_pretrained(
+        model.name,
+        dtype=getattr(torch, model.dtype),
+        device=device,
+        config=_train_config(config.trainer),
+        # A reference only for a KL term: without one nothing is kept or scored.
+        reference="auto" if kl_coef or "critic" in params else None,
+        lora=lora,
+    )
+    engine = HFEngine(policy.model, policy.tokenizer, **vars(config.engine))  # shares the model
+    data_kwargs = _kwargs(config.data)
+    if data_kwargs.get("max_prompt_tokens") is not None:
+        data_kwargs["tokenizer"] = policy.tokenizer
+    dataset = _pick(DATA, config.data.name, "data.name")(**data_kwargs)
+    arguments: dict[str, Any] = {
+        "policy": policy,
+        "engine": engine,
+        "reward_fn": _pick(REWARDS, config.reward, "reward"),
+        "batches": PromptBatches(
+            dataset, prompts_per_step=config.prompts_per_step, seed=config.seed
+        ),
+        "sampling": _sampling(config.sampling),
+        "progress": False,
+    }
+    if "critic" in params:
+        arguments["critic"] = CriticTrainer.from_pretrained(
+            model.name,
+            dtype=getattr(torch, model.dtype),
+            device=device,
+            config=_train_config(config.critic),
+        )
+    if "advantage" in params:
+        arguments["advantage"] = _bound(ESTIMATORS, config.advantage, "advantage")
+    if "loss_fn" in params:
+        loss = _bound(LOSSES, config.loss, "loss")
+        wrap = kl_coef and "kl_coef" not in params  # PPO applies its own kl_coef
+        arguments["loss_fn"] = kl_regularized(loss, coef=kl_coef) if wrap else loss
+    own = set(params) - BUILT - NOT_CONFIGURABLE
+    arguments |= {k: config[k] for k in own if k in config}
+    return fn, arguments
+
+
+def _sampling(section: Namespace) -> SamplingParams:
+    return SamplingParams(**vars(section))
+
+
+def _train_config(section: Namespace) -> TrainConfig:
+    fields = _kwargs(section) | {"aggregation": AGGREGATIONS[section.aggregation]}
+    return TrainConfig(**fields)
+
+
+def _kwargs(section: Namespace) -> dict[str, Any]:
+    """A section's values as keyword arguments (without its ``name``)."""
+    return {k: v for k, v in vars(section).items() if k != "name"}
+
+
+def _bound(registry: Mapping[str, Callable], section: Namespace, key: str) -> Callable:
+    """The function ``section.name`` names, with the section's keyword arguments bound."""
+    fn = _pick(registry, section.name, f"{key}.name")
+    return partial(fn.func if isinstance(fn, partial) else fn, **_kwargs(section))
+
+
+def dump(config: Namespace, p: ArgumentParser) -> str:
+    """The resolved configuration as YAML: every key, defaults included."""
+    return p.dump(config, skip_unset=False)
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """``rlblocks-train CONFIG.yaml [--key.sub value ...] [--resume]``: parse, write
+    ``<out>/config.yaml``, run; returns the recipe's metrics, one dict per step."""
+    config, p, resume = parse(sys.argv[1:] if argv is None else argv)
+    out = Path(config.out)
+    if not resume and ((out / "config.yaml").exists() or (out / "metrics.jsonl").exists()):
+        raise SystemExit(f"{out} holds a run already: pass --resume to continue it, or another out")
+    fn, arguments = build(config)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(dump(config, p))
+    with Tracker(out, report_to=config.tracking) as tracker:
+        return fn(
+            **arguments,
+            checkpoint=Checkpointer(
+                out / "checkpoints", every=config.checkpoint_every, keep_last=1
+            ),
+            resume=resume,
+            tracker=tracker,
+        )
+
+
+if __name__ == "__main__":
+    main()
