@@ -28,8 +28,9 @@ inside a loss::
 rollout the tool's observation tokens are real tokens (attended to) that the policy did not
 generate, so they are False in ``response_mask``.
 
-This module imports nothing else from rlblocks but, on first use of ``to_records``,
-`rlblocks.rollouts_table` (which imports nothing of rlblocks).
+This module imports nothing else from rlblocks but `rlblocks.rollouts_checks` (its field
+checks) and, on first use of ``to_records``, `rlblocks.rollouts_table`; neither imports
+anything of rlblocks.
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from rlblocks.rollouts_checks import (
+    check_extra,
+    expect_bool,
+    expect_dims,
+    expect_dtype,
+    expect_shape,
+    shape_of,
+)
 
 Index = Tensor | Sequence[int] | slice
 
@@ -92,31 +102,31 @@ class Rollouts:
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         """Check shapes, dtypes and consistency; raise ``ValueError`` naming the field."""
-        _expect_dims("prompt_ids", self.prompt_ids, 2)
-        _expect_dims("response_ids", self.response_ids, 2)
+        expect_dims("prompt_ids", self.prompt_ids, 2)
+        expect_dims("response_ids", self.response_ids, 2)
         b, tp = self.prompt_ids.shape
         t = self.response_ids.shape[1]
-        _expect_dtype("prompt_ids", self.prompt_ids, integer=True)
-        _expect_dtype("response_ids", self.response_ids, integer=True)
-        _expect_shape("response_ids", self.response_ids, (b, t), "prompt_ids has b rows")
-        _expect_shape("attention_mask", self.attention_mask, (b, tp + t), "(b, tp + t)")
-        _expect_shape("response_mask", self.response_mask, (b, t), "like response_ids")
-        _expect_bool("attention_mask", self.attention_mask)
-        _expect_bool("response_mask", self.response_mask)
-        _expect_shape("group_ids", self.group_ids, (b,), "one id per row")
-        _expect_dtype("group_ids", self.group_ids, integer=True)
+        expect_dtype("prompt_ids", self.prompt_ids, integer=True)
+        expect_dtype("response_ids", self.response_ids, integer=True)
+        expect_shape("response_ids", self.response_ids, (b, t), "prompt_ids has b rows")
+        expect_shape("attention_mask", self.attention_mask, (b, tp + t), "(b, tp + t)")
+        expect_shape("response_mask", self.response_mask, (b, t), "like response_ids")
+        expect_bool("attention_mask", self.attention_mask)
+        expect_bool("response_mask", self.response_mask)
+        expect_shape("group_ids", self.group_ids, (b,), "one id per row")
+        expect_dtype("group_ids", self.group_ids, integer=True)
         for name in TOKEN_FIELDS:
             value = getattr(self, name)
             if value is not None:
-                _expect_shape(name, value, (b, t), "like response_ids")
-                _expect_dtype(name, value, integer=False)
+                expect_shape(name, value, (b, t), "like response_ids")
+                expect_dtype(name, value, integer=False)
         if self.rewards is not None:
             if not isinstance(self.rewards, Tensor) or self.rewards.shape not in ((b,), (b, t)):
                 raise ValueError(
-                    f"Rollouts.rewards has shape {_shape(self.rewards)}, expected ({b},) or "
+                    f"Rollouts.rewards has shape {shape_of(self.rewards)}, expected ({b},) or "
                     f"({b}, {t})"
                 )
-            _expect_dtype("rewards", self.rewards, integer=False)
+            expect_dtype("rewards", self.rewards, integer=False)
         counted_padding = self.response_mask & ~self.attention_mask[:, tp:]
         # Value checks need data: a batch on the meta device (shape planning) skips them.
         if counted_padding.device.type != "meta" and counted_padding.any():
@@ -135,7 +145,7 @@ class Rollouts:
                     f"Rollouts.extras[{name!r}]: {name} is a field of Rollouts, not an extra; "
                     f"set it with rollouts.replace({name}=...)"
                 )
-            _check_extra(name, value, b, t)
+            check_extra(name, value, b, t)
 
     # ------------------------------------------------------------------ views
     @property
@@ -420,54 +430,6 @@ def balanced_partition(lengths: Sequence[int], parts: int) -> list[list[int]]:
 
 
 # ---------------------------------------------------------------------- helpers
-def _shape(x: Tensor) -> str:
-    return str(tuple(x.shape))
-
-
-def _expect_dims(name: str, x: Any, dims: int) -> None:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"Rollouts.{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != dims:
-        raise ValueError(f"Rollouts.{name} must have {dims} dimensions, got shape {_shape(x)}")
-
-
-def _expect_shape(name: str, x: Any, shape: tuple[int, ...], why: str) -> None:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"Rollouts.{name} must be a torch.Tensor, got {type(x).__name__}")
-    if tuple(x.shape) != shape:
-        raise ValueError(f"Rollouts.{name} has shape {_shape(x)}, expected {shape} ({why})")
-
-
-def _expect_bool(name: str, x: Tensor) -> None:
-    if x.dtype != torch.bool:
-        raise TypeError(
-            f"Rollouts.{name} must be torch.bool (True = the token counts), got {x.dtype}; "
-            f"convert with .bool()"
-        )
-
-
-def _expect_dtype(name: str, x: Tensor, *, integer: bool) -> None:
-    is_int = not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool
-    if integer and not is_int:
-        raise TypeError(f"Rollouts.{name} must be an integer tensor, got {x.dtype}")
-    if not integer and not x.dtype.is_floating_point:
-        raise TypeError(f"Rollouts.{name} must be a floating-point tensor, got {x.dtype}")
-
-
-def _check_extra(name: str, value: Any, b: int, t: int) -> None:
-    if not isinstance(value, Tensor):
-        raise TypeError(f"Rollouts.extras[{name!r}] must be a Tensor, got {type(value).__name__}")
-    if value.dim() == 0 or value.shape[0] != b:
-        raise ValueError(
-            f"Rollouts.extras[{name!r}] has shape {_shape(value)}, expected (b=={b}, ...)"
-        )
-    if value.dim() >= 2 and value.shape[1] != t:
-        raise ValueError(
-            f"Rollouts.extras[{name!r}] has shape {_shape(value)}: a per-token extra must be "
-            f"response-aligned, (b t ...) with t=={t}"
-        )
-
-
 def _as_row_index(index: Index, b: int) -> Tensor:
     if isinstance(index, slice):
         return torch.arange(b)[index]
@@ -475,7 +437,7 @@ def _as_row_index(index: Index, b: int) -> Tensor:
     if rows.dtype == torch.bool:
         if rows.shape != (b,):
             raise ValueError(
-                f"Rollouts.select: bool mask has shape {_shape(rows)}, expected ({b},)"
+                f"Rollouts.select: bool mask has shape {shape_of(rows)}, expected ({b},)"
             )
         return rows.nonzero().flatten()
     rows = rows.long().flatten()

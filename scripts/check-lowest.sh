@@ -18,4 +18,4 @@ OMP_NUM_THREADS=1 "$py" -m pytest -q -p no:cacheprovider \
     tests/losses tests/advantage tests/test_rollouts.py tests/test_imports.py \
     tests/trainer/test_policy.py tests/trainer/test_lora.py tests/trainer/test_checkpoint.py \
     tests/rollout/test_hf.py tests/models tests/data tests/rewards/test_math.py \
-    tests/recipes/test_grpo.py
+    tests/recipes/test_grpo.py tests/test_train.py

@@ -1,0 +1,63 @@
+"""Shape and dtype checks of the fields of a `rlblocks.rollouts.Rollouts`, each raising an
+error that names the field, its shape and what was expected. Imports nothing of rlblocks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+def shape_of(x: Tensor) -> str:
+    """The shape of ``x`` as a tuple string, for messages."""
+    return str(tuple(x.shape))
+
+
+def expect_dims(name: str, x: Any, dims: int) -> None:
+    """Raise unless field ``name`` is a tensor with ``dims`` dimensions."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"Rollouts.{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != dims:
+        raise ValueError(f"Rollouts.{name} must have {dims} dimensions, got shape {shape_of(x)}")
+
+
+def expect_shape(name: str, x: Any, shape: tuple[int, ...], why: str) -> None:
+    """Raise unless field ``name`` is a tensor of ``shape``; ``why`` explains it."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"Rollouts.{name} must be a torch.Tensor, got {type(x).__name__}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"Rollouts.{name} has shape {shape_of(x)}, expected {shape} ({why})")
+
+
+def expect_bool(name: str, x: Tensor) -> None:
+    """Raise unless field ``name`` is a bool tensor (masks: True = the token counts)."""
+    if x.dtype != torch.bool:
+        raise TypeError(
+            f"Rollouts.{name} must be torch.bool (True = the token counts), got {x.dtype}; "
+            f"convert with .bool()"
+        )
+
+
+def expect_dtype(name: str, x: Tensor, *, integer: bool) -> None:
+    """Raise unless field ``name`` has an integer (``integer``) or a floating dtype."""
+    is_int = not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool
+    if integer and not is_int:
+        raise TypeError(f"Rollouts.{name} must be an integer tensor, got {x.dtype}")
+    if not integer and not x.dtype.is_floating_point:
+        raise TypeError(f"Rollouts.{name} must be a floating-point tensor, got {x.dtype}")
+
+
+def check_extra(name: str, value: Any, b: int, t: int) -> None:
+    """Raise unless extra ``name`` is a tensor of b rows, response-aligned (t) when per token."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"Rollouts.extras[{name!r}] must be a Tensor, got {type(value).__name__}")
+    if value.dim() == 0 or value.shape[0] != b:
+        raise ValueError(
+            f"Rollouts.extras[{name!r}] has shape {shape_of(value)}, expected (b=={b}, ...)"
+        )
+    if value.dim() >= 2 and value.shape[1] != t:
+        raise ValueError(
+            f"Rollouts.extras[{name!r}] has shape {shape_of(value)}: a per-token extra must be "
+            f"response-aligned, (b t ...) with t=={t}"
+        )
