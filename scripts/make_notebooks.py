@@ -39,6 +39,8 @@ def main(argv: list[str]) -> int:
     out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else ROOT / "notebooks"
     for src in sorted((ROOT / "notebooks" / "src").glob("*.py")):
         nb = nbformat.v4.new_notebook(cells=cells_of(src.read_text()))
+        for k, cell in enumerate(nb.cells):  # stable ids: rebuilding changes no unchanged cell
+            cell.id = f"{src.stem[:2]}-{k:03d}"
         nb.metadata["kernelspec"] = {
             "name": "python3",
             "display_name": "Python 3",
