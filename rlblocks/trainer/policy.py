@@ -55,7 +55,6 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from rlblocks.checkpoint.rng import rng_state, set_rng_state
 from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, dispatch
-from rlblocks.losses.inputs import loss_inputs
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.allocator import keep_freed_memory
 from rlblocks.trainer.batches import scored_in_pieces, token_advantages
@@ -66,17 +65,9 @@ from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
 from rlblocks.trainer.lora import is_peft_model, wrap_lora
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
-from rlblocks.trainer.pi_old import from_update, gathered, mismatch
-from rlblocks.trainer.policy_loss import micro_loss, prepare
+from rlblocks.trainer.policy_loss import PreparedUpdate, prepare_update
 from rlblocks.trainer.schedules import constant
-from rlblocks.trainer.update import (
-    Accumulation,
-    Assignment,
-    MicroLoss,
-    assign,
-    run_update,
-    timing,
-)
+from rlblocks.trainer.update import Accumulation, assign, run_update, timing
 from rlblocks.trainer.weights import (
     frozen_reference,
     full_weight_spec,
@@ -289,14 +280,12 @@ class PolicyTrainer:
         timings of the whole group.
         """
         start = time.perf_counter()
-        self._refuse_pending("step")
-        work, loss, seen = self._work(
-            rollouts, advantages, loss_fn, old_logprobs, minibatches, "step"
-        )
+        self._accumulation.refuse(self, "step")
+        update = self._update(rollouts, advantages, loss_fn, old_logprobs, minibatches, "step")
         scored = time.perf_counter()  # old (and reference) log-probs are ready
-        metrics = run_update(self, work, loss)
+        metrics = run_update(self, update.work, update.loss)
         return {
-            **self._mismatch(work, seen),
+            **update.mismatch(self.dp),
             **metrics,
             **timing(
                 self.dp,
@@ -317,45 +306,40 @@ class PolicyTrainer:
         old_logprobs: Tensor | None = None,
         normalizer: Tensor | float | None = None,
     ) -> dict[str, float]:
-        """Add ∇_θ Σ_{i,t} ℓ_{i,t} / n to the gradients, for a loop of your own (Tinker's
-        ``forward_backward``); :meth:`optim_step` applies what the calls since the last one added.
+        """Add ∇_θ Σ_{i,t} ℓ_{i,t} / n to the gradients (Tinker's ``forward_backward``):
+        the first half of a ``step`` mini-batch, per micro-batch forward, per-token ``loss_fn``,
+        ``aggregate`` with n, backward; gradients accumulate until :meth:`optim_step`.
 
-        The half of a ``step`` mini-batch before the optimizer: per micro-batch, forward,
-        per-token ``loss_fn``, ``aggregate`` with the normalizer n, backward; nothing else
-        moves. n defaults to ``config.aggregation.normalizer`` of *this call's* response mask:
-        k calls over k chunks of one batch must pass that whole batch's :meth:`normalizer` for
-        their summed gradient to be the batch's. ``advantages``, ``loss_fn`` and the reference
-        log-probs are as in :meth:`step`; π_old is ``old_logprobs``, else
-        ``rollouts.old_logprobs``, else the detached log-probs of this same forward (the
-        weights have not moved since the last ``optim_step``: the ratio is 1).
-
-        Returns this call's ``loss`` (Σ over its micro-batches and ranks: with the whole
-        batch's n, the k calls' losses add up to ``step``'s), its loss metrics and ``entropy``
-        (token-weighted), and the ``mismatch/*`` metrics when the rollouts carry rollout
-        log-probs. In a data-parallel group every rank gets the whole call and takes its share
-        (each call needs a row for every rank). A call that fails part-way drops every pending
-        gradient; ``state_dict`` and ``save_checkpoint`` refuse while any is pending.
+        n defaults to ``config.aggregation.normalizer`` of *this call's* response mask: k calls
+        over k chunks of one batch must pass the whole batch's :meth:`normalizer`, so that
+        their gradient is the batch's. ``advantages``, ``loss_fn`` and π_ref are as in
+        :meth:`step`; π_old is ``old_logprobs``, else ``rollouts.old_logprobs``, else the
+        detached log-probs of this forward (no weight moved since the last ``optim_step``).
+        Returns this call's ``loss`` (Σ over its micro-batches and ranks: with the batch's n,
+        the calls' losses add up to ``step``'s), its token-weighted loss metrics and
+        ``entropy``, and the ``mismatch/*`` metrics. In a data-parallel group every rank gets
+        the whole call and takes its share. A call that fails part-way drops every pending
+        gradient; while any is pending, ``step``, ``state_dict`` and ``save_checkpoint`` refuse.
         """
+        norm = None if normalizer is None else torch.as_tensor(normalizer, dtype=torch.float64)
+        if norm is not None and norm.ndim != 0:
+            raise ValueError(f"normalizer must be a scalar, got shape {tuple(norm.shape)}")
         everything = [torch.arange(len(rollouts))]
-        work, loss, seen = self._work(
-            rollouts, advantages, loss_fn, old_logprobs, everything, "forward_backward"
-        )
-        if normalizer is not None:
-            norm = torch.as_tensor(normalizer, dtype=torch.float64, device=self.device)
-            if norm.ndim != 0:
-                raise ValueError(f"normalizer must be a scalar, got shape {tuple(norm.shape)}")
-            work = dataclasses.replace(work, norms=[norm])
-        metrics = self._accumulation.add(self, work, loss)
-        return {**self._mismatch(work, seen), **metrics}
+        method = "forward_backward"
+        update = self._update(rollouts, advantages, loss_fn, old_logprobs, everything, method)
+        if norm is not None:
+            update.work = dataclasses.replace(update.work, norms=[norm.to(self.device)])
+        metrics = self._accumulation.add(self, update.work, update.loss)
+        return {**update.mismatch(self.dp), **metrics}
 
     @dispatch(Dispatch.ALL)
     def optim_step(self) -> dict[str, float]:
-        """Apply the gradients :meth:`forward_backward` accumulated since the last call (Tinker's
-        ``optim_step``): the NaN guard over all of them (agreed by every rank), clip to
-        ``config.max_grad_norm``, AdamW, schedule, counters, gradients zeroed; as at the end of
-        a ``step`` mini-batch. Returns ``grad_norm`` (pre-clipping; NaN when skipped), ``lr``
-        (of this update), ``optimizer_steps`` and ``skipped_steps`` (1.0 or 0.0).
-        ``RuntimeError`` when nothing was accumulated."""
+        """Apply what :meth:`forward_backward` accumulated since the last call (Tinker's
+        ``optim_step``), as at the end of a ``step`` mini-batch: NaN guard over all of it (one
+        decision for every rank), clip, AdamW, schedule, counters, gradients zeroed. Returns
+        ``grad_norm`` (pre-clipping; NaN when skipped), ``lr`` (of this update),
+        ``optimizer_steps`` and ``skipped_steps`` (1.0 or 0.0). ``RuntimeError`` when nothing
+        was accumulated."""
         return self._accumulation.apply(self)
 
     @dispatch(Dispatch.ALL)
@@ -364,7 +348,7 @@ class PolicyTrainer:
         n every :meth:`forward_backward` call over a chunk of this batch must pass."""
         return self.config.aggregation.normalizer(rollouts.response_mask)
 
-    def _work(
+    def _update(
         self,
         rollouts: Rollouts,
         advantages: Tensor | Advantages,
@@ -372,51 +356,21 @@ class PolicyTrainer:
         old_logprobs: Tensor | None,
         minibatches: Sequence[Tensor] | None,
         method: str,
-    ) -> tuple[Assignment, MicroLoss, list[tuple[Tensor, Tensor]] | None]:
-        """This rank's :class:`Assignment` with π_old and π_ref ready, the loss of one
-        micro-batch (``rlblocks.trainer.policy_loss``) and, when π_old comes from the update's
-        own forward (one optimizer step over all rows, none given: ``rlblocks.trainer.pi_old``),
-        the list that collects it."""
-        wants = loss_inputs(loss_fn)
+    ) -> PreparedUpdate:
+        """This rank's part of an update, ready for the loop (``rlblocks.trainer.policy_loss``)."""
         batch = rollouts.to(self.device)
         batch = batch.replace(advantages=token_advantages(advantages, batch))
         if old_logprobs is not None:
             batch = batch.replace(old_logprobs=old_logprobs.to(self.device))
-        work = assign(self, batch, minibatches, method=method)
-        in_update = work.batch.old_logprobs is None and from_update(work)
         has_ref = self.reference is not None or self._adapter_reference
-        ready = prepare(
-            work.batch,
-            wants,
-            in_update=in_update,
+        return prepare_update(
+            assign(self, batch, minibatches, method=method),
+            loss_fn,
+            config=self.config,
+            score=partial(self._score, self.model),
             score_old=lambda ro: self._score_no_grad(self.model, ro)[0],
             score_ref=self._ref_scores if has_ref else None,
         )
-        seen: list[tuple[Tensor, Tensor]] | None = [] if in_update else None
-        loss = partial(
-            micro_loss,
-            score=partial(self._score, self.model),
-            loss_fn=loss_fn,
-            wants=wants,
-            aggregation=self.config.aggregation,
-            log_entropy=self.config.log_entropy,
-            seen=seen,
-        )
-        return dataclasses.replace(work, batch=ready), loss, seen
-
-    def _mismatch(self, work: Assignment, seen: list[tuple[Tensor, Tensor]] | None) -> dict:
-        """The mismatch metrics of ``work``'s rows, with π_old as the update's forward gave it
-        (``seen``) when it came from there."""
-        if seen is not None:
-            work = dataclasses.replace(work, batch=gathered(work.batch, seen))
-        return mismatch(self.dp, work.batch.select(work.owned))
-
-    def _refuse_pending(self, method: str) -> None:
-        if self._accumulation.pending:
-            raise RuntimeError(
-                f"PolicyTrainer.{method}: gradients from forward_backward are pending (not "
-                f"applied yet); call optim_step before {method}, which would lose or mix them"
-            )
 
     # ------------------------------------------------------------------ weights and state
     def named_weights(self, *, bucket_bytes: int | None = None) -> Iterator[tuple[str, Tensor]]:
@@ -478,7 +432,7 @@ class PolicyTrainer:
         the Hugging Face format in ``folder/model``, optimizer (sharded), scheduler, counters,
         random state, the reference's fingerprint. Every rank calls it with the same folder;
         refused while ``forward_backward`` gradients are pending (they are not saved)."""
-        self._refuse_pending("save_checkpoint")
+        self._accumulation.refuse(self, "save_checkpoint")
         save_weights(self, Path(folder) / "model")
         save_trainer(self, folder, model_state=False, frozen=self._reference_tensors())
 
@@ -506,7 +460,7 @@ class PolicyTrainer:
         the optimizer state keyed by parameter name; it loads into a group of any size.
         Refused while ``forward_backward`` gradients are pending (they are not part of it).
         """
-        self._refuse_pending("state_dict")
+        self._accumulation.refuse(self, "state_dict")
         counters = {k: getattr(self, k) for k in ("steps", "optimizer_steps", "skipped_steps")}
         if self.dp.sharded:
             model, optimizer = full_state(self.model, self.optimizer)

@@ -1,6 +1,7 @@
 """What a policy loss receives in an update, and the loss of one micro-batch.
 
-``PolicyTrainer.step`` and ``forward_backward`` share both halves:
+``PolicyTrainer.step`` and ``forward_backward`` share all of it, through
+:func:`prepare_update`:
 
 - :func:`prepare`, before any gradient: π_old (given, or scored now, or marked to be taken from
   the update's own forward, ``rlblocks.trainer.pi_old``) and π_ref when the loss takes it.
@@ -12,19 +13,74 @@ The optional inputs a loss takes are read from its signature (``rlblocks.losses.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from torch import Tensor
 
 from rlblocks.interfaces import Aggregation, PolicyLoss
 from rlblocks.losses.aggregate import aggregate
-from rlblocks.losses.inputs import LossInputs
+from rlblocks.losses.inputs import LossInputs, loss_inputs
 from rlblocks.masked import masked_mean
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer.pi_old import ROW, numbered
+from rlblocks.trainer.config import TrainConfig
+from rlblocks.trainer.pi_old import ROW, from_update, gathered, mismatch, numbered
+from rlblocks.trainer.update import Assignment, MicroLoss
 
 #: ``score(rollouts, entropy=...) -> (logprobs, entropy or None)``, each ``(b t)``, with gradient.
 Score = Callable[..., tuple[Tensor, Tensor | None]]
+
+
+@dataclass
+class PreparedUpdate:
+    """A policy update ready for the shared loop (``rlblocks.trainer.update``)."""
+
+    work: Assignment
+    """This rank's rows, with π_old (or their row numbers) and π_ref ready."""
+    loss: MicroLoss
+    """The loss of one micro-batch."""
+    seen: list[tuple[Tensor, Tensor]] | None
+    """π_old as the update's own forward gives it (rows, log-probs), when it comes from there."""
+
+    def mismatch(self, dp: Any) -> dict[str, float]:
+        """The mismatch metrics of the batch (``rlblocks.trainer.pi_old.mismatch``), with π_old
+        as the forward gave it when it came from there; call after the update."""
+        batch = self.work.batch if self.seen is None else gathered(self.work.batch, self.seen)
+        return mismatch(dp, batch.select(self.work.owned))
+
+
+def prepare_update(
+    work: Assignment,
+    loss_fn: PolicyLoss,
+    *,
+    config: TrainConfig,
+    score: Score,
+    score_old: Callable[[Rollouts], Tensor],
+    score_ref: Callable[[Rollouts], Tensor] | None,
+) -> PreparedUpdate:
+    """``work`` with π_old and π_ref ready (:func:`prepare`) and its :func:`micro_loss`. π_old
+    comes from the update's own forward when none is given and the update is one optimizer step
+    over all of the rank's rows (``rlblocks.trainer.pi_old.from_update``). ``score``: with
+    gradient, for the loss; ``score_old`` / ``score_ref``: no grad, before the update."""
+    wants = loss_inputs(loss_fn)
+    in_update = work.batch.old_logprobs is None and from_update(work)
+    batch = prepare(
+        work.batch, wants, in_update=in_update, score_old=score_old, score_ref=score_ref
+    )
+    seen: list[tuple[Tensor, Tensor]] | None = [] if in_update else None
+    loss = partial(
+        micro_loss,
+        score=score,
+        loss_fn=loss_fn,
+        wants=wants,
+        aggregation=config.aggregation,
+        log_entropy=config.log_entropy,
+        seen=seen,
+    )
+    return PreparedUpdate(dataclasses.replace(work, batch=batch), loss, seen)
 
 
 def prepare(

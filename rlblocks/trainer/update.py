@@ -252,6 +252,15 @@ class Accumulation:
             "skipped_steps": float(not ok),
         }
 
+    def refuse(self, trainer: Trainable, method: str) -> None:
+        """Raise ``RuntimeError`` when gradients are pending: ``method`` (a checkpoint, a
+        ``step``) would lose them or mix them into its own update."""
+        if self.pending:
+            raise RuntimeError(
+                f"{type(trainer).__name__}.{method}: gradients from forward_backward are pending "
+                f"(not applied yet); call optim_step before {method}, which would lose or mix them"
+            )
+
     def drop(self, trainer: Trainable) -> None:
         """Forget everything pending: zero the gradients."""
         trainer.optimizer.zero_grad(set_to_none=True)
