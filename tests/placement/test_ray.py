@@ -159,16 +159,14 @@ def test_state_dict_restores_the_next_step_exactly(ray_blocks):
         assert torch.equal(value, after_first[name]), name
 
 
-def test_a_loop_of_forward_backward_and_optim_step_matches_step_locally(ray_blocks):
+def test_a_loop_of_forward_backward_and_optim_step_matches_step_locally(placement):
     # Tinker's primitives through the handle: every worker gets each call and takes its share
     # of the chunk; two chunks of 6 rows with the batch's normalizer, then optim_step, twice,
     # against a local step on the whole batch as one mini-batch. Same float64 reasoning as the
     # first test (1e-9 on the gradient norm and the weights, 1e-7 absolute on the loss); the
     # second round's AdamW step uses the first one's moments, so they match too.
-    ray_policy, _ = ray_blocks
-    policy = policy_factory()()
-    policy.load_state_dict(ray_policy.state_dict())  # the pool's weights, AdamW, schedule
-    engine = rb.rollout.HFEngine.from_pretrained("tiny", progress=False)
+    ray_policy = placement.build("actor", policy_factory())  # fresh float64, as `policy`
+    policy, engine = local_blocks()
     for step in (20, 21):
         ro, advantages = grpo_batch(engine, step)
         local = policy.step(ro, advantages, loss_fn=LOSS, minibatches=[torch.arange(len(ro))])
