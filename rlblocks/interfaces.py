@@ -7,6 +7,7 @@ One step of RL, as data flows::
     Rollouts ──► PolicyTrainer.logprobs ──► old / ref log-probs (b t)
     rewards, mask, group_ids ──► AdvantageEstimator ──► Advantages(advantages, returns) (b t)
     Rollouts + advantages ──► PolicyTrainer.step(loss_fn=PolicyLoss) ──► metrics
+        (or, a loop of one's own: forward_backward × k, then optim_step)
     PolicyTrainer ──► Resharder.sync ──► RolloutEngine (new weights)
 
 Blocks are structural: any object with these methods is a block, no base class to inherit.
@@ -364,6 +365,32 @@ class PolicyTrainer(Stateful, Protocol):
         ``old_logprobs`` default to ``rollouts.old_logprobs``, else they are scored first;
         ``minibatches`` replaces the drawn mini-batch plan (row indices per optimizer step).
         In a data-parallel group every rank gets the whole batch and trains on its share."""
+        ...
+
+    def forward_backward(
+        self,
+        rollouts: Rollouts,
+        advantages: Tensor | Advantages,
+        *,
+        loss_fn: PolicyLoss,
+        old_logprobs: Tensor | None = None,
+        normalizer: Tensor | float | None = None,
+    ) -> dict[str, float]:
+        """Forward, loss aggregated with ``normalizer`` (default: this call's own), backward:
+        gradients accumulate over calls until :meth:`optim_step` (Tinker's primitives). k calls
+        over k chunks of one batch pass that batch's :meth:`normalizer`. This call's loss and
+        metrics back; π_old defaults as in :meth:`step` for a one-mini-batch update."""
+        ...
+
+    def optim_step(self) -> dict[str, float]:
+        """Apply what :meth:`forward_backward` accumulated: NaN guard, clip, optimizer,
+        schedule; ``grad_norm``, ``lr``, ``optimizer_steps``, ``skipped_steps`` back. Raises
+        when nothing is pending."""
+        ...
+
+    def normalizer(self, rollouts: Rollouts) -> Tensor:
+        """The aggregation's normalizer of the batch's response mask (a scalar), for the
+        :meth:`forward_backward` calls over its chunks."""
         ...
 
     def named_weights(self, *, bucket_bytes: int | None = None) -> Iterator[tuple[str, Tensor]]:

@@ -39,12 +39,7 @@ from rlblocks.interfaces import Advantages, Dispatch, dispatch
 from rlblocks.losses.aggregate import aggregate
 from rlblocks.losses.value import value_loss
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer.batches import (
-    in_batch_order,
-    micro_batch_pairs,
-    pad_columns,
-    token_advantages,
-)
+from rlblocks.trainer.batches import scored_in_pieces, token_advantages
 from rlblocks.trainer.checkpoint import load_trainer, save_trainer
 from rlblocks.trainer.config import TrainConfig, adamw
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
@@ -128,13 +123,9 @@ class CriticTrainer:
         b, t = rollouts.response_ids.shape
         if b == 0 and self.dp.size == 1:
             return torch.zeros(b, t, device=self.device)
-        parts = []
-        pairs, order = micro_batch_pairs(rollouts, self.config, self.dp)
-        for micro, real in pairs:
-            values = self._forward(micro.trim())
-            if real:  # padding micro-batches only keep FSDP's collectives in step
-                parts.append(values)
-        return in_batch_order(torch.cat([pad_columns(p, t) for p in parts]), order).float()
+        score = lambda micro: (self._forward(micro),)
+        (values,) = scored_in_pieces(score, rollouts, self.config, self.dp)
+        return values.float()
 
     def _forward(self, rollouts: Rollouts) -> Tensor:
         return self.model(rollouts, bf16=self.config.bf16)

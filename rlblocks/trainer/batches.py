@@ -5,7 +5,7 @@ Kept apart from the trainer so that each piece is a small pure function with its
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -134,3 +134,29 @@ def in_batch_order(x: Tensor, order: Tensor | None) -> Tensor:
     out = torch.empty_like(x)
     out[order.to(x.device)] = x
     return out
+
+
+def scored_in_pieces(
+    score: Callable[[Rollouts], Sequence[Tensor | None]],
+    rollouts: Rollouts,
+    config: TrainConfig,
+    dp: SingleProcess | DataParallel,
+) -> list[Tensor | None]:
+    """``score``'s outputs over the whole batch, computed micro-batch by micro-batch
+    (:func:`micro_batch_pairs`, each trimmed of the padding no row in it uses): each ``(b t)``
+    in the batch's row order, zero-padded to ``t`` columns; an output ``score`` gives as None
+    stays None. A data-parallel group's padding micro-batches run (FSDP's collectives must
+    match) and are thrown away. The batch needs a row."""
+    t = rollouts.response_ids.shape[1]
+    pairs, order = micro_batch_pairs(rollouts, config, dp)
+    parts = []
+    for micro, real in pairs:
+        scores = score(micro.trim())
+        if real:  # padding micro-batches only keep FSDP's collectives in step
+            parts.append(scores)
+    return [
+        None
+        if out[0] is None
+        else in_batch_order(torch.cat([pad_columns(x, t) for x in out]), order)
+        for out in zip(*parts, strict=True)
+    ]

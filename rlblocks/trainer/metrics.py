@@ -34,14 +34,16 @@ class StepMetrics:
         self._pending.append((values, tokens.double()))
         self._pending_loss = self._pending_loss + loss.detach().double()
 
-    def commit(self, grad_norm: Tensor) -> None:
-        """The pending mini-batch's optimizer step was applied: count its metrics."""
+    def commit(self, grad_norm: Tensor | None) -> None:
+        """The pending mini-batch's optimizer step was applied: count its metrics (and its
+        gradient norm; None for a ``forward_backward`` call, whose step is still to come)."""
         for values, tokens in self._pending:
             for key, value in values.items():
                 self._sums[key] = self._sums[key] + value * tokens
             self._tokens = self._tokens + tokens
         self._losses.append(self._pending_loss)
-        self._grad_norms.append(grad_norm.detach().double())
+        if grad_norm is not None:
+            self._grad_norms.append(grad_norm.detach().double())
         self.discard()
 
     def discard(self) -> None:

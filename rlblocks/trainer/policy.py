@@ -1,25 +1,17 @@
 """``PolicyTrainer``: a causal LM and its AdamW optimizer, updated in this process.
 
 One call of :meth:`PolicyTrainer.step` is the whole PPO-style update of verl's
-``update_policy`` or OpenRLHF's ``PPOTrainer.training_step``, top to bottom:
+``update_policy`` or OpenRLHF's ``PPOTrainer.training_step``: π_old and π_ref ready before any
+update (``rlblocks.trainer.policy_loss.prepare``; π_old from the update's own forward when it
+is one optimizer step, ``rlblocks.trainer.pi_old``), then epochs × mini-batches shuffled by
+``(config.shuffle_seed, step calls so far)``, per mini-batch one normalizer and per
+micro-batch forward, loss, ``aggregate``, backward, then NaN guard, clip, AdamW, schedule.
+That loop is shared with the critic (``rlblocks.trainer.update``); this class supplies the
+loss of one micro-batch (``rlblocks.trainer.policy_loss.micro_loss``).
 
-1. ``old_logprobs``: given, or ``rollouts.old_logprobs``; otherwise, when the update is one
-   optimizer step (one epoch, one mini-batch: the recipes' default), the detached log-probs
-   of the update's own forward, since the weights have not moved yet when it runs (the
-   ratio is exactly 1, as in a plain on-policy loop or TRL with one iteration); otherwise
-   scored now, without gradient, before any update. Reference log-probs are scored before
-   the update, only if the loss takes them.
-2. For each epoch, the rows are shuffled into mini-batches (kept in order when one
-   mini-batch holds them all); the order depends only on ``(config.shuffle_seed, number of
-   step calls so far)``, so a restored trainer repeats it.
-3. Per mini-batch: the normalizer ``config.aggregation.normalizer(mask)`` once; per
-   micro-batch (rows or a token budget): forward, per-token loss, ``aggregate`` with that
-   normalizer, backward. The micro-batch losses add up to the mini-batch loss, so gradient
-   accumulation does not change the gradient (see ``rlblocks.losses.aggregate``).
-4. Clip the gradient norm, AdamW step, scheduler step, zero the gradients.
-
-Steps 2 to 4 are the loop every trainer shares (``rlblocks.trainer.update``); this class
-supplies the loss of one micro-batch.
+For a loop of one's own (Tinker's API), :meth:`~PolicyTrainer.forward_backward` is the first
+half of a mini-batch (gradients accumulate over calls) and :meth:`~PolicyTrainer.optim_step`
+the second; ``step`` runs the same two pieces of ``rlblocks.trainer.update`` per mini-batch.
 
 Decisions worth knowing:
 
@@ -63,17 +55,9 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from rlblocks.checkpoint.rng import rng_state, set_rng_state
 from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, dispatch
-from rlblocks.losses.aggregate import aggregate
-from rlblocks.losses.inputs import LossInputs, loss_inputs
-from rlblocks.masked import masked_mean
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.allocator import keep_freed_memory
-from rlblocks.trainer.batches import (
-    in_batch_order,
-    micro_batch_pairs,
-    pad_columns,
-    token_advantages,
-)
+from rlblocks.trainer.batches import scored_in_pieces, token_advantages
 from rlblocks.trainer.checkpoint import load_trainer, load_weights, save_trainer, save_weights
 from rlblocks.trainer.config import TrainConfig, adamw
 from rlblocks.trainer.export import DEFAULT_COMMIT_MESSAGE, push_to_hub, save_pretrained
@@ -81,9 +65,9 @@ from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
 from rlblocks.trainer.lora import is_peft_model, wrap_lora
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
-from rlblocks.trainer.pi_old import ROW, from_update, gathered, mismatch, numbered
+from rlblocks.trainer.policy_loss import PreparedUpdate, prepare_update
 from rlblocks.trainer.schedules import constant
-from rlblocks.trainer.update import assign, run_update, timing
+from rlblocks.trainer.update import Accumulation, assign, run_update, timing
 from rlblocks.trainer.weights import (
     frozen_reference,
     full_weight_spec,
@@ -139,6 +123,7 @@ class PolicyTrainer:
         self.steps = 0  # step() calls
         self.optimizer_steps = 0  # applied updates
         self.skipped_steps = 0  # updates refused by the NaN guard
+        self._accumulation = Accumulation()  # forward_backward's gradients until optim_step
         self.rebuild_optimizer()
 
     def rebuild_optimizer(self) -> None:
@@ -238,16 +223,9 @@ class PolicyTrainer:
         if b == 0 and self.dp.size == 1:
             empty = torch.zeros(b, t, device=self.device)
             return empty, empty if entropy else None
-        parts = []
-        pairs, order = micro_batch_pairs(rollouts, self.config, self.dp)
-        for micro, real in pairs:
-            scores = self._score(model, micro.trim(), entropy=entropy)
-            if real:  # padding micro-batches only keep FSDP's collectives in step
-                parts.append(scores)
-        lp = in_batch_order(torch.cat([pad_columns(p[0], t) for p in parts]), order)
-        if not entropy:
-            return lp, None
-        return lp, in_batch_order(torch.cat([pad_columns(p[1], t) for p in parts]), order)
+        score = partial(self._score, model, entropy=entropy)
+        lp, ent = scored_in_pieces(score, rollouts, self.config, self.dp)
+        return lp, ent
 
     def _score(
         self, model: nn.Module, rollouts: Rollouts, *, entropy: bool
@@ -303,85 +281,97 @@ class PolicyTrainer:
         timings of the whole group.
         """
         start = time.perf_counter()
-        wants = loss_inputs(loss_fn)
-        batch = rollouts.to(self.device)
-        batch = batch.replace(advantages=token_advantages(advantages, batch))
-        if old_logprobs is not None:
-            batch = batch.replace(old_logprobs=old_logprobs.to(self.device))
-        work = assign(self, batch, minibatches)
-        in_update = work.batch.old_logprobs is None and from_update(work)
-        work = dataclasses.replace(work, batch=self._prepare(work.batch, wants, in_update))
+        self._accumulation.refuse(self, "step")
+        update = self._update(rollouts, advantages, loss_fn, old_logprobs, minibatches, "step")
         scored = time.perf_counter()  # old (and reference) log-probs are ready
-        seen: list[tuple[Tensor, Tensor]] | None = [] if in_update else None
-        loss = partial(self._micro_loss, loss_fn=loss_fn, wants=wants, seen=seen)
-        metrics = run_update(self, work, loss)
-        if seen is not None:  # π_old as the update's forward gave it, for the mismatch metric
-            work = dataclasses.replace(work, batch=gathered(work.batch, seen))
+        metrics = run_update(self, update.work, update.loss)
         return {
-            **mismatch(self.dp, work.batch.select(work.owned)),
+            **update.mismatch(self.dp),
             **metrics,
             **timing(
                 self.dp,
                 time.perf_counter() - start,
                 scored - start,
-                batch.num_tokens,
+                rollouts.num_tokens,
                 self.config.epochs,
             ),
         }
 
-    def _prepare(self, batch: Rollouts, wants: LossInputs, in_update: bool) -> Rollouts:
-        """This rank's rows with ``old_logprobs`` (and ``ref_logprobs``) filled: taken from
-        the rollouts when there, scored now otherwise (before any update). ``in_update``:
-        π_old comes from the update's own forward instead; the rows get their index (an
-        extra) so that it can be put back in place."""
-        if "rollout_logprobs" in wants.required and batch.rollout_logprobs is None:
-            raise ValueError("the loss needs rollout_logprobs but the rollouts carry none")
-        if in_update:
-            batch = numbered(batch)
-        else:
-            old = batch.old_logprobs
-            if old is None:
-                old = self._score_no_grad(self.model, batch)[0]
-            batch = batch.replace(old_logprobs=old.detach())
-        if "ref_logprobs" in wants.accepted and batch.ref_logprobs is None:
-            if self.reference is not None or self._adapter_reference:
-                batch = batch.replace(ref_logprobs=self._ref_scores(batch).detach())
-            elif "ref_logprobs" in wants.required:
-                raise ValueError("the loss needs ref_logprobs but the trainer has no reference")
-        return batch
-
-    def _micro_loss(
+    @dispatch(Dispatch.ALL)
+    def forward_backward(
         self,
-        micro: Rollouts,
-        normalizer: Tensor,
+        rollouts: Rollouts,
+        advantages: Tensor | Advantages,
         *,
         loss_fn: PolicyLoss,
-        wants: LossInputs,
-        seen: list[tuple[Tensor, Tensor]] | None,
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        """One micro-batch: forward, per-token ``loss_fn``, ``aggregate`` with the mini-batch
-        normalizer; the loss metrics, and the mean entropy of its valid tokens when the loss
-        takes it or ``config.log_entropy`` asks for it. ``seen`` (π_old from this forward):
-        each micro-batch's row indices and detached log-probs are appended to it."""
-        in_loss = "entropy" in wants.accepted
-        lp, entropy = self._score(self.model, micro, entropy=in_loss or self.config.log_entropy)
-        if seen is not None:
-            micro = micro.replace(old_logprobs=lp.detach())
-            seen.append((micro.extras[ROW], lp.detach()))
-        if entropy is not None and not in_loss:
-            entropy = entropy.detach()  # only a metric: no gradient through it
-        inputs = {
-            "entropy": entropy,
-            "rollout_logprobs": micro.rollout_logprobs,
-            "ref_logprobs": micro.ref_logprobs,
-        }
-        kwargs = {k: v for k, v in inputs.items() if k in wants.accepted and v is not None}
-        mask = micro.response_mask
-        per_token, metrics = loss_fn(lp, micro.old_logprobs, micro.advantages, mask, **kwargs)
-        loss = aggregate(per_token, mask, mode=self.config.aggregation, normalizer=normalizer)
-        if entropy is not None:
-            metrics = {**metrics, "entropy": masked_mean(entropy.detach(), mask)}
-        return loss, metrics
+        old_logprobs: Tensor | None = None,
+        normalizer: Tensor | float | None = None,
+    ) -> dict[str, float]:
+        """Add ∇_θ Σ_{i,t} ℓ_{i,t} / n to the gradients (Tinker's ``forward_backward``):
+        the first half of a ``step`` mini-batch, per micro-batch forward, per-token ``loss_fn``,
+        ``aggregate`` with n, backward; gradients accumulate until :meth:`optim_step`.
+
+        n defaults to ``config.aggregation.normalizer`` of *this call's* response mask: k calls
+        over k chunks of one batch must pass the whole batch's :meth:`normalizer`, so that
+        their gradient is the batch's. ``advantages``, ``loss_fn`` and π_ref are as in
+        :meth:`step`; π_old is ``old_logprobs``, else ``rollouts.old_logprobs``, else the
+        detached log-probs of this forward (no weight moved since the last ``optim_step``).
+        Returns this call's ``loss`` (Σ over its micro-batches and ranks: with the batch's n,
+        the calls' losses add up to ``step``'s), its token-weighted loss metrics and
+        ``entropy``, and the ``mismatch/*`` metrics. In a data-parallel group every rank gets
+        the whole call and takes its share. A call that fails part-way drops every pending
+        gradient; while any is pending, ``step``, ``state_dict`` and ``save_checkpoint`` refuse.
+        """
+        norm = None if normalizer is None else torch.as_tensor(normalizer, dtype=torch.float64)
+        if norm is not None and norm.ndim != 0:
+            raise ValueError(f"normalizer must be a scalar, got shape {tuple(norm.shape)}")
+        everything = [torch.arange(len(rollouts))]
+        method = "forward_backward"
+        update = self._update(rollouts, advantages, loss_fn, old_logprobs, everything, method)
+        if norm is not None:
+            update.work = dataclasses.replace(update.work, norms=[norm.to(self.device)])
+        metrics = self._accumulation.add(self, update.work, update.loss)
+        return {**update.mismatch(self.dp), **metrics}
+
+    @dispatch(Dispatch.ALL)
+    def optim_step(self) -> dict[str, float]:
+        """Apply what :meth:`forward_backward` accumulated since the last call (Tinker's
+        ``optim_step``), as at the end of a ``step`` mini-batch: NaN guard over all of it (one
+        decision for every rank), clip, AdamW, schedule, counters, gradients zeroed. Returns
+        ``grad_norm`` (pre-clipping; NaN when skipped), ``lr`` (of this update),
+        ``optimizer_steps`` and ``skipped_steps`` (1.0 or 0.0). ``RuntimeError`` when nothing
+        was accumulated."""
+        return self._accumulation.apply(self)
+
+    @dispatch(Dispatch.ALL)
+    def normalizer(self, rollouts: Rollouts) -> Tensor:
+        """``config.aggregation.normalizer`` of the batch's response mask: a float32 scalar, the
+        n every :meth:`forward_backward` call over a chunk of this batch must pass."""
+        return self.config.aggregation.normalizer(rollouts.response_mask)
+
+    def _update(
+        self,
+        rollouts: Rollouts,
+        advantages: Tensor | Advantages,
+        loss_fn: PolicyLoss,
+        old_logprobs: Tensor | None,
+        minibatches: Sequence[Tensor] | None,
+        method: str,
+    ) -> PreparedUpdate:
+        """This rank's part of an update, ready for the loop (``rlblocks.trainer.policy_loss``)."""
+        batch = rollouts.to(self.device)
+        batch = batch.replace(advantages=token_advantages(advantages, batch))
+        if old_logprobs is not None:
+            batch = batch.replace(old_logprobs=old_logprobs.to(self.device))
+        has_ref = self.reference is not None or self._adapter_reference
+        return prepare_update(
+            assign(self, batch, minibatches, method=method),
+            loss_fn,
+            config=self.config,
+            score=partial(self._score, self.model),
+            score_old=lambda ro: self._score_no_grad(self.model, ro)[0],
+            score_ref=self._ref_scores if has_ref else None,
+        )
 
     # ------------------------------------------------------------------ weights and state
     def named_weights(self, *, bucket_bytes: int | None = None) -> Iterator[tuple[str, Tensor]]:
@@ -441,13 +431,17 @@ class PolicyTrainer:
     def save_checkpoint(self, folder: str | Path) -> None:
         """This trainer's part of a run checkpoint (`rlblocks.trainer.checkpoint`): the model in
         the Hugging Face format in ``folder/model``, optimizer (sharded), scheduler, counters,
-        random state, the reference's fingerprint. Every rank calls it with the same folder."""
+        random state, the reference's fingerprint. Every rank calls it with the same folder;
+        refused while ``forward_backward`` gradients are pending (they are not saved)."""
+        self._accumulation.refuse(self, "save_checkpoint")
         save_weights(self, Path(folder) / "model")
         save_trainer(self, folder, model_state=False, frozen=self._reference_tensors())
 
     @dispatch(Dispatch.ALL)
     def load_checkpoint(self, folder: str | Path) -> None:
-        """Restore :meth:`save_checkpoint`'s folder onto any number of ranks (same reference)."""
+        """Restore :meth:`save_checkpoint`'s folder onto any number of ranks (same reference);
+        pending ``forward_backward`` gradients are dropped (they belong to other weights)."""
+        self._accumulation.drop(self)
         load_weights(self, Path(folder) / "model")
         load_trainer(self, folder, model_state=False, frozen=self._reference_tensors())
 
@@ -465,7 +459,9 @@ class PolicyTrainer:
 
         Sharded (data-parallel) trainers return the full, unsharded state on every rank, with
         the optimizer state keyed by parameter name; it loads into a group of any size.
+        Refused while ``forward_backward`` gradients are pending (they are not part of it).
         """
+        self._accumulation.refuse(self, "state_dict")
         counters = {k: getattr(self, k) for k in ("steps", "optimizer_steps", "skipped_steps")}
         if self.dp.sharded:
             model, optimizer = full_state(self.model, self.optimizer)
@@ -480,7 +476,9 @@ class PolicyTrainer:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved; the next ``step`` then matches the original."""
+        """Restore what :meth:`state_dict` saved; the next ``step`` then matches the original.
+        Pending ``forward_backward`` gradients are dropped (they belong to other weights)."""
+        self._accumulation.drop(self)
         if self.dp.sharded:
             load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
         else:

@@ -14,12 +14,19 @@ trainer supplies only what is its own, the loss of one micro-batch (a :data:`Mic
    micro-batches (``DataParallel.aligned``) run with zero weight so that FSDP's collectives
    match across ranks, and count for nothing.
 
+Step 4 is two functions, :func:`accumulate` (the micro-batches' forward and backward) and
+:func:`apply_update` (NaN guard, clip, AdamW, schedule, counters). A mini-batch of
+:func:`run_update` is one of each; ``PolicyTrainer.forward_backward`` and ``optim_step``
+(Tinker's primitives, for a loop of one's own) call them separately, any number of
+accumulations before one apply, through an :class:`Accumulation`.
+
 Metrics are token-weighted over the real micro-batches of the applied steps and summed over
 ranks (``rlblocks.trainer.metrics``), so every rank returns the metrics of the whole group.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -68,11 +75,16 @@ class Assignment:
 
 
 def assign(
-    trainer: Trainable, batch: Rollouts, minibatches: Sequence[Tensor] | None = None
+    trainer: Trainable,
+    batch: Rollouts,
+    minibatches: Sequence[Tensor] | None = None,
+    *,
+    method: str = "step",
 ) -> Assignment:
-    """Steps 1 to 3 of the module docstring for ``batch`` (the whole batch, on every rank)."""
+    """Steps 1 to 3 of the module docstring for ``batch`` (the whole batch, on every rank);
+    ``method`` names the trainer's method in the error an empty batch raises."""
     if len(batch) == 0:
-        raise ValueError(f"{type(trainer).__name__}.step: empty batch")
+        raise ValueError(f"{type(trainer).__name__}.{method}: empty batch")
     plan = draw_plan(len(batch), trainer.config, trainer.steps, minibatches)
     share = trainer.dp.share(batch, plan)
     norms = normalizers(batch, plan, trainer.config)
@@ -99,7 +111,8 @@ def normalizers(batch: Rollouts, plan: Sequence[Tensor], config: TrainConfig) ->
 def run_update(trainer: Trainable, work: Assignment, micro_loss: MicroLoss) -> dict[str, float]:
     """Train ``trainer`` on its :class:`Assignment` mini-batch by mini-batch (module doc step 4).
 
-    ``work.batch`` must carry what ``micro_loss`` reads (old log-probs, advantages, …). Counts the call in ``trainer.steps`` and applied / skipped updates in
+    ``work.batch`` must carry what ``micro_loss`` reads (old log-probs, advantages, …). Counts
+    the call in ``trainer.steps`` and applied / skipped updates in
     ``trainer.optimizer_steps`` / ``skipped_steps``. Returns the token-weighted metrics,
     ``loss`` (mean mini-batch loss), ``grad_norm`` (mean pre-clipping norm), ``lr`` (of the
     last applied update), ``optimizer_steps`` and ``skipped_steps`` (of this call), the same on
@@ -112,8 +125,13 @@ def run_update(trainer: Trainable, work: Assignment, micro_loss: MicroLoss) -> d
     try:
         for rows, normalizer in zip(work.plan, work.norms, strict=True):
             lr = trainer.scheduler.get_last_lr()[0]
-            if _minibatch(trainer, work.batch.select(rows), normalizer, micro_loss, metrics):
+            finite = accumulate(trainer, work.batch.select(rows), normalizer, micro_loss, metrics)
+            ok, grad_norm = apply_update(trainer, finite)
+            if ok:
+                metrics.commit(grad_norm)
                 last_lr = lr
+            else:
+                metrics.discard()
     finally:
         trainer.model.eval()
         trainer.optimizer.zero_grad(set_to_none=True)
@@ -126,14 +144,17 @@ def run_update(trainer: Trainable, work: Assignment, micro_loss: MicroLoss) -> d
     }
 
 
-def _minibatch(
+def accumulate(
     trainer: Trainable,
     mini: Rollouts,
     normalizer: Tensor,
     micro_loss: MicroLoss,
     metrics: StepMetrics,
-) -> bool:
-    """Accumulate one mini-batch's gradient, then apply it (True) or skip it (False)."""
+) -> Tensor:
+    """Add the gradient of this rank's rows ``mini`` (a mini-batch, or a part of one divided by
+    the whole one's ``normalizer``) to the parameters' ``.grad``, micro-batch by micro-batch,
+    and their losses and metrics to ``metrics`` (pending). Returns this rank's bool scalar:
+    True when every micro-batch loss was finite. The model must be in training mode."""
     device = next(trainer.model.parameters()).device
     finite = torch.ones((), dtype=torch.bool, device=device)
     pairs, _ = micro_batch_pairs(mini, trainer.config, trainer.dp)  # any order: a sum
@@ -147,6 +168,14 @@ def _minibatch(
         if real:
             metrics.add_micro_batch(loss, loss_metrics, tokens=micro.response_mask.sum())
             finite &= torch.isfinite(loss.detach())
+    return finite
+
+
+def apply_update(trainer: Trainable, finite: Tensor) -> tuple[bool, Tensor]:
+    """Apply the accumulated gradient (True) or skip it (False): the NaN guard decides for the
+    whole group (``finite`` is this rank's flag), then clip, AdamW, schedule, zeroed
+    gradients (``rlblocks.trainer.guard``) and the counters. Also returns the pre-clipping
+    gradient norm."""
     finite = trainer.dp.all_true(finite)  # every rank applies the step or none does
     ok, grad_norm = guarded_step(
         trainer.optimizer,
@@ -157,11 +186,85 @@ def _minibatch(
     )
     if ok:
         trainer.optimizer_steps += 1
-        metrics.commit(grad_norm)
     else:
         trainer.skipped_steps += 1
-        metrics.discard()
-    return ok
+    return ok, grad_norm
+
+
+class Accumulation:
+    """The gradient that ``forward_backward`` calls added since the last ``optim_step``.
+
+    Tinker's primitives (``PolicyTrainer.forward_backward`` and ``optim_step``) are the two
+    halves of one mini-batch of :func:`run_update`: :meth:`add` is :func:`accumulate` over one
+    call's rows, :meth:`apply` is :func:`apply_update` over everything added since the last
+    apply. The gradient itself lives in the parameters' ``.grad``; this object holds whether
+    any is pending and this rank's NaN flag over all of it.
+    """
+
+    def __init__(self) -> None:
+        self.finite: Tensor | None = None  # this rank: every pending loss finite; None: none
+
+    @property
+    def pending(self) -> bool:
+        """True when gradients were accumulated since the last :meth:`apply` (or :meth:`drop`)."""
+        return self.finite is not None
+
+    def add(self, trainer: Trainable, work: Assignment, micro_loss: MicroLoss) -> dict[str, float]:
+        """Forward and backward of ``work``'s one mini-batch, its gradient added to what is
+        pending. Returns this call's ``loss`` (the sum of its micro-batch losses over every rank:
+        its share of the loss of the batch whose normalizer it used) and its token-weighted
+        loss metrics, the same on every rank. An error part-way drops everything pending: a
+        gradient summed over part of the micro-batches is no gradient to apply."""
+        (rows,), (normalizer,) = work.plan, work.norms
+        metrics = StepMetrics()
+        trainer.model.train()  # Hugging Face gradient checkpointing runs in training mode only
+        try:
+            finite = accumulate(trainer, work.batch.select(rows), normalizer, micro_loss, metrics)
+        except BaseException:
+            self.drop(trainer)
+            raise
+        finally:
+            trainer.model.eval()
+        self.finite = finite if self.finite is None else self.finite & finite
+        metrics.commit(None)  # this call's numbers, whatever optim_step decides later
+        summary = metrics.summary(reduce=trainer.dp.all_sum)
+        del summary["grad_norm"]  # no step yet
+        return summary
+
+    def apply(self, trainer: Trainable) -> dict[str, float]:
+        """Apply (or, by the NaN guard, skip) everything pending: ``grad_norm`` (pre-clipping;
+        NaN when skipped), ``lr`` (of this update), ``optimizer_steps`` and ``skipped_steps``
+        (1.0 / 0.0). Raises ``RuntimeError`` when nothing is pending."""
+        if self.finite is None:
+            raise RuntimeError(
+                f"{type(trainer).__name__}.optim_step: no gradient to apply; call "
+                "forward_backward first (nothing was accumulated since the last optim_step)"
+            )
+        lr = trainer.scheduler.get_last_lr()[0]
+        try:
+            ok, grad_norm = apply_update(trainer, self.finite)
+        finally:
+            self.drop(trainer)  # applied, skipped or failed: nothing stays pending
+        return {
+            "grad_norm": float(grad_norm) if ok else math.nan,
+            "lr": float(lr),
+            "optimizer_steps": float(ok),
+            "skipped_steps": float(not ok),
+        }
+
+    def refuse(self, trainer: Trainable, method: str) -> None:
+        """Raise ``RuntimeError`` when gradients are pending: ``method`` (a checkpoint, a
+        ``step``) would lose them or mix them into its own update."""
+        if self.pending:
+            raise RuntimeError(
+                f"{type(trainer).__name__}.{method}: gradients from forward_backward are pending "
+                f"(not applied yet); call optim_step before {method}, which would lose or mix them"
+            )
+
+    def drop(self, trainer: Trainable) -> None:
+        """Forget everything pending: zero the gradients."""
+        trainer.optimizer.zero_grad(set_to_none=True)
+        self.finite = None
 
 
 def timing(
