@@ -54,3 +54,38 @@ def test_bf16_parameters_on_nccl_follow_the_float32_update(tmp_path):
     reference, _ = cpu_reference(dtype=torch.float32)
     assert result["metrics"]["grad_norm"] == pytest.approx(reference["grad_norm"], rel=0.05)
     assert all(v.dtype == torch.float32 for v in result["weights"].values())
+
+
+def test_the_tinker_loop_is_one_step_on_a_gpu(make_rollouts):
+    # forward_backward over chunks of 2 rows with the batch's normalizer, then optim_step,
+    # against step, both float32 on the GPU. The gradients differ only in the order of float32
+    # additions (other micro-batch order, atomics in the embedding's backward): ~1e-6 relative
+    # on a norm of a few hundred terms, so grad_norm agrees to 1e-5 while a chunk normalized by
+    # itself is ~10% off. AdamW's first step moves every weight by at most lr (|m/√v| ≤ 1),
+    # whatever the gradient's scale, and by a sign-dependent ±lr where the gradient is pure
+    # rounding noise (the key bias, whose true gradient is 0), so weights agree within 2·lr.
+    from functools import partial
+
+    from rlblocks.losses import clipped_surrogate
+    from rlblocks.models import tiny
+    from rlblocks.trainer import PolicyTrainer
+
+    loss = partial(clipped_surrogate, clip=(0.2, 0.28))
+    lr = 1e-5
+    settings = {"lr": lr, "micro_batch_size": 2, "reference": None}
+    stepped = PolicyTrainer(tiny(dtype=torch.float32)[0].cuda(), **settings)
+    tinker = PolicyTrainer(tiny(dtype=torch.float32)[0].cuda(), **settings)
+    ro = make_rollouts(seed=0)
+    advantages = torch.randn(len(ro), generator=torch.Generator().manual_seed(0))
+    logs = stepped.step(ro, advantages, loss_fn=loss)
+    n = tinker.normalizer(ro)
+    losses = []
+    for start in range(0, len(ro), 2):
+        rows = list(range(start, min(start + 2, len(ro))))
+        call = tinker.forward_backward(ro.select(rows), advantages[rows], loss_fn=loss, normalizer=n)
+        losses.append(call["loss"])
+    applied = tinker.optim_step()
+    assert applied["grad_norm"] == pytest.approx(logs["grad_norm"], rel=1e-5)
+    assert sum(losses) == pytest.approx(logs["loss"], rel=1e-5, abs=1e-7)
+    for (name, a), (_, b) in zip(stepped.model.named_parameters(), tinker.model.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=2 * lr, msg=name)
