@@ -35,15 +35,29 @@ def test_the_trainer_steps_on_a_gpu_like_on_the_cpu():
 
 
 def test_fsdp2_at_world_size_one_on_nccl(tmp_path):
-    # float64 on the GPU: the same update as one CPU process to 1e-9 (order of additions only),
-    # really sharded (DTensor parameters), and a checkpoint round trip on CUDA repeats the next
-    # step to the bit.
+    # float64 on the GPU against one float64 CPU process, really sharded (DTensor parameters),
+    # and a checkpoint round trip on CUDA repeats the next step to the bit. Not float64 all
+    # through: transformers computes the rotary tables and the eager attention softmax in
+    # float32 whatever the model's dtype, and CUDA's exp/sin/cos differ from the CPU's by about
+    # one float32 ulp (6e-8). That reaches the gradient norm at ~1e-8 relative (9.8e-9 measured
+    # on an H200), so 1e-6 keeps a 100x margin while a wrong normalizer or a missed
+    # micro-batch is >10% off. AdamW's first step moves a weight by lr·g/(|g| + ε) with
+    # lr = 1e-3: never more than lr, and where |g| is itself of order ε = 1e-8 (embedding rows
+    # the batch barely touches) float32 noise decides that step, so such elements may differ
+    # by up to 2·lr. Measured on an H200: 5 of 24576 elements of a matrix beyond 1e-9, the
+    # largest 1.6e-6 (and the key biases, whose true gradient is 0, are such elements). So:
+    # every element within 2·lr, and all but 0.1% of all elements within 1e-6 (lr/1000), which
+    # an update of the wrong direction or size breaks.
     result = run("fsdp_world_one_cuda", str(tmp_path / "out.pt"), world=1, backend="nccl")
     assert result["sharded"] and result["device"].startswith("cuda")
     reference, weights = cpu_reference(mini_batch_size=4, micro_batch_size=2)
-    assert result["metrics"]["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-9)
+    assert result["metrics"]["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-6)
+    off, total = {}, 0
     for name, value in weights.items():
-        torch.testing.assert_close(result["weights"][name], value, rtol=1e-9, atol=1e-9)
+        diff = (result["weights"][name] - value).abs()
+        assert diff.max() <= 2e-3, (name, diff.max())
+        off[name], total = int((diff > 1e-6).sum()), total + diff.numel()
+    assert sum(off.values()) <= 1e-3 * total, {k: v for k, v in off.items() if v}
     assert result["resumed"]
 
 
