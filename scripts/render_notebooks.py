@@ -63,6 +63,8 @@ def machine() -> str:
         ]
         cpu = models[0] if models else cpu
     words = f"{cores}-core CPU ({cpu})"
+    if os.environ.get("OMP_NUM_THREADS"):  # the tutorials may share the machine: say how
+        words += f", OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"
     try:
         import torch
     except ImportError:
