@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import faulthandler
 import os
+import sys
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -78,6 +79,14 @@ def worker(rank: int, world: int, case: str, out: str, store: str, backend: str 
         dist.barrier()  # nobody tears the group down while a peer still talks to it
     finally:
         dist.destroy_process_group()
+    # The rank's work is done, saved and the group destroyed: leave without the interpreter's
+    # teardown. A rank has aborted there (SIGABRT, no Python frame on its only thread; in
+    # test_checkpoint and test_export, three times over two sessions of full runs under load):
+    # C++ destructors of gloo/FSDP state at exit, after all under test had finished. A failure
+    # in the case still raises above and never reaches this line.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def sharded(config=None, dtype=torch.float64, **overrides):

@@ -8,6 +8,7 @@ be imported somewhere (a declared but unused dependency is weight on every insta
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import re
 import sys
@@ -62,8 +63,13 @@ def third_party(modules: dict[str, list[str]]) -> dict[str, list[str]]:
     return {m: files for m, files in modules.items() if m not in stdlib and m != "rlblocks"}
 
 
+@functools.cache
+def module_distributions() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()  # ~20 s here: read once
+
+
 def distributions_of(module: str) -> set[str]:
-    names = importlib.metadata.packages_distributions().get(module, [])
+    names = module_distributions().get(module, [])
     return {n.lower().replace("_", "-") for n in names}
 
 
@@ -123,7 +129,8 @@ def test_optional_modules_are_imported_lazily():
 
 def test_require_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
-    with pytest.raises(ImportError, match=r'rb\.placement\.Ray needs .ray.*pip install "rlblocks\[ray\]"'):
+    expected = r'rb\.placement\.Ray needs .ray.*pip install "rlblocks\[ray\]"'
+    with pytest.raises(ImportError, match=expected):
         require("ray", needed_by="rb.placement.Ray")
     with pytest.raises(ImportError, match="pip install no_such_module_here"):
         require("no_such_module_here")

@@ -96,7 +96,8 @@ def test_the_tinker_loop_is_one_step_on_a_gpu(make_rollouts):
     losses = []
     for start in range(0, len(ro), 2):
         rows = list(range(start, min(start + 2, len(ro))))
-        call = tinker.forward_backward(ro.select(rows), advantages[rows], loss_fn=loss, normalizer=n)
+        chunk, chunk_advantages = ro.select(rows), advantages[rows]
+        call = tinker.forward_backward(chunk, chunk_advantages, loss_fn=loss, normalizer=n)
         losses.append(call["loss"])
     applied = tinker.optim_step()
     assert applied["grad_norm"] == pytest.approx(logs["grad_norm"], rel=1e-5)
