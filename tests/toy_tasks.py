@@ -34,3 +34,16 @@ def run_group_recipe(recipe, policy, engine, *, steps: int, reward=None, **kw: A
         progress=False,
         **kw,
     )
+
+
+def digit_examples(tokenizer, first: int, n: int) -> rb.Rollouts:
+    """SFT examples of the task: prompt "Count: i", target a digit string (the reverse of a
+    fixed 10-digit string rotated by i) and EOS; prompts ``first`` … ``first + n − 1``."""
+    digits = "0123456789"
+    prompts, targets = [], []
+    for i in range(first, first + n):
+        prompts.append(tokenizer(f"Count: {i}")["input_ids"])
+        target = (digits[i % 10 :] + digits[: i % 10])[:8]
+        targets.append(tokenizer(target, add_special_tokens=False)["input_ids"])
+        targets[-1].append(tokenizer.eos_token_id)
+    return rb.Rollouts.from_lists(prompts, targets, pad_token_id=tokenizer.pad_token_id)

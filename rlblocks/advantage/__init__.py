@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from rlblocks.advantage.distill import reverse_kl
 from rlblocks.advantage.gae import gae
 from rlblocks.advantage.gpg import gpg
 from rlblocks.advantage.groups import (
@@ -68,6 +69,7 @@ __all__ = [
     "reinforce_pp",
     "reinforce_pp_baseline",
     "remax",
+    "reverse_kl",
     "rloo",
     "token_rewards",
     "whiten",

@@ -19,6 +19,7 @@ from rlblocks.losses.aggregate import (
 )
 from rlblocks.losses.cispo import cispo
 from rlblocks.losses.cov import clip_cov, kl_cov
+from rlblocks.losses.distill import reverse_kl
 from rlblocks.losses.entropy import entropy_from_logits, entropy_loss, token_logprobs
 from rlblocks.losses.gpg import gpg_loss
 from rlblocks.losses.gspo import gspo
@@ -37,6 +38,7 @@ from rlblocks.losses.kl import (
 )
 from rlblocks.losses.mismatch import TruncatedIS, rollout_mismatch
 from rlblocks.losses.ppo import clipped_surrogate
+from rlblocks.losses.sft import nll
 from rlblocks.losses.value import value_loss
 
 __all__ = [
@@ -67,6 +69,8 @@ __all__ = [
     "kl_penalty_rewards",
     "kl_regularized",
     "low_var_kl",
+    "nll",
+    "reverse_kl",
     "rollout_mismatch",
     "seq_mean_token_mean",
     "seq_mean_token_sum",

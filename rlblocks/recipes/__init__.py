@@ -7,10 +7,12 @@ every recipe reports, ``on_step``), `rlblocks.recipes.defaults` holds what they 
 
 from rlblocks.losses import kl_regularized
 from rlblocks.recipes.dapo import InformativeGroups, dapo, sample_informative_groups
+from rlblocks.recipes.distill import distill
 from rlblocks.recipes.evaluate import Evaluation, evaluate
 from rlblocks.recipes.grpo import grpo
 from rlblocks.recipes.overlap import OneStepOff
 from rlblocks.recipes.ppo import ppo
+from rlblocks.recipes.sft import held_out_nll, sft
 from rlblocks.recipes.variants import greedy_baseline_rewards, remax
 
 __all__ = [
@@ -18,11 +20,14 @@ __all__ = [
     "InformativeGroups",
     "OneStepOff",
     "dapo",
+    "distill",
     "evaluate",
     "greedy_baseline_rewards",
     "grpo",
+    "held_out_nll",
     "kl_regularized",
     "ppo",
     "remax",
     "sample_informative_groups",
+    "sft",
 ]

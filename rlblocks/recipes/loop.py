@@ -81,9 +81,7 @@ class Tracker(Protocol):
     def start(self, config: Mapping[str, Any], *, resume_step: int | None = None) -> None:
         """Record the run's configuration; ``resume_step``: the step a resumed run starts from."""
 
-    def log(
-        self, step: int, metrics: Mapping[str, Any], rollouts: Rollouts | None = None
-    ) -> Any:
+    def log(self, step: int, metrics: Mapping[str, Any], rollouts: Rollouts | None = None) -> Any:
         """Record one step's metrics (and samples from its rollouts, when given)."""
 
 

@@ -17,14 +17,17 @@ from rlblocks.trainer.schedules import (
     cosine,
     warmup_constant,
 )
+from rlblocks.trainer.teacher import Teacher, check_same_vocabulary
 
 __all__ = [
     "FSDP",
     "Constant",
     "Cosine",
     "PolicyTrainer",
+    "Teacher",
     "TrainConfig",
     "WarmupConstant",
+    "check_same_vocabulary",
     "constant",
     "cosine",
     "merged_weights",

@@ -1,0 +1,136 @@
+"""On-policy distillation, written only with public blocks: read it, copy it, change it.
+
+One step (GKD, Agarwal et al. 2024, arXiv 2306.13649, with λ = 1: all data on-policy; Lu &
+Thinking Machines 2025, "On-Policy Distillation"; the on-policy stage of Qwen3, arXiv
+2505.09388, sec. 4.5):
+
+1. the student samples G responses for each of P prompts;
+2. the student's log-probs of them (π_old: the engine's, when it samples with the trainer's
+   own module) and the teacher's (`rlblocks.trainer.Teacher.logprobs`);
+3. per-token advantage −β·(log π_θ − log π_T) (`rlblocks.advantage.reverse_kl`), plus the
+   task reward's group-normalized advantage when a ``reward_fn`` is given;
+4. the usual policy update with the PPO clip; 5. push the new weights into the engine.
+
+The teacher must share the student's tokenizer (it scores the student's token ids). The loop
+around the step (progress, ``time/*``, ``on_step``, checkpoints) is `rlblocks.recipes.loop`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+from torch import Tensor
+
+from rlblocks import resharder as resharders
+from rlblocks.advantage import grpo as grpo_advantage
+from rlblocks.advantage import reverse_kl as reverse_kl_advantage
+from rlblocks.checkpoint import Checkpointer, Resume
+from rlblocks.interfaces import (
+    AdvantageEstimator,
+    PolicyLoss,
+    PolicyTrainer,
+    Resharder,
+    RewardFn,
+    RolloutEngine,
+    Rollouts,
+    SamplingParams,
+)
+from rlblocks.losses import reverse_kl
+from rlblocks.recipes.defaults import (
+    DEFAULT_SAMPLING,
+    PPO_CLIP,
+    StepCallback,
+    reuses_rollout_logprobs,
+)
+from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
+from rlblocks.rewards import checked
+
+
+class TeacherLike(Protocol):
+    """What the recipe asks of a teacher (`rlblocks.trainer.Teacher`, or a placement's handle)."""
+
+    def logprobs(self, rollouts: Rollouts) -> Tensor:
+        """log π_T of every response token, ``(b t)`` float32, 0 at padding."""
+
+
+def distill(
+    policy: PolicyTrainer,
+    engine: RolloutEngine,
+    teacher: TeacherLike,
+    batches: Iterable[Any],
+    *,
+    steps: int,
+    group_size: int = 4,
+    sampling: SamplingParams = DEFAULT_SAMPLING,
+    coef: float = 1.0,
+    reward_fn: RewardFn | None = None,
+    advantage: AdvantageEstimator = grpo_advantage,
+    loss_fn: PolicyLoss = PPO_CLIP,
+    resharder: Resharder | None = None,
+    reuse_rollout_logprobs: bool | None = None,
+    on_step: StepCallback | None = None,
+    progress: bool = True,
+    checkpoint: Checkpointer | str | Path | None = None,
+    resume: Resume = False,
+    tracker: Tracker | None = None,
+) -> list[dict[str, Any]]:
+    """Run ``steps`` steps of on-policy distillation from ``teacher`` into ``policy``.
+
+    ``coef``: β of the reverse-KL advantage. ``reward_fn`` (optional): a task reward whose
+    ``advantage(rewards, mask, group_ids)`` is added to it, distillation and RL in one update
+    (``group_size`` > 1 then, for GRPO's groups). ``reuse_rollout_logprobs``: as in
+    `rlblocks.recipes.grpo` (None: the engine's log-probs are π_old when it samples with the
+    trainer's module). ``batches``: prompt batches (``.prompts``, ``.metadata``).
+
+    Metrics: ``distill/reverse_kl`` (mean per-token k1 estimate of KL(π_θ ‖ π_T) at π_old),
+    ``distill/teacher_logprob``, the reward's (``reward/mean``) when given, the trainer's, the
+    resharder's and the loop's (the teacher's scoring is ``time/logprobs``).
+    """
+    config = run_config("distill", locals())
+    resharder = resharder or resharders.Resharder()
+    reward_fn = checked(reward_fn) if reward_fn is not None else None
+    reuse = reuses_rollout_logprobs(reuse_rollout_logprobs, policy, engine, sampling)
+
+    def step(index: int, batch: Any, clock: Clock) -> Step:
+        with clock("rollout"):  # 1.
+            rollouts = engine.generate(
+                batch.prompts, n=group_size, sampling=sampling, metadata=batch.metadata
+            )
+        with clock("logprobs"):  # 2. π_old, then the teacher's view of the same tokens
+            old = rollouts.rollout_logprobs if reuse else policy.logprobs(rollouts)
+            teacher_lp = teacher.logprobs(rollouts)
+        rollouts = rollouts.replace(old_logprobs=old)
+        mask = rollouts.response_mask
+        _, metrics = reverse_kl(old, teacher_lp, mask)  # 3.
+        advantages = reverse_kl_advantage(old, teacher_lp, mask, coef=coef).advantages
+        if reward_fn is not None:
+            with clock("reward"):
+                rewards, reward_metrics = reward_fn(rollouts)
+            rollouts = rollouts.replace(rewards=rewards)
+            advantages = advantages + advantage(rewards, mask, rollouts.group_ids).advantages
+            metrics |= reward_metrics
+        with clock("update"):  # 4.
+            metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)
+        with clock("sync"):  # 5.
+            metrics |= resharder.sync(policy, engine)
+        return Step({k: float(v) for k, v in metrics.items()}, rollouts)
+
+    return run_steps(
+        "distill",
+        step,
+        batches,
+        steps=steps,
+        on_step=on_step,
+        progress=progress,
+        blocks={"policy": policy, "resharder": resharder},
+        config=config,
+        checkpoint=checkpoint,
+        resume=resume,
+        after_resume=lambda: resharder.resync(policy, engine),
+        tracker=tracker,
+    )
+
+
+__all__ = ["TeacherLike", "distill"]

@@ -1,0 +1,87 @@
+"""Supervised fine-tuning on the same `PolicyTrainer` as RL: read it, copy it, change it.
+
+One step: a batch of tokenized examples (`rlblocks.data.SFTBatches`: prompt in ``prompt_ids``,
+target in ``response_ids``, ``response_mask`` True on the tokens to learn), one
+``policy.step`` with the per-token negative log-likelihood (`rlblocks.losses.nll`). Nothing
+else: the trainer's micro-batches (``micro_batch_size`` rows or ``micro_batch_tokens`` real
+tokens, rows of similar length together), gradient clipping, NaN guard, schedule, checkpoints
+and data-parallel split are the RL update's. The trainer that comes out is the one GRPO goes
+on with (``python -m rlblocks.demo --sft-steps 20``; docs/sft.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlblocks.checkpoint import Checkpointer, Resume
+from rlblocks.interfaces import PolicyLoss, PolicyTrainer, Rollouts
+from rlblocks.losses import nll
+from rlblocks.masked import masked_mean
+from rlblocks.recipes.defaults import StepCallback
+from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
+
+
+def sft(
+    policy: PolicyTrainer,
+    batches: Iterable[Rollouts],
+    *,
+    steps: int,
+    loss_fn: PolicyLoss = nll,
+    held_out: Rollouts | None = None,
+    eval_every: int = 0,
+    on_step: StepCallback | None = None,
+    progress: bool = True,
+    checkpoint: Checkpointer | str | Path | None = None,
+    resume: Resume = False,
+    tracker: Tracker | None = None,
+) -> list[dict[str, Any]]:
+    """Run ``steps`` SFT steps, one optimizer step per batch unless the trainer's
+    ``mini_batch_size`` cuts it; returns one metrics dict per step.
+
+    ``batches`` yields `Rollouts` (`rlblocks.data.SFTBatches`). ``held_out``: examples scored
+    every ``eval_every`` steps and after the last one (``eval/nll``, `held_out_nll`; 0: only
+    after the last). Metrics: the trainer's (``loss``, ``nll``, ``grad_norm``, ``lr``, ...),
+    ``tokens`` (target tokens in the batch), the loop's ``time/*`` (the update is
+    ``time/update``). ``checkpoint``, ``resume``, ``tracker``, ``on_step``: as in
+    `rlblocks.recipes.grpo`.
+    """
+    config = run_config("sft", locals())
+
+    def step(index: int, batch: Rollouts, clock: Clock) -> Step:
+        zeros = torch.zeros(batch.response_ids.shape)  # no advantage, no π_old in maximum
+        with clock("update"):  # likelihood: zeros spare the trainer a scoring pass
+            metrics = policy.step(batch, zeros, loss_fn=loss_fn, old_logprobs=zeros)
+        metrics["tokens"] = int(batch.response_mask.sum())
+        last = index + 1 == steps
+        if held_out is not None and (last or (eval_every and (index + 1) % eval_every == 0)):
+            with clock("logprobs"):
+                metrics["eval/nll"] = held_out_nll(policy, held_out)
+        return Step(metrics, batch)
+
+    return run_steps(
+        "SFT",
+        step,
+        batches,
+        steps=steps,
+        on_step=on_step,
+        progress=progress,
+        blocks={"policy": policy},
+        config=config,
+        checkpoint=checkpoint,
+        resume=resume,
+        tracker=tracker,
+    )
+
+
+def held_out_nll(policy: PolicyTrainer, examples: Rollouts) -> float:
+    """Mean −log π_θ over the target tokens of ``examples`` (``response_mask``), no gradient:
+    the token-mean SFT loss on data the update does not see."""
+    logprobs = policy.logprobs(examples)
+    return float(masked_mean(-logprobs.float().cpu(), examples.response_mask.cpu()))
+
+
+__all__ = ["held_out_nll", "sft"]
