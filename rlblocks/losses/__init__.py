@@ -2,6 +2,8 @@
 
 See docs/conventions.md: every loss returns ``(loss, metrics)`` with ``loss`` ``(b t)`` float32,
 zero where ``mask`` is False; :func:`aggregate` turns it into the scalar to back-propagate.
+The pairwise preference losses (:func:`dpo`, :func:`ipo`, :func:`simpo`) are per pair ``(P)``
+instead; :func:`preference_advantages` turns them into per-token advantages for the trainer.
 """
 
 from rlblocks.losses.aggregate import (
@@ -38,6 +40,14 @@ from rlblocks.losses.kl import (
 )
 from rlblocks.losses.mismatch import TruncatedIS, rollout_mismatch
 from rlblocks.losses.ppo import clipped_surrogate
+from rlblocks.losses.preference import (
+    PreferenceLoss,
+    dpo,
+    ipo,
+    preference_advantages,
+    preference_loss,
+    simpo,
+)
 from rlblocks.losses.sft import nll
 from rlblocks.losses.value import value_loss
 
@@ -47,6 +57,7 @@ __all__ = [
     "Aggregation",
     "FixedKLController",
     "KLEstimator",
+    "PreferenceLoss",
     "SeqMeanTokenMean",
     "SeqMeanTokenSum",
     "SeqMeanTokenSumNorm",
@@ -56,10 +67,12 @@ __all__ = [
     "cispo",
     "clip_cov",
     "clipped_surrogate",
+    "dpo",
     "entropy_from_logits",
     "entropy_loss",
     "gpg_loss",
     "gspo",
+    "ipo",
     "k1",
     "k2",
     "k3",
@@ -70,11 +83,14 @@ __all__ = [
     "kl_regularized",
     "low_var_kl",
     "nll",
+    "preference_advantages",
+    "preference_loss",
     "reverse_kl",
     "rollout_mismatch",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
     "seq_mean_token_sum_norm",
+    "simpo",
     "token_logprobs",
     "token_mean",
     "value_loss",
