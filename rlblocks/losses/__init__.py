@@ -46,6 +46,7 @@ from rlblocks.losses.preference import (
     ipo,
     preference_advantages,
     preference_loss,
+    ranked_pairs,
     simpo,
 )
 from rlblocks.losses.sft import nll
@@ -85,6 +86,7 @@ __all__ = [
     "nll",
     "preference_advantages",
     "preference_loss",
+    "ranked_pairs",
     "reverse_kl",
     "rollout_mismatch",
     "seq_mean_token_mean",

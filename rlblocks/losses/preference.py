@@ -37,6 +37,7 @@ in one mini-batch (one mini-batch per step is simplest).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Literal
 
 import torch
@@ -250,6 +251,32 @@ def preference_advantages(
         grad = torch.zeros_like(leaf)
     advantages = torch.where(mask, -scale * grad, grad.new_zeros(()))
     return advantages.float(), {k: v.detach().float() for k, v in metrics.items()}
+
+
+def ranked_pairs(rewards: Tensor, group_ids: Tensor, /) -> tuple[Tensor, Tensor]:
+    """One (chosen, rejected) pair per group: its highest- and lowest-rewarded rows.
+
+    The pairs of online DPO (two samples per prompt: the better and the worse; with more
+    samples, best against worst). A group whose rewards are all equal, or that has one row,
+    gives no pair: a tie carries no preference. Among equal best (worst) rewards the first
+    (last) row is taken. ``rewards`` ``(b)`` float, ``group_ids`` ``(b)`` int; returns two
+    ``(P)`` int64 row-index tensors, groups in order of first appearance.
+    """
+    if rewards.dim() != 1 or rewards.shape != group_ids.shape:
+        raise ValueError(
+            f"ranked_pairs: rewards {tuple(rewards.shape)} and group_ids "
+            f"{tuple(group_ids.shape)} must both be (b)"
+        )
+    chosen, rejected = [], []
+    for gid in dict.fromkeys(group_ids.tolist()):
+        rows = torch.nonzero(group_ids == gid).flatten()
+        r = rewards[rows]
+        best, worst = int(torch.argmax(r)), len(r) - 1 - int(torch.argmin(r.flip(0)))
+        if r[best] > r[worst]:
+            chosen.append(int(rows[best]))
+            rejected.append(int(rows[worst]))
+    as_index = partial(torch.tensor, dtype=torch.long, device=rewards.device)
+    return as_index(chosen), as_index(rejected)
 
 
 # ---------------------------------------------------------------------------------------------

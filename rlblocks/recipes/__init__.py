@@ -10,6 +10,7 @@ from rlblocks.recipes.dapo import InformativeGroups, dapo, sample_informative_gr
 from rlblocks.recipes.distill import distill
 from rlblocks.recipes.evaluate import Evaluation, evaluate
 from rlblocks.recipes.grpo import grpo
+from rlblocks.recipes.online_dpo import online_dpo
 from rlblocks.recipes.overlap import OneStepOff
 from rlblocks.recipes.ppo import ppo
 from rlblocks.recipes.sft import held_out_nll, sft
@@ -26,6 +27,7 @@ __all__ = [
     "grpo",
     "held_out_nll",
     "kl_regularized",
+    "online_dpo",
     "ppo",
     "remax",
     "sample_informative_groups",
