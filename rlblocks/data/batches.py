@@ -1,4 +1,4 @@
-"""Batches of prompts for RL steps: deterministic shuffling with an exactly resumable position.
+"""Batches for training steps: deterministic shuffling with an exactly resumable position.
 
     batches = rb.data.PromptBatches(dataset, prompts_per_step=8, seed=0)
     for batch in batches:
@@ -12,20 +12,36 @@ recomputed on its own, and a run resumed from ``state_dict()`` (epoch, position)
 the batch it would have yielded next. With ``drop_last=True`` the rows left over at the end of
 an epoch (fewer than ``prompts_per_step``) are skipped, and they differ from epoch to epoch
 because the order does. Iteration is endless unless ``epochs`` is given.
+
+`SFTBatches` does the same over an `rlblocks.data.sft.SFTData` and yields padded `Rollouts`
+batches for ``policy.step``; it keeps the last, smaller batch by default (``drop_last=False``)
+so that every example is trained on once an epoch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rlblocks.data.dataset import PromptRow
 from rlblocks.interfaces import Prompt
 
-__all__ = ["PromptBatch", "PromptBatches"]
+if TYPE_CHECKING:
+    from rlblocks.data.sft import SFTData
+    from rlblocks.rollouts import Rollouts
+
+__all__ = ["PromptBatch", "PromptBatches", "SFTBatches"]
+
+
+def _epoch_order(num_rows: int, *, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The row indices of ``epoch`` in visiting order, ``(n)`` int64: ``permutation(n)`` of a
+    NumPy generator seeded with ``(seed, epoch)``, or ``arange(n)`` without ``shuffle``."""
+    if not shuffle:
+        return np.arange(num_rows)
+    return np.random.default_rng([seed, epoch]).permutation(num_rows)
 
 
 @dataclass(frozen=True)
@@ -110,11 +126,9 @@ class PromptBatches:
     def order(self, epoch: int) -> np.ndarray:
         """The row indices of ``epoch`` in visiting order, ``(n)`` int64."""
         if self._order is None or self._order[0] != epoch:
-            n = len(self.dataset)
-            if self.shuffle:
-                order = np.random.default_rng([self.seed, epoch]).permutation(n)
-            else:
-                order = np.arange(n)
+            order = _epoch_order(
+                len(self.dataset), seed=self.seed, epoch=epoch, shuffle=self.shuffle
+            )
             self._order = (epoch, order)
         return self._order[1]
 
@@ -158,4 +172,105 @@ class PromptBatches:
                 )
         if not 0 <= state["position"] <= len(self.dataset):
             raise ValueError(f"position {state['position']} outside 0..{len(self.dataset)}")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+class SFTBatches:
+    """An iterator of `Rollouts` batches over an `SFTData`, epoch after epoch, in the order
+    and with the resumable position of `PromptBatches` (module docstring).
+
+        for batch in SFTBatches(data, batch_size=8, epochs=3):
+            logs = policy.step(batch, zeros, loss_fn=nll)
+
+    Args:
+        data: the tokenized examples (`rlblocks.data.sft_data`).
+        batch_size: examples per batch (``b``).
+        seed: the shuffling seed; epoch ``e`` uses the permutation seeded with ``(seed, e)``.
+        epochs: stop after this many epochs; None iterates forever.
+        shuffle: False visits the examples in dataset order every epoch.
+        drop_last: skip the last, smaller batch of an epoch (default: keep it).
+    """
+
+    def __init__(
+        self,
+        data: SFTData,
+        *,
+        batch_size: int,
+        seed: int = 0,
+        epochs: int | None = None,
+        shuffle: bool = True,
+        drop_last: bool = False,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if len(data) == 0:
+            raise ValueError("the SFT data is empty")
+        if drop_last and len(data) < batch_size:
+            raise ValueError(
+                f"the SFT data has {len(data)} examples, fewer than batch_size={batch_size}: "
+                "with drop_last=True no batch would ever be full"
+            )
+        self.data, self.batch_size = data, batch_size
+        self.seed, self.epochs, self.shuffle, self.drop_last = seed, epochs, shuffle, drop_last
+        self.epoch = 0
+        self.position = 0  # index, in this epoch's order, of the next example to yield
+        self._order: tuple[int, np.ndarray] | None = None  # (epoch, permutation) cache
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches in one epoch: ``⌈n / b⌉``, or ``⌊n / b⌋`` with ``drop_last``."""
+        n, b = len(self.data), self.batch_size
+        return n // b if self.drop_last else -(-n // b)
+
+    def __len__(self) -> int:
+        """Batches in the whole iteration, from the start; only with ``epochs`` set."""
+        if self.epochs is None:
+            raise TypeError("SFTBatches with epochs=None is endless and has no len()")
+        return self.epochs * self.steps_per_epoch
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The example indices of ``epoch`` in visiting order, ``(n)`` int64, as `PromptBatches`."""
+        if self._order is None or self._order[0] != epoch:
+            order = _epoch_order(len(self.data), seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+            self._order = (epoch, order)
+        return self._order[1]
+
+    def __iter__(self) -> Iterator[Rollouts]:
+        return self
+
+    def __next__(self) -> Rollouts:
+        n, b = len(self.data), self.batch_size
+        left = n - self.position
+        if left == 0 or (self.drop_last and left < b):
+            self.epoch, self.position = self.epoch + 1, 0
+        if self.epochs is not None and self.epoch >= self.epochs:
+            raise StopIteration
+        indices = self.order(self.epoch)[self.position : self.position + b]
+        self.position += len(indices)
+        return self.data.rollouts(indices.tolist())
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the iteration stands, plus the settings it must be resumed with."""
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "num_rows": len(self.data),
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume at ``state["epoch"]``, ``state["position"]``: the next batch is the one the
+        saved run would have yielded next. Raises ``ValueError`` if the data size or a setting
+        differs (the order would silently differ)."""
+        ours = self.state_dict()
+        for key in ("seed", "num_rows", "batch_size", "shuffle", "drop_last"):
+            if key in state and state[key] != ours[key]:
+                raise ValueError(
+                    f"cannot resume: saved {key}={state[key]!r}, this one has {ours[key]!r}"
+                )
+        if not 0 <= state["position"] <= len(self.data):
+            raise ValueError(f"position {state['position']} outside 0..{len(self.data)}")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
