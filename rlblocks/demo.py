@@ -388,7 +388,7 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
             "checkpoint": rb.checkpoint.Checkpointer(
                 args.out / "checkpoints", every=args.checkpoint_every, keep_last=1
             ),
-            "resume": args.resume,
+            "resume": "auto" if args.resume else False,  # none yet: killed during SFT
             "tracker": tracker,
         }
         if args.teacher is not None:  # the reverse KL to the teacher is the only signal

@@ -189,3 +189,51 @@ def test_demo_trains_on_the_gpu(tmp_path, monkeypatch):
     assert summary["steps"] == 2
     records = read_metrics(out / "metrics.jsonl")
     assert all(r["optimizer_steps"] == 1.0 for r in records)  # the GPU step really updated
+
+
+def sft_digits_argv(tmp_path, monkeypatch, *extra: str) -> list[str]:
+    """The digits task on the tiny model with an SFT stage: the SFT targets are the problems'
+    answers, which are all digits, so SFT alone teaches the task's reward."""
+    monkeypatch.setenv("RLBLOCKS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(demo.TASKS, "digits", DIGITS)
+    argv = ["--model", "tiny", "--task", "digits", "--eval-size", "16", "--lr", "1e-2"]
+    return [*argv, "--prompts-per-step", "4", "--group-size", "8", "--max-new-tokens", "8", *extra]
+
+
+def test_demo_sft_stage_hands_the_trained_model_to_grpo(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    argv = sft_digits_argv(tmp_path, monkeypatch, "--out", str(out), "--sft-steps", "40")
+    summary = demo.main([*argv, "--steps", "1"])
+    # Untrained, the greedy answers hold no digit (0.0, as in the tests above). SFT on the
+    # answers (32 a step) first teaches EOS, the commonest target token: after 20 steps the
+    # greedy answers were still empty (0.0), after 40 all digits (measured 1.0). The stage's
+    # score is recorded and GRPO goes on from that model, not from the untrained one.
+    assert summary["before"] == 0.0
+    assert summary["after_sft"] > 0.5 and summary["after"] > 0.5, summary
+    sft = [json.loads(line) for line in (out / "sft-metrics.jsonl").read_text().splitlines()]
+    assert len(sft) == 40 and sft[-1]["eval/nll"] < sft[0]["loss"]
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0]
+
+
+def test_demo_resumes_a_run_whose_sft_stage_had_ended(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    argv = sft_digits_argv(tmp_path, monkeypatch, "--out", str(out), "--sft-steps", "40")
+    first = demo.main([*argv, "--steps", "0"])  # killed, as it were, before GRPO's first step
+    assert first["after_sft"] > 0.5
+    # Resumed with lr 0: the SFT weights must come back from checkpoints-sft (nothing else
+    # holds them), so the held-out score after GRPO equals the one after SFT.
+    argv[argv.index("--lr") + 1] = "0.0"
+    with pytest.warns(UserWarning):  # the configuration changed (lr): said, not refused
+        summary = demo.main([*argv, "--steps", "1", "--resume"])
+    assert summary["after_sft"] == first["after_sft"] == summary["after"]
+
+
+def test_demo_distills_from_a_teacher_folder(tmp_path, monkeypatch):
+    teacher = rb.models.save_tiny(tmp_path / "teacher", seed=1)
+    out = tmp_path / "run"
+    argv = sft_digits_argv(tmp_path, monkeypatch, "--out", str(out), "--teacher", str(teacher))
+    summary = demo.main([*argv, "--steps", "2"])
+    assert {"before", "teacher", "after"} <= set(summary)
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1]
+    assert records[0]["distill/reverse_kl"] > 0  # two different random models disagree

@@ -1,11 +1,10 @@
 """Online DPO, written only with public blocks: read it, copy it, change it.
 
 One step (Guo et al. 2024, arXiv 2402.04792; TRL's ``OnlineDPOTrainer``): two responses per
-prompt from the current policy, ranked by any reward (`rlblocks.losses.ranked_pairs`: a tie
-is no preference), DPO's loss on the pairs against the trainer's reference. The pair loss
-reaches the per-token update as advantages A = −(n/P)·∂ΣL/∂log π at π_old
-(`rlblocks.losses.preference_advantages`): the first optimizer step follows ∇ of the mean pair
-loss exactly. ``preference=rb.losses.ipo`` or ``rb.losses.simpo`` (no reference) swap it.
+prompt from the current policy, ranked by any reward (`rlblocks.losses.ranked_pairs`; a tie is
+no preference), DPO's loss on the pairs against the trainer's reference, reaching the per-token
+update as advantages A = −(n/P)·∂ΣL/∂log π at π_old (`rlblocks.losses.preference_advantages`):
+its first optimizer step follows ∇ of the mean pair loss exactly. ``preference=`` swaps the loss.
 """
 
 from __future__ import annotations

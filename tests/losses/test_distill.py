@@ -48,7 +48,9 @@ def test_reverse_kl_equals_the_slow_loop_on_random_logits(batch):
     )
     expected = slow_reverse_kl(student, teacher, tokens, mask)
     torch.testing.assert_close(d, expected, rtol=1e-12, atol=1e-12)
-    assert float(metrics["distill/reverse_kl"]) == pytest.approx(expected[mask].mean().item(), rel=1e-6)
+    assert float(metrics["distill/reverse_kl"]) == pytest.approx(
+        expected[mask].mean().item(), rel=1e-6
+    )
 
 
 def test_reverse_kl_is_zero_when_student_and_teacher_agree(batch):
@@ -56,7 +58,7 @@ def test_reverse_kl_is_zero_when_student_and_teacher_agree(batch):
     lp = logprobs_of(student, tokens)
     d, metrics = rb.losses.reverse_kl(lp, lp.clone(), mask)
     assert torch.equal(d, torch.zeros_like(d)) and metrics["distill/reverse_kl"] == 0
-    advantages, returns = rb.advantage.reverse_kl(lp, lp.clone(), mask)
+    advantages, _ = rb.advantage.reverse_kl(lp, lp.clone(), mask)
     assert torch.equal(advantages, torch.zeros_like(advantages))
 
 

@@ -44,6 +44,10 @@ def digits(history) -> list[float]:
     return [h["digits"] for h in history]
 
 
+def mean(xs) -> float:
+    return sum(xs) / len(xs)
+
+
 def record_digits(step, metrics, rollouts):
     metrics["digits"] = sum(map(digit_fraction, rollouts.completions)) / len(rollouts)
 
@@ -57,7 +61,6 @@ def test_distillation_teaches_the_student_and_lr0_does_not(teacher):
     # steps average ≈ 0.6 (single steps 0.44-0.81), with no task reward given. The lr-0
     # control keeps the untrained student's ~2%. Thresholds: half the KL, and 0.3 digits,
     # ten times the control's level and half the measured level.
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     assert digits(learnt)[0] < 0.1 and digits(control)[0] < 0.1
     assert mean(kl[-10:]) < 0.5 * mean(kl[:3]), kl
     assert mean(digits(learnt)[-10:]) > 0.3, digits(learnt)
