@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
+import rlblocks.recipes.defaults as defaults  # noqa: PLR0402 (no import of the package)
 from rlblocks import resharder as resharders
 from rlblocks.checkpoint import Checkpointer, Resume
 from rlblocks.interfaces import PolicyLoss, PolicyTrainer, RewardFn, RolloutEngine, SamplingParams
 from rlblocks.losses import PreferenceLoss, dpo, preference_advantages, ranked_pairs
-from rlblocks.recipes import defaults
 from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
 from rlblocks.rewards import checked
 
