@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-ROLES = ("actor", "rollout", "ref", "critic", "reward")
+ROLES = ("actor", "rollout", "ref", "critic", "reward", "teacher")
 
 
 class Local:

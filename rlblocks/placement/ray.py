@@ -11,7 +11,7 @@ The module reads one way: this file (what the user configures) builds pools
 ``rlblocks.interfaces``.
 
 **Pools and roles.** A :class:`Pool` is a set of worker processes that form one
-``torch.distributed`` process group. Roles (actor, rollout, ref, critic, reward) map to pools;
+``torch.distributed`` process group. Roles (actor, rollout, ref, critic, reward, teacher) map to pools;
 roles on the same pool live in the same processes: that is the colocated "hybrid engine" of
 verl, where the policy's FSDP shards and a rollout engine share each worker. A split layout
 gives the rollout role its own pool; the resharder's copy then goes through Ray's object store.

@@ -260,3 +260,32 @@ def test_save_pretrained_through_the_handle_writes_the_gathered_weights(ray_bloc
     assert "model.embed_tokens.weight" in saved and "lm_head.weight" not in saved  # tied
     assert saved.keys() <= full.keys() and len(saved) == 26
     assert all(torch.equal(saved[k], full[k]) for k in saved)
+
+
+def test_a_teacher_on_its_own_role_scores_rows_in_order_and_drives_distill(placement):
+    # On-policy distillation with every block on the placement: the teacher's rows are split
+    # over the two workers and come back in order, equal to the same teacher in this process.
+    teacher = placement.build("teacher", rb.trainer.Teacher.from_pretrained, "tiny")
+    policy = placement.build("actor", policy_factory(torch.float32, mini_batch_size=None))
+    engine = placement.build("rollout", rb.rollout.HFEngine.from_pretrained, "tiny", progress=False)
+    ro = engine.generate(PROMPTS, n=2, sampling=rb.SamplingParams(max_new_tokens=8, seed=5))
+    local = rb.trainer.Teacher.from_pretrained("tiny")
+    torch.testing.assert_close(teacher.logprobs(ro), local.logprobs(ro), rtol=1e-6, atol=1e-6)
+    history = rb.recipes.distill(
+        policy,
+        engine,
+        teacher,
+        rb.data.PromptBatches(
+            rb.data.load_prompts([{"prompt": p} for p in PROMPTS], ground_truth=None),
+            prompts_per_step=2,
+            seed=0,
+        ),
+        steps=2,
+        group_size=2,
+        sampling=rb.SamplingParams(max_new_tokens=6),
+        progress=False,
+    )
+    # The student starts as the teacher's own weights: the reverse KL is 0 up to the
+    # rounding of cached (engine) against uncached (trainer) attention, until the update moves it.
+    assert abs(history[0]["distill/reverse_kl"]) < 1e-4
+    assert history[-1]["sync/version"] == 2
