@@ -277,12 +277,12 @@ def _sft_stage(args, policy, train, held_out, evaluation, summary_file: Path) ->
     summary_file.write_text(json.dumps({**recorded, **scores}, indent=2) + "\n")
 
 
-def _teacher_score(args, held_out, greedy, reward) -> None:
-    """The teacher's greedy held-out accuracy (a separate engine; recorded once)."""
+def _teacher_score(args, teacher, held_out, greedy, reward) -> None:
+    """The teacher's greedy held-out accuracy (an engine around its model; recorded once)."""
     recorded = json.loads((args.out / "summary.json").read_text())
     if "teacher" in recorded:
         return
-    engine = rb.rollout.HFEngine.from_pretrained(args.teacher, device=args.device, chat=True)
+    engine = rb.rollout.HFEngine(teacher.model, teacher.tokenizer, chat=True)
     result = rb.recipes.evaluate(
         engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy
     )
@@ -322,6 +322,15 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
     else:  # no reference log-probs to score: one forward pass less per step
         loss = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))
     train, held_out = problems(task, eval_size=args.eval_size, seed=args.seed)
+    teacher = None
+    if args.teacher is not None:  # loaded first: a wrong folder fails before any work
+        student_tokenizer = rb.models.load_tokenizer(args.model)
+        try:
+            teacher = rb.trainer.Teacher.from_pretrained(
+                args.teacher, device=args.device, student_tokenizer=student_tokenizer
+            )
+        except (OSError, ValueError) as error:  # no folder, no model in it, another vocabulary
+            raise SystemExit(f"--teacher {args.teacher}: {error}") from error
     greedy = rb.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
 
     def evaluation(when: str) -> dict[str, float | None]:
@@ -373,7 +382,7 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
     if args.sft_steps:  # a supervised warm start; the same trainer object goes on to RL
         _sft_stage(args, policy, train, held_out, evaluation, summary_file)
     if args.teacher is not None:
-        _teacher_score(args, held_out, greedy, reward)
+        _teacher_score(args, teacher, held_out, greedy, reward)
     start = time.perf_counter()
     with rb.tracking.Tracker(args.out, report_to=args.report_to) as tracker:
         common = {
@@ -392,7 +401,6 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
             "tracker": tracker,
         }
         if args.teacher is not None:  # the reverse KL to the teacher is the only signal
-            teacher = rb.trainer.Teacher.from_pretrained(args.teacher, device=args.device)
             history = rb.recipes.distill(policy, engine, teacher, **common)
         else:
             history = rb.recipes.grpo(

@@ -237,3 +237,11 @@ def test_demo_distills_from_a_teacher_folder(tmp_path, monkeypatch):
     records = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1]
     assert records[0]["distill/reverse_kl"] > 0  # two different random models disagree
+
+
+def test_demo_refuses_a_teacher_it_cannot_load_before_any_work(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    argv = sft_digits_argv(tmp_path, monkeypatch, "--out", str(out), "--steps", "1")
+    with pytest.raises(SystemExit, match="--teacher .*missing"):
+        demo.main([*argv, "--teacher", str(tmp_path / "missing")])
+    assert not (out / "summary.json").exists()  # nothing evaluated, nothing written
