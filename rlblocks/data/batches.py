@@ -20,7 +20,7 @@ so that every example is trained on once an epoch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,92 @@ def _epoch_order(num_rows: int, *, seed: int, epoch: int, shuffle: bool = True) 
     if not shuffle:
         return np.arange(num_rows)
     return np.random.default_rng([seed, epoch]).permutation(num_rows)
+
+
+class _EpochBatches:
+    """The bookkeeping `PromptBatches` and `SFTBatches` share: epoch, position, the order of an
+    epoch, the end of an epoch and of the iteration, and ``state_dict`` (module docstring).
+    A subclass sets ``seed``, ``shuffle``, ``drop_last``, ``epochs``, says what it batches
+    (`_items`, `_size`, `_size_key`) and turns the indices of `_next_indices` into a batch."""
+
+    _size_key: str  # the name of the batch size in ``state_dict``
+    seed: int
+    shuffle: bool
+    drop_last: bool
+    epochs: int | None
+
+    def _items(self) -> int:
+        raise NotImplementedError
+
+    def _size(self) -> int:
+        raise NotImplementedError
+
+    def _start(self) -> None:
+        self.epoch = 0
+        self.position = 0  # index, in this epoch's order, of the next item to yield
+        self._order: tuple[int, np.ndarray] | None = None  # (epoch, permutation) cache
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches in one epoch: ``⌊n / b⌋`` with ``drop_last``, else ``⌈n / b⌉``."""
+        n, b = self._items(), self._size()
+        return n // b if self.drop_last else -(-n // b)
+
+    def __len__(self) -> int:
+        """Batches in the whole iteration, from the start; only with ``epochs`` set."""
+        if self.epochs is None:
+            raise TypeError(f"{type(self).__name__} with epochs=None is endless and has no len()")
+        return self.epochs * self.steps_per_epoch
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The indices of ``epoch`` in visiting order, ``(n)`` int64."""
+        if self._order is None or self._order[0] != epoch:
+            order = _epoch_order(self._items(), seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+            self._order = (epoch, order)
+        return self._order[1]
+
+    def __iter__(self) -> _EpochBatches:
+        return self
+
+    def _next_indices(self) -> tuple[np.ndarray, int]:
+        """The indices of the next batch and its start in the epoch's order; moves on to the
+        next epoch at the end of one, ``StopIteration`` after the last."""
+        n, b = self._items(), self._size()
+        left = n - self.position
+        if left == 0 or (self.drop_last and left < b):
+            self.epoch, self.position = self.epoch + 1, 0
+        if self.epochs is not None and self.epoch >= self.epochs:
+            raise StopIteration
+        start = self.position
+        indices = self.order(self.epoch)[start : start + b]
+        self.position = start + len(indices)
+        return indices, start
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the iteration stands, plus the settings it must be resumed with."""
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "num_rows": self._items(),
+            self._size_key: self._size(),
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume at ``state["epoch"]``, ``state["position"]``; the next batch is the one the
+        saved run would have yielded next. Raises ``ValueError`` if the data size or a setting
+        differs (the order would silently differ)."""
+        ours = self.state_dict()
+        for key in ("seed", "num_rows", self._size_key, "shuffle", "drop_last"):
+            if key in state and state[key] != ours[key]:
+                raise ValueError(
+                    f"cannot resume: saved {key}={state[key]!r}, this one has {ours[key]!r}"
+                )
+        if not 0 <= state["position"] <= self._items():
+            raise ValueError(f"position {state['position']} outside 0..{self._items()}")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
 @dataclass(frozen=True)
@@ -73,7 +159,7 @@ class PromptBatch:
         return len(self.rows)
 
 
-class PromptBatches:
+class PromptBatches(_EpochBatches):
     """An iterator of `PromptBatch` over a dataset, epoch after epoch; see the module docstring.
 
     Args:
@@ -107,75 +193,23 @@ class PromptBatches:
         self.dataset = dataset
         self.prompts_per_step = prompts_per_step
         self.seed, self.shuffle, self.drop_last, self.epochs = seed, shuffle, drop_last, epochs
-        self.epoch = 0
-        self.position = 0  # index, in this epoch's order, of the next row to yield
-        self._order: tuple[int, np.ndarray] | None = None  # (epoch, permutation) cache
+        self._start()
 
-    @property
-    def steps_per_epoch(self) -> int:
-        """Batches in one epoch: ``⌊n / p⌋`` with ``drop_last``, else ``⌈n / p⌉``."""
-        n, p = len(self.dataset), self.prompts_per_step
-        return n // p if self.drop_last else -(-n // p)
+    _size_key = "prompts_per_step"
 
-    def __len__(self) -> int:
-        """Batches in the whole iteration, from the start; only with ``epochs`` set."""
-        if self.epochs is None:
-            raise TypeError("PromptBatches with epochs=None is endless and has no len()")
-        return self.epochs * self.steps_per_epoch
+    def _items(self) -> int:
+        return len(self.dataset)
 
-    def order(self, epoch: int) -> np.ndarray:
-        """The row indices of ``epoch`` in visiting order, ``(n)`` int64."""
-        if self._order is None or self._order[0] != epoch:
-            order = _epoch_order(
-                len(self.dataset), seed=self.seed, epoch=epoch, shuffle=self.shuffle
-            )
-            self._order = (epoch, order)
-        return self._order[1]
-
-    def __iter__(self) -> Iterator[PromptBatch]:
-        return self
+    def _size(self) -> int:
+        return self.prompts_per_step
 
     def __next__(self) -> PromptBatch:
-        n, p = len(self.dataset), self.prompts_per_step
-        left = n - self.position
-        if left == 0 or (self.drop_last and left < p):
-            self.epoch, self.position = self.epoch + 1, 0
-        if self.epochs is not None and self.epoch >= self.epochs:
-            raise StopIteration
-        start = self.position
-        indices = self.order(self.epoch)[start : start + p]
-        self.position = start + len(indices)
+        indices, start = self._next_indices()
         rows = tuple(self.dataset[int(i)] for i in indices)
-        return PromptBatch(rows=rows, epoch=self.epoch, step=start // p)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where the iteration stands, plus the settings it must be resumed with."""
-        return {
-            "epoch": self.epoch,
-            "position": self.position,
-            "seed": self.seed,
-            "num_rows": len(self.dataset),
-            "prompts_per_step": self.prompts_per_step,
-            "shuffle": self.shuffle,
-            "drop_last": self.drop_last,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume at ``state["epoch"]``, ``state["position"]``; the next batch is the one the
-        saved run would have yielded next. Raises ``ValueError`` if the dataset size or a
-        setting differs (the order would silently differ)."""
-        for key in ("seed", "num_rows", "prompts_per_step", "shuffle", "drop_last"):
-            ours = self.state_dict()[key]
-            if key in state and state[key] != ours:
-                raise ValueError(
-                    f"cannot resume: saved {key}={state[key]!r}, this one has {ours!r}"
-                )
-        if not 0 <= state["position"] <= len(self.dataset):
-            raise ValueError(f"position {state['position']} outside 0..{len(self.dataset)}")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        return PromptBatch(rows=rows, epoch=self.epoch, step=start // self.prompts_per_step)
 
 
-class SFTBatches:
+class SFTBatches(_EpochBatches):
     """An iterator of `Rollouts` batches over an `SFTData`, epoch after epoch, in the order
     and with the resumable position of `PromptBatches` (module docstring).
 
@@ -212,65 +246,16 @@ class SFTBatches:
             )
         self.data, self.batch_size = data, batch_size
         self.seed, self.epochs, self.shuffle, self.drop_last = seed, epochs, shuffle, drop_last
-        self.epoch = 0
-        self.position = 0  # index, in this epoch's order, of the next example to yield
-        self._order: tuple[int, np.ndarray] | None = None  # (epoch, permutation) cache
+        self._start()
 
-    @property
-    def steps_per_epoch(self) -> int:
-        """Batches in one epoch: ``⌈n / b⌉``, or ``⌊n / b⌋`` with ``drop_last``."""
-        n, b = len(self.data), self.batch_size
-        return n // b if self.drop_last else -(-n // b)
+    _size_key = "batch_size"
 
-    def __len__(self) -> int:
-        """Batches in the whole iteration, from the start; only with ``epochs`` set."""
-        if self.epochs is None:
-            raise TypeError("SFTBatches with epochs=None is endless and has no len()")
-        return self.epochs * self.steps_per_epoch
+    def _items(self) -> int:
+        return len(self.data)
 
-    def order(self, epoch: int) -> np.ndarray:
-        """The example indices of ``epoch`` in visiting order, ``(n)`` int64, as `PromptBatches`."""
-        if self._order is None or self._order[0] != epoch:
-            order = _epoch_order(len(self.data), seed=self.seed, epoch=epoch, shuffle=self.shuffle)
-            self._order = (epoch, order)
-        return self._order[1]
-
-    def __iter__(self) -> Iterator[Rollouts]:
-        return self
+    def _size(self) -> int:
+        return self.batch_size
 
     def __next__(self) -> Rollouts:
-        n, b = len(self.data), self.batch_size
-        left = n - self.position
-        if left == 0 or (self.drop_last and left < b):
-            self.epoch, self.position = self.epoch + 1, 0
-        if self.epochs is not None and self.epoch >= self.epochs:
-            raise StopIteration
-        indices = self.order(self.epoch)[self.position : self.position + b]
-        self.position += len(indices)
+        indices, _ = self._next_indices()
         return self.data.rollouts(indices.tolist())
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where the iteration stands, plus the settings it must be resumed with."""
-        return {
-            "epoch": self.epoch,
-            "position": self.position,
-            "seed": self.seed,
-            "num_rows": len(self.data),
-            "batch_size": self.batch_size,
-            "shuffle": self.shuffle,
-            "drop_last": self.drop_last,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume at ``state["epoch"]``, ``state["position"]``: the next batch is the one the
-        saved run would have yielded next. Raises ``ValueError`` if the data size or a setting
-        differs (the order would silently differ)."""
-        ours = self.state_dict()
-        for key in ("seed", "num_rows", "batch_size", "shuffle", "drop_last"):
-            if key in state and state[key] != ours[key]:
-                raise ValueError(
-                    f"cannot resume: saved {key}={state[key]!r}, this one has {ours[key]!r}"
-                )
-        if not 0 <= state["position"] <= len(self.data):
-            raise ValueError(f"position {state['position']} outside 0..{len(self.data)}")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
