@@ -53,10 +53,13 @@ from rlblocks.losses import (
     cispo,
     clip_cov,
     clipped_surrogate,
+    dpo,
     gpg_loss,
     gspo,
+    ipo,
     kl_cov,
     kl_regularized,
+    simpo,
 )
 from rlblocks.recipes.run import LOOP_ARGUMENTS
 from rlblocks.rewards import REWARDS
@@ -70,6 +73,7 @@ RECIPES: dict[str, Callable[..., list[dict[str, Any]]]] = {
     "dapo": recipes.dapo,
     "remax": recipes.remax,
     "ppo": recipes.ppo,
+    "online_dpo": recipes.online_dpo,
 }
 """Name -> recipe function for ``recipe:``."""
 
@@ -90,8 +94,14 @@ LOSSES: dict[str, Callable[..., Any]] = {
 }
 """Name -> policy loss for ``loss.name``; the other keys are its keyword arguments."""
 
+PREFERENCES: dict[str, Callable[..., Any]] = {"dpo": dpo, "ipo": ipo, "simpo": simpo}
+"""Name -> pair loss for ``preference.name`` (online DPO); the other keys are its keywords."""
+
 BUILT = frozenset(
-    {"policy", "critic", "engine", "reward_fn", "batches", "sampling", "advantage", "loss_fn"}
+    {
+        *("policy", "critic", "engine", "reward_fn", "batches", "sampling", "advantage"),
+        *("loss_fn", "preference"),
+    }
 )
 """Recipe arguments built from their own sections, not set as top-level keys."""
 
@@ -153,6 +163,8 @@ def parser(recipe: str, names: Mapping[str, str] | None = None) -> ArgumentParse
         _add_block(p, "advantage", ESTIMATORS, names.get("advantage", "grpo"))
     if "loss_fn" in params:
         _add_block(p, "loss", LOSSES, names.get("loss", "clipped_surrogate"))
+    if "preference" in params:
+        _add_block(p, "preference", PREFERENCES, names.get("preference", "dpo"))
     return p
 
 
@@ -202,7 +214,8 @@ def parse(argv: Sequence[str]) -> tuple[Namespace, ArgumentParser, bool]:
     argv = [a for a in argv if a != "--resume"]
     file = Path(argv.pop(0)) if argv and not argv[0].startswith("-") else None
     data = _read(file) if file else {}
-    names = {k: _peek(argv, data, k) for k in ("recipe", "data", "advantage", "loss")}
+    sections = ("recipe", "data", "advantage", "loss", "preference")
+    names = {k: _peek(argv, data, k) for k in sections}
     names = {k: v for k, v in names.items() if v is not None}
     try:
         p = parser(names.pop("recipe", "grpo"), names)
@@ -287,13 +300,19 @@ def build(config: Namespace) -> tuple[Callable[..., list[dict[str, Any]]], dict[
         from peft import LoraConfig
 
         lora = LoraConfig(**model.lora)
+    preference = (
+        _bound(PREFERENCES, config.preference, "preference") if "preference" in params else None
+    )
+    # A reference only for a KL term or a pair loss against one: else nothing is kept or scored.
+    anchored = (
+        preference is not None and inspect.signature(preference).parameters["reference"].default
+    )
     policy = PolicyTrainer.from_pretrained(
         model.name,
         dtype=getattr(torch, model.dtype),
         device=device,
         config=_train_config(config.trainer),
-        # A reference only for a KL term: without one nothing is kept or scored.
-        reference="auto" if kl_coef or "critic" in params else None,
+        reference="auto" if kl_coef or "critic" in params or anchored else None,
         lora=lora,
     )
     engine = HFEngine(policy.model, policy.tokenizer, **vars(config.engine))  # shares the model
@@ -320,6 +339,8 @@ def build(config: Namespace) -> tuple[Callable[..., list[dict[str, Any]]], dict[
         )
     if "advantage" in params:
         arguments["advantage"] = _bound(ESTIMATORS, config.advantage, "advantage")
+    if preference is not None:
+        arguments["preference"] = preference
     if "loss_fn" in params:
         loss = _bound(LOSSES, config.loss, "loss")
         wrap = kl_coef and "kl_coef" not in params  # PPO applies its own kl_coef

@@ -158,3 +158,16 @@ def test_examples_parse_and_the_main_job_runs_on_the_tiny_model(tmp_path):
     quick += ["--sampling.max_new_tokens", "4", "--out", str(tmp_path / "run")]
     history = train.main([str(ROOT / "examples" / "grpo_arithmetic.yaml"), *quick])
     assert len(history) == 1 and "reward/mean" in history[0]
+
+
+@pytest.mark.parametrize(("name", "reference"), [("dpo", True), ("simpo", False)])
+def test_online_dpo_example_builds_its_pair_loss_and_a_reference_only_when_needed(name, reference):
+    config, _, _ = train.parse(
+        [str(ROOT / "examples" / "online_dpo_arithmetic.yaml"), "--model.name", "tiny"]
+        + ["--preference.name", name]
+    )
+    fn, arguments = train.build(config)
+    assert fn is rb.recipes.online_dpo
+    assert arguments["preference"].func is getattr(rb.losses, name)
+    assert arguments["preference"].keywords["beta"] == 0.1  # the file's, kept across names
+    assert (arguments["policy"].reference is not None) is reference
