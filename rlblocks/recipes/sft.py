@@ -47,7 +47,8 @@ def sft(
     after the last). Metrics: the trainer's (``loss``, ``nll``, ``grad_norm``, ``lr``, ...),
     ``tokens`` (target tokens in the batch), the loop's ``time/*`` (the update is
     ``time/update``). ``checkpoint``, ``resume``, ``tracker``, ``on_step``: as in
-    `rlblocks.recipes.grpo`.
+    `rlblocks.recipes.grpo`. The trainer's ``temperature`` divides the logits here too: keep it
+    at 1 (the default) for the usual likelihood.
     """
     config = run_config("sft", locals())
 
