@@ -18,10 +18,10 @@ accuracy it prints the share of answers cut off at ``--max-new-tokens`` and the 
 those that ended. ``python benchmarks/learning.py`` runs this job for several seeds and
 tabulates the results.
 
-Two more stages reuse the same trainer object (docs/sft.md, docs/distillation.md):
-``--sft-steps N`` first fine-tunes on the training problems' answers (`rlblocks.recipes.sft`;
-held-out accuracy is measured again after it, as ``after_sft``), then hands the trainer to
-GRPO; ``--teacher DIR`` (a model folder with the student's tokenizer, e.g. the
+Two more stages reuse the same trainer object (docs/beyond-rl/): ``--sft-steps N`` first
+fine-tunes on the training problems' worked answers ("42 + 41 = 83"; ``--sft-target answer``:
+the number alone) with `rlblocks.recipes.sft`, measures held-out accuracy again
+(``after_sft``), then hands the trainer to GRPO; ``--teacher DIR`` (a model folder with the student's tokenizer, e.g. the
 ``checkpoints/step-…/policy/model`` of an earlier run) replaces GRPO by on-policy distillation
 (`rlblocks.recipes.distill`) and also scores the teacher on the held-out problems.
 
@@ -123,6 +123,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=0,
         help="SFT steps on the training problems' answers before GRPO (0: none)",
+    )
+    p.add_argument(
+        "--sft-target",
+        choices=("worked", "answer"),
+        default="worked",
+        help="SFT completions: the expression and its value ('42 + 41 = 83') or the number alone",
     )
     p.add_argument(
         "--teacher",
@@ -235,6 +241,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         return _run(args, task, policy, engine)
 
 
+def sft_completion(row: rb.data.PromptRow, target: str) -> str:
+    """The SFT target of a problem: ``"worked"``, its expression and value (``"42 + 41 = 83"``:
+    the computation written out, the answer last, where `rb.rewards.math_answer` reads it), or
+    ``"answer"``, the number alone."""
+    if target == "answer":
+        return row.ground_truth
+    return f"{row.metadata['expression']} = {row.ground_truth}"
+
+
 def _sft_stage(args, policy, train, held_out, evaluation, summary_file: Path) -> None:
     """SFT on the training problems' answers (the completion is the number, then EOS), with
     the held-out problems' answers as held-out loss; the greedy accuracy after it. A resumed
@@ -245,7 +260,8 @@ def _sft_stage(args, policy, train, held_out, evaluation, summary_file: Path) ->
     tokenizer = rb.models.load_tokenizer(args.model)
     data, held = (
         rb.data.sft_data(
-            [{"prompt": r.prompt, "completion": r.ground_truth} for r in rows], tokenizer
+            [{"prompt": r.prompt, "completion": sft_completion(r, args.sft_target)} for r in rows],
+            tokenizer,
         )
         for rows in (train, held_out)
     )

@@ -193,10 +193,11 @@ def test_demo_trains_on_the_gpu(tmp_path, monkeypatch):
 
 def sft_digits_argv(tmp_path, monkeypatch, *extra: str) -> list[str]:
     """The digits task on the tiny model with an SFT stage: the SFT targets are the problems'
-    answers, which are all digits, so SFT alone teaches the task's reward."""
+    bare answers (``--sft-target answer``), all digits, so SFT alone teaches the reward."""
     monkeypatch.setenv("RLBLOCKS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setitem(demo.TASKS, "digits", DIGITS)
     argv = ["--model", "tiny", "--task", "digits", "--eval-size", "16", "--lr", "1e-2"]
+    argv += ["--sft-target", "answer"]
     return [*argv, "--prompts-per-step", "4", "--group-size", "8", "--max-new-tokens", "8", *extra]
 
 
@@ -245,3 +246,11 @@ def test_demo_refuses_a_teacher_it_cannot_load_before_any_work(tmp_path, monkeyp
     with pytest.raises(SystemExit, match="--teacher .*missing"):
         demo.main([*argv, "--teacher", str(tmp_path / "missing")])
     assert not (out / "summary.json").exists()  # nothing evaluated, nothing written
+
+
+def test_demo_sft_targets_are_the_worked_answer_or_the_number():
+    row = demo.problems(demo.TASKS["arithmetic"], eval_size=1, seed=0)[0][0]
+    expression, answer = row.metadata["expression"], row.ground_truth
+    assert eval(expression) == int(answer)
+    assert demo.sft_completion(row, "worked") == f"{expression} = {answer}"
+    assert demo.sft_completion(row, "answer") == answer
