@@ -83,18 +83,23 @@ print(scores)
 # ## 1 · SFT, then GRPO on the same trainer
 #
 # `rb.data.sft_data` tokenizes prompt/completion rows. The prompt is the chat messages GRPO
-# samples from, rendered exactly as the engine renders them. The completion is the answer
-# followed by EOS. Only the completion's tokens count in the loss (`response_mask`).
+# samples from, rendered exactly as the engine renders them. The completion is the worked
+# answer, `"42 + 41 = 83"`, followed by EOS. Only the completion's tokens count in the loss
+# (`response_mask`). (Trained on the bare number instead, the main job's SmolLM2 ends every
+# answer but gets no more of them right: docs/beyond-rl/sft.md.)
 
 # %%
-rows = [{"prompt": row.prompt, "completion": row.ground_truth} for row in train]
-data = rb.data.sft_data(rows, policy.tokenizer)
+def worked(row) -> dict:
+    return {"prompt": row.prompt, "completion": f"{row.metadata['expression']} = {row.ground_truth}"}
+
+
+data = rb.data.sft_data([worked(row) for row in train], policy.tokenizer)
 example = data.rollouts([0])
 print(repr(example.prompts[0][-60:]), "->", repr(example.completions[0]))
 print("trained tokens:", policy.tokenizer.convert_ids_to_tokens(example.response_ids[0][example.response_mask[0]]))
 
 # %%
-held = rb.data.sft_data([{"prompt": r.prompt, "completion": r.ground_truth} for r in held_out], policy.tokenizer)
+held = rb.data.sft_data([worked(row) for row in held_out], policy.tokenizer)
 sft_history = rb.recipes.sft(policy, rb.data.SFTBatches(data, batch_size=16, seed=0), steps=SFT_STEPS,
                              held_out=held.rollouts(), eval_every=max(1, SFT_STEPS // 2))
 scores["after SFT"] = accuracy(engine)
