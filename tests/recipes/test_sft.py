@@ -2,6 +2,7 @@
 nothing. The data side (tokenizing chats, exact masks) is tests/data/test_sft.py."""
 
 import pytest
+import torch
 from toy_tasks import count_prompts, digit_examples, digit_fraction
 
 import rlblocks as rb
@@ -61,3 +62,33 @@ def test_sft_raises_the_toy_task_reward_past_the_lr0_control(trained):
     # most characters are (measured 0.86, 64 samples). The threshold sits between the two.
     assert digit_reward(control, tok) < 0.2
     assert digit_reward(policy, tokenizer) > 0.5
+
+
+@pytest.mark.parametrize("pieces", [{"micro_batch_tokens": 24}, {"micro_batch_size": 1}])
+def test_an_sft_step_does_not_depend_on_the_micro_batches(pieces):
+    """Token-budget (or one-row) micro-batches of chats of different lengths give the update of
+    the whole batch: one normalizer for the batch, as in RL (float64, so only rounding differs)."""
+    _, tokenizer = rb.models.tiny(seed=0)
+    chats = [
+        {
+            "messages": [
+                {"role": "user", "content": "Count: " + "1" * k},
+                {"role": "assistant", "content": "2" * (3 * k + 1)},
+            ]
+        }
+        for k in range(1, 7)
+    ]
+    batch = rb.data.sft_data(chats, tokenizer).rollouts()
+    weights = []
+    for options in ({}, pieces):
+        model, _ = rb.models.tiny(seed=0, dtype=torch.float64)
+        policy = rb.trainer.PolicyTrainer(model, reference=None, lr=1e-3, **options)
+        rb.recipes.sft(policy, [batch], steps=1, progress=False)
+        weights.append(torch.cat([p.detach().flatten() for p in policy.model.parameters()]))
+    torch.testing.assert_close(weights[1], weights[0], rtol=0, atol=1e-12)
+    assert not torch.equal(
+        weights[0],
+        torch.cat(
+            [p.flatten() for p in rb.models.tiny(seed=0, dtype=torch.float64)[0].parameters()]
+        ),
+    )  # it did train
