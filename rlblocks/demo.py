@@ -284,7 +284,7 @@ def _sft_stage(args, policy, train, held_out, evaluation, summary_file: Path) ->
         resume="auto" if args.resume else False,
     )
     with (args.out / "sft-metrics.jsonl").open("w") as f:
-        f.writelines(json.dumps(m) + "\n" for m in history)
+        f.writelines(json.dumps({"step": i, **m}) + "\n" for i, m in enumerate(history))
     if "after_sft" in recorded:  # resumed after SFT had ended: restored, not re-measured
         print(f"held-out accuracy after SFT (from summary.json): {recorded['after_sft']:.3f}")
         return

@@ -212,7 +212,7 @@ def test_demo_sft_stage_hands_the_trained_model_to_grpo(tmp_path, monkeypatch):
     assert summary["before"] == 0.0
     assert summary["after_sft"] > 0.5 and summary["after"] > 0.5, summary
     sft = [json.loads(line) for line in (out / "sft-metrics.jsonl").read_text().splitlines()]
-    assert len(sft) == 40 and sft[-1]["eval/nll"] < sft[0]["loss"]
+    assert [r["step"] for r in sft] == list(range(40)) and sft[-1]["eval/nll"] < sft[0]["loss"]
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0]
 
 
