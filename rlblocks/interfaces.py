@@ -5,6 +5,7 @@ One step of RL, as data flows::
     prompts ──► RolloutEngine.generate ──► Rollouts
     Rollouts ──► RewardFn ──► RewardOutput(rewards (b), metrics)
     Rollouts ──► PolicyTrainer.logprobs ──► old / ref log-probs (b t)
+    Rollouts ──► Teacher.logprobs ──► a teacher's log-probs (b t)   (on-policy distillation)
     rewards, mask, group_ids ──► AdvantageEstimator ──► Advantages(advantages, returns) (b t)
     Rollouts + advantages ──► PolicyTrainer.step(loss_fn=PolicyLoss) ──► metrics
         (or, a loop of one's own: forward_backward × k, then optim_step)
@@ -57,6 +58,7 @@ __all__ = [
     "SamplingParams",
     "Shardable",
     "Stateful",
+    "Teacher",
     "TensorSpec",
     "WeightSpec",
     "dispatch",
@@ -434,6 +436,15 @@ class Critic(Stateful, Protocol):
         minibatches: Sequence[Tensor] | None = None,
     ) -> dict[str, float]:
         """One critic update towards ``returns`` (clipped value loss); ``vf_*`` metrics back."""
+        ...
+
+
+@runtime_checkable
+class Teacher(Protocol):
+    """A frozen model that scores the tokens a student sampled (on-policy distillation)."""
+
+    def logprobs(self, rollouts: Rollouts) -> Tensor:
+        """log π_T of every response token, ``(b t)`` float32, 0 at padding; no grad."""
         ...
 
 

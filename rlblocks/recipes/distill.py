@@ -19,9 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
-
-from torch import Tensor
+from typing import Any
 
 from rlblocks import resharder as resharders
 from rlblocks.advantage import grpo as grpo_advantage
@@ -34,8 +32,8 @@ from rlblocks.interfaces import (
     Resharder,
     RewardFn,
     RolloutEngine,
-    Rollouts,
     SamplingParams,
+    Teacher,
 )
 from rlblocks.losses import reverse_kl
 from rlblocks.recipes.defaults import (
@@ -48,17 +46,10 @@ from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
 from rlblocks.rewards import checked
 
 
-class TeacherLike(Protocol):
-    """What the recipe asks of a teacher (`rlblocks.trainer.Teacher`, or a placement's handle)."""
-
-    def logprobs(self, rollouts: Rollouts) -> Tensor:
-        """log π_T of every response token, ``(b t)`` float32, 0 at padding."""
-
-
 def distill(
     policy: PolicyTrainer,
     engine: RolloutEngine,
-    teacher: TeacherLike,
+    teacher: Teacher,
     batches: Iterable[Any],
     *,
     steps: int,
@@ -133,4 +124,4 @@ def distill(
     )
 
 
-__all__ = ["TeacherLike", "distill"]
+__all__ = ["distill"]

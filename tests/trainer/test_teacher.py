@@ -22,6 +22,7 @@ def test_teacher_scores_as_the_trainer_does(rollouts):
     expected = rb.trainer.PolicyTrainer(model, reference=None).logprobs(rollouts)
     teacher = rb.trainer.Teacher(model, tokenizer=tokenizer)
     torch.testing.assert_close(teacher.logprobs(rollouts), expected, rtol=0, atol=0)
+    assert isinstance(teacher, rb.interfaces.Teacher)  # the contract the distill recipe uses
     assert not any(p.requires_grad for p in teacher.model.parameters())
     assert not teacher.model.training
 
