@@ -60,6 +60,7 @@ from rlblocks.losses import (
     kl_cov,
     kl_regularized,
     simpo,
+    uses_reference,
 )
 from rlblocks.recipes.run import LOOP_ARGUMENTS
 from rlblocks.rewards import REWARDS
@@ -304,9 +305,7 @@ def build(config: Namespace) -> tuple[Callable[..., list[dict[str, Any]]], dict[
         _bound(PREFERENCES, config.preference, "preference") if "preference" in params else None
     )
     # A reference only for a KL term or a pair loss against one: else nothing is kept or scored.
-    anchored = (
-        preference is not None and inspect.signature(preference).parameters["reference"].default
-    )
+    anchored = preference is not None and uses_reference(preference)
     policy = PolicyTrainer.from_pretrained(
         model.name,
         dtype=getattr(torch, model.dtype),

@@ -48,6 +48,7 @@ from rlblocks.losses.preference import (
     preference_loss,
     ranked_pairs,
     simpo,
+    uses_reference,
 )
 from rlblocks.losses.sft import nll
 from rlblocks.losses.value import value_loss
@@ -95,5 +96,6 @@ __all__ = [
     "simpo",
     "token_logprobs",
     "token_mean",
+    "uses_reference",
     "value_loss",
 ]

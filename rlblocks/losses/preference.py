@@ -36,6 +36,7 @@ in one mini-batch (one mini-batch per step is simplest).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from functools import partial
 from typing import Literal
@@ -215,6 +216,13 @@ def simpo(
         length_normalized=length_normalized,
         reference=reference,
     )
+
+
+def uses_reference(loss_fn: PreferenceLoss) -> bool:
+    """Whether ``loss_fn`` (:func:`dpo`, :func:`ipo`, :func:`simpo`, or a ``partial`` of one)
+    reads π_ref: its ``reference`` default, as a ``partial`` may have bound it. A recipe scores
+    ``ref_logprobs``, and a trainer keeps a reference model, only when it does."""
+    return bool(inspect.signature(loss_fn).parameters["reference"].default)
 
 
 def preference_advantages(

@@ -9,7 +9,6 @@ its first optimizer step follows ∇ of the mean pair loss exactly. ``preference
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import rlblocks.recipes.defaults as defaults  # noqa: PLR0402 (no import of the 
 from rlblocks import resharder as resharders
 from rlblocks.checkpoint import Checkpointer, Resume
 from rlblocks.interfaces import PolicyLoss, PolicyTrainer, RewardFn, RolloutEngine, SamplingParams
-from rlblocks.losses import PreferenceLoss, dpo, preference_advantages, ranked_pairs
+from rlblocks.losses import PreferenceLoss, dpo, preference_advantages, ranked_pairs, uses_reference
 from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
 from rlblocks.rewards import checked
 
@@ -50,7 +49,7 @@ def online_dpo(
     config = run_config("online_dpo", locals())
     resharder, reward_fn = resharder or resharders.Resharder(), checked(reward_fn)
     reuse = defaults.reuses_rollout_logprobs(reuse_rollout_logprobs, policy, engine, sampling)
-    uses_reference = inspect.signature(preference).parameters["reference"].default
+    anchored = uses_reference(preference)  # SimPO needs no π_ref
 
     def step(index: int, batch: Any, clock: Clock) -> Step:
         with clock("rollout"):  # 1. responses from the current policy
@@ -67,7 +66,7 @@ def online_dpo(
         pairs = rollouts.select(torch.stack([chosen, rejected], 1).flatten())  # c0 r0 c1 r1 …
         with clock("logprobs"):  # 3. π_old and π_ref of the paired rows
             old = pairs.rollout_logprobs if reuse else policy.logprobs(pairs)
-            ref = policy.ref_logprobs(pairs) if uses_reference else None
+            ref = policy.ref_logprobs(pairs) if anchored else None
         pairs, p = pairs.replace(old_logprobs=old), torch.arange(len(chosen))
         scale = float(policy.normalizer(pairs)) / len(chosen)  # the trainer divides by n
         advantages, pair_metrics = preference_advantages(  # 4. DPO's gradient, per token

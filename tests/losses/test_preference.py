@@ -405,3 +405,13 @@ def test_advantages_raise_the_loss_errors():
     lp, ref, mask, _, _ = _random_batch(0)
     with pytest.raises(ValueError, match="both chosen and rejected"):
         preference_advantages(dpo, lp, ref, mask, torch.tensor([3]), torch.tensor([3]))
+
+
+def test_uses_reference_reads_the_default_a_partial_may_override():
+    from functools import partial as bind
+
+    from rlblocks.losses import uses_reference
+
+    assert uses_reference(dpo) and uses_reference(ipo) and not uses_reference(simpo)
+    assert not uses_reference(bind(dpo, reference=False))
+    assert uses_reference(bind(preference_loss, beta=0.5))
