@@ -8,7 +8,8 @@ Subpackages: ``advantage`` (estimators), ``losses`` (per-token losses and ``aggr
 ``rewards`` (rule-based rewards), ``placement`` (where blocks run), ``models`` (loading, the
 tiny and built-in models), ``rollout`` (engines), ``trainer`` (``PolicyTrainer``), ``critic`` (value model), ``resharder``,
 ``data`` (prompt datasets, the built-in arithmetic task), ``envs`` (multi-turn environments,
-tools and the agent rollout), ``recipes`` (GRPO...), ``checkpoint``
+tools and the agent rollout), ``recipes`` (GRPO...), ``run`` (how a run is driven:
+``RunOptions``, the loop, where rollouts and π_old come from), ``checkpoint``
 (whole-run checkpoints and resume), ``runlog`` (metrics JSONL), ``tracking`` (the ``Tracker``:
 metrics JSONL plus TensorBoard, W&B, MLflow, trackio), ``notebook`` (the live ``Dashboard``);
 ``rb.plot`` draws a run's curves. ``interfaces`` holds the block contracts, ``Rollouts`` the
@@ -37,6 +38,7 @@ _LAZY = (
     "recipes",
     "resharder",
     "rollout",
+    "run",
     "runlog",
     "tracking",
     "trainer",
@@ -62,6 +64,7 @@ __all__ = [
     "resharder",
     "rewards",
     "rollout",
+    "run",
     "runlog",
     "tracking",
     "trainer",

@@ -172,7 +172,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="one-step-off rollouts: the engine (its own copy of the weights) samples the next "
         "batch in a thread while the trainer updates, each side with half the CPU threads; "
-        "pi_old is the engine's log-probs (OneStepOff(old_logprobs='rollout'))",
+        "pi_old is the engine's log-probs (RunOptions(staleness=1, old_logprobs='rollout'))",
     )
     p.add_argument(
         "--workers",
@@ -274,14 +274,16 @@ def _sft_stage(args, policy, train, held_out, evaluation, summary_file: Path) ->
         steps=args.sft_steps,
         held_out=held.rollouts(),
         eval_every=max(1, args.sft_steps // 4),
-        on_step=lambda step, m, _: tqdm.write(
-            f"sft step {step:3d}  loss {m['loss']:.3f}"
-            + (f"  held-out loss {m['eval/nll']:.3f}" if "eval/nll" in m else "")
+        run=rb.run.RunOptions(
+            on_step=lambda step, m, _: tqdm.write(
+                f"sft step {step:3d}  loss {m['loss']:.3f}"
+                + (f"  held-out loss {m['eval/nll']:.3f}" if "eval/nll" in m else "")
+            ),
+            checkpoint=rb.checkpoint.Checkpointer(
+                args.out / "checkpoints-sft", every=args.sft_steps, keep_last=1
+            ),
+            resume="auto" if args.resume else False,
         ),
-        checkpoint=rb.checkpoint.Checkpointer(
-            args.out / "checkpoints-sft", every=args.sft_steps, keep_last=1
-        ),
-        resume="auto" if args.resume else False,
     )
     with (args.out / "sft-metrics.jsonl").open("w") as f:
         f.writelines(json.dumps({"step": i, **m}) + "\n" for i, m in enumerate(history))
@@ -407,32 +409,27 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
             "group_size": args.group_size,
             "sampling": rb.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0),
             "loss_fn": loss,
-            "on_step": on_step,
-            # One kept (1.6 GB for SmolLM2-135M with its AdamW state): the older one is
-            # deleted only once the newer one is complete.
-            "checkpoint": rb.checkpoint.Checkpointer(
-                args.out / "checkpoints", every=args.checkpoint_every, keep_last=1
+            "run": rb.run.RunOptions(
+                on_step=on_step,
+                # One kept (1.6 GB for SmolLM2-135M with its AdamW state): the older one is
+                # deleted only once the newer one is complete.
+                checkpoint=rb.checkpoint.Checkpointer(
+                    args.out / "checkpoints", every=args.checkpoint_every, keep_last=1
+                ),
+                resume="auto" if args.resume else False,  # none yet: killed during SFT
+                tracker=tracker,
+                # With a shared model the engine's log-probs are π_old exactly ("auto" takes
+                # them, one forward pass less). One step off, π_old is the sampling weights'
+                # log-probs: the PPO ratio corrects the one step of staleness, and no scoring
+                # pass stands between the trainer and its update.
+                staleness=1 if args.async_rollout else 0,
+                old_logprobs="rollout" if args.async_rollout else "auto",
             ),
-            "resume": "auto" if args.resume else False,  # none yet: killed during SFT
-            "tracker": tracker,
         }
         if args.teacher is not None:  # the reverse KL to the teacher is the only signal
             history = rb.recipes.distill(policy, engine, teacher, **common)
         else:
-            history = rb.recipes.grpo(
-                policy,
-                engine,
-                reward,
-                advantage=advantage,
-                # (With a shared model the engine's log-probs are π_old exactly: the recipe
-                # takes them, one forward pass less.) One step off, π_old is the sampling
-                # weights' log-probs: the PPO ratio corrects the one step of staleness, and no
-                # scoring pass stands between the trainer and its update.
-                async_rollout=(
-                    rb.recipes.OneStepOff(old_logprobs="rollout") if args.async_rollout else None
-                ),
-                **common,
-            )
+            history = rb.recipes.grpo(policy, engine, reward, advantage=advantage, **common)
     minutes = (time.perf_counter() - start) / 60
     print(f"held-out accuracy after {args.steps} steps ({minutes:.1f} min of training):")
     after = evaluation("after")

@@ -337,9 +337,12 @@ class PolicyTrainer(Stateful, Protocol):
     """A policy model and its optimizer."""
 
     model: nn.Module
-    """The module being trained (peft-wrapped with LoRA): an in-process engine may share it."""
+    """The module being trained (peft-wrapped with LoRA): an in-process engine may share it.
+    An engine whose ``model`` is this one samples with the trainer's current weights: its
+    log-probs at ``config.temperature`` are π_old (``rlblocks.run.samples_with_policy``)."""
     config: Any
-    """Optimizer, batching and numerics (``rlblocks.trainer.TrainConfig``)."""
+    """Optimizer, batching and numerics (``rlblocks.trainer.TrainConfig``); ``temperature``
+    divides the logits of every score."""
     has_adapter: bool
     """True when only a LoRA adapter is trained (:meth:`save_adapter` exports it)."""
     tokenizer: Any
@@ -359,12 +362,11 @@ class PolicyTrainer(Stateful, Protocol):
         advantages: Tensor | Advantages,
         *,
         loss_fn: PolicyLoss,
-        old_logprobs: Tensor | None = None,
         minibatches: Sequence[Tensor] | None = None,
     ) -> dict[str, float]:
         """One policy update (epochs × mini-batches × micro-batches) on a batch; metrics back.
 
-        ``old_logprobs`` default to ``rollouts.old_logprobs``, else they are scored first;
+        π_old is ``rollouts.old_logprobs``, else the trainer's own (docs/run.md);
         ``minibatches`` replaces the drawn mini-batch plan (row indices per optimizer step).
         In a data-parallel group every rank gets the whole batch and trains on its share."""
         ...
@@ -375,7 +377,6 @@ class PolicyTrainer(Stateful, Protocol):
         advantages: Tensor | Advantages,
         *,
         loss_fn: PolicyLoss,
-        old_logprobs: Tensor | None = None,
         normalizer: Tensor | float | None = None,
     ) -> dict[str, float]:
         """Forward, loss aggregated with ``normalizer`` (default: this call's own), backward:
@@ -493,7 +494,8 @@ class Placement(Protocol):
 
 @runtime_checkable
 class Handle(Protocol):
-    """A block living in other processes, behind a placement's handle (a Ray worker group).
+    """A block living in other processes, behind a placement's handle (a Ray worker group):
+    it shares no module with this process, so it never samples with a local trainer's weights.
 
     Its methods are the block's; ``run_with`` is the one thing more: it carries a function to
     where the block lives, for work that must happen next to the weights (a resharder's copy).

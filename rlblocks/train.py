@@ -62,9 +62,10 @@ from rlblocks.losses import (
     simpo,
     uses_reference,
 )
-from rlblocks.recipes.run import LOOP_ARGUMENTS
 from rlblocks.rewards import REWARDS
 from rlblocks.rollout import HFEngine
+from rlblocks.run import RunOptions
+from rlblocks.run.state import LOOP_ARGUMENTS
 from rlblocks.tracking import Tracker
 from rlblocks.trainer import PolicyTrainer, TrainConfig
 
@@ -106,7 +107,7 @@ BUILT = frozenset(
 )
 """Recipe arguments built from their own sections, not set as top-level keys."""
 
-NOT_CONFIGURABLE = LOOP_ARGUMENTS | {"resharder", "async_rollout", "kl_controller", "kl_estimator"}
+NOT_CONFIGURABLE = LOOP_ARGUMENTS | {"resharder", "kl_controller", "kl_estimator"}
 """Recipe arguments that take objects a YAML value cannot name; the defaults are used."""
 
 RUN_KEYS = {
@@ -327,7 +328,6 @@ def build(config: Namespace) -> tuple[Callable[..., list[dict[str, Any]]], dict[
             dataset, prompts_per_step=config.prompts_per_step, seed=config.seed
         ),
         "sampling": _sampling(config.sampling),
-        "progress": False,
     }
     if "critic" in params:
         arguments["critic"] = CriticTrainer.from_pretrained(
@@ -385,14 +385,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump(config, p))
     with Tracker(out, report_to=config.tracking) as tracker:
-        return fn(
-            **arguments,
-            checkpoint=Checkpointer(
-                out / "checkpoints", every=config.checkpoint_every, keep_last=1
-            ),
-            resume=resume,
-            tracker=tracker,
-        )
+        checkpoint = Checkpointer(out / "checkpoints", every=config.checkpoint_every, keep_last=1)
+        run = RunOptions(progress=False, checkpoint=checkpoint, resume=resume, tracker=tracker)
+        return fn(**arguments, run=run)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def python_call() -> list[dict]:
         group_size=4,
         sampling=rb.SamplingParams(max_new_tokens=6),
         loss_fn=partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28)),
-        progress=False,
+        run=rb.run.RunOptions(progress=False),
     )
 
 

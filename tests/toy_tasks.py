@@ -4,6 +4,7 @@ The task: 16 prompts "Count: i"; the reward of a completion is its share of digi
 tiny model writes ~2% digits, so a working update lifts the reward to ~1 in a few dozen steps.
 """
 
+import dataclasses
 from typing import Any
 
 import rlblocks as rb
@@ -20,9 +21,12 @@ def count_prompts(n: int = 16):
     return load_prompts([{"prompt": f"Count: {i}", "ground_truth": "0"} for i in range(n)])
 
 
-def run_group_recipe(recipe, policy, engine, *, steps: int, reward=None, **kw: Any) -> list[dict]:
+def run_group_recipe(
+    recipe, policy, engine, *, steps: int, reward=None, run=None, **kw: Any
+) -> list[dict]:
     """A group recipe (grpo, dapo, remax, ...) on the task: 4 prompts a step, 8 samples of at
-    most 8 tokens each (``reward``: the task's digit fraction unless given); its history."""
+    most 8 tokens each (``reward``: the task's digit fraction unless given), no progress bar
+    (``run``'s other options as given); its history."""
     return recipe(
         policy,
         engine,
@@ -31,7 +35,7 @@ def run_group_recipe(recipe, policy, engine, *, steps: int, reward=None, **kw: A
         steps=steps,
         group_size=8,
         sampling=rb.SamplingParams(max_new_tokens=8),
-        progress=False,
+        run=dataclasses.replace(run or rb.run.RunOptions(), progress=False),
         **kw,
     )
 

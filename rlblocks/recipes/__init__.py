@@ -1,9 +1,13 @@
 """Recipes: short functions built only from public blocks, meant to be read and copied.
 
-Each recipe is its own step function; `rlblocks.recipes.loop` runs it (progress, the metrics
-every recipe reports, ``on_step``), `rlblocks.recipes.defaults` holds what they share.
+A recipe holds its algorithm: the blocks, the algorithm's hyperparameters, and ``run=`` (a
+`rlblocks.run.RunOptions`). Each is a step function that the run floor's loop runs
+(`rlblocks.run`: progress, the metrics every recipe reports, ``on_step``, checkpoints, where
+rollouts and π_old come from); `rlblocks.recipes.defaults` holds the defaults they share.
 ``kl_regularized`` lives in `rlblocks.losses` and is re-exported here.
 """
+
+from typing import Any
 
 from rlblocks.losses import kl_regularized
 from rlblocks.recipes.dapo import InformativeGroups, dapo, sample_informative_groups
@@ -11,15 +15,13 @@ from rlblocks.recipes.distill import distill
 from rlblocks.recipes.evaluate import Evaluation, evaluate
 from rlblocks.recipes.grpo import grpo
 from rlblocks.recipes.online_dpo import online_dpo
-from rlblocks.recipes.overlap import OneStepOff
 from rlblocks.recipes.ppo import ppo
 from rlblocks.recipes.sft import held_out_nll, sft
-from rlblocks.recipes.variants import greedy_baseline_rewards, remax
+from rlblocks.recipes.variants import greedy_baseline_rewards, remax, with_greedy_answers
 
 __all__ = [
     "Evaluation",
     "InformativeGroups",
-    "OneStepOff",
     "dapo",
     "distill",
     "evaluate",
@@ -32,4 +34,14 @@ __all__ = [
     "remax",
     "sample_informative_groups",
     "sft",
+    "with_greedy_answers",
 ]
+
+#: Names that moved to the run floor, and where.
+_MOVED = {"OneStepOff": "rb.run.RunOptions(staleness=1, old_logprobs=...), passed as run="}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        raise AttributeError(f"rlblocks.recipes.{name}: moved; use {_MOVED[name]}")
+    raise AttributeError(f"module 'rlblocks.recipes' has no attribute {name!r}")

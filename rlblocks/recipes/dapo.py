@@ -28,17 +28,16 @@ Choices made here:
 - More groups than needed: the first ``groups_needed`` (whole groups) are kept, the others are
   thrown away, as verl does; they are not carried over to the next step (they would be stale).
 - Like the GRPO recipe, no KL term by default (DAPO drops it, §2.3).
-- The loop around the step (progress, ``time/*``, ``on_step``) is `rlblocks.recipes.loop`,
-  shared by every recipe. Every generation round is ``time/rollout``, every scoring
-  ``time/reward``.
+- The loop around the step (progress, ``time/*``, ``on_step``, checkpoints) and where its
+  rollouts come from are the run floor's, `rlblocks.run`, shared by every recipe. Every
+  generation round is ``time/rollout``, every scoring ``time/reward``.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable
 from functools import partial
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -46,7 +45,6 @@ from torch import Tensor
 
 from rlblocks import resharder as resharders
 from rlblocks.advantage import grpo as grpo_advantage
-from rlblocks.checkpoint import Checkpointer, Resume
 from rlblocks.interfaces import (
     AdvantageEstimator,
     PolicyTrainer,
@@ -58,9 +56,9 @@ from rlblocks.interfaces import (
     SamplingParams,
 )
 from rlblocks.losses import TokenMean, clipped_surrogate
-from rlblocks.recipes.defaults import DEFAULT_SAMPLING, DapoStepCallback, reuses_rollout_logprobs
-from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
+from rlblocks.recipes.defaults import DEFAULT_SAMPLING
 from rlblocks.rewards import checked, combine, keep_informative_groups, overlong
+from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
 
 
 class InformativeGroups(NamedTuple):
@@ -77,34 +75,31 @@ class InformativeGroups(NamedTuple):
 
 
 def sample_informative_groups(
-    engine: RolloutEngine,
+    draw: Callable[[], Rollouts | None],
     reward_fn: RewardFn,
-    batches: Iterator[Any],
     *,
     groups_needed: int | None = None,
-    group_size: int,
-    sampling: SamplingParams | None = None,
     max_rounds: int = 8,
     accuracy_fn: RewardFn | None = None,
 ) -> InformativeGroups:
-    """DAPO dynamic sampling (Yu et al. 2025, arXiv 2503.14476, §3.2, eq. 11): generate until
-    ``groups_needed`` groups have accuracy rewards that are not all equal.
+    """DAPO dynamic sampling (Yu et al. 2025, arXiv 2503.14476, §3.2, eq. 11): draw rounds of
+    rollouts until ``groups_needed`` groups have accuracy rewards that are not all equal.
 
         keep group G  ⇔  0 < |{oᵢ ∈ G : oᵢ correct}| < |G|      (eq. 11, 0/1 accuracy)
                       ⇔  max_{i∈G} accᵢ − min_{i∈G} accᵢ > 1e-6   (any accuracy scale)
 
-    Each round draws the next batch from ``batches`` (an iterator: objects with ``.prompts``
-    and ``.metadata``, e.g. `rlblocks.data.PromptBatches`; what is drawn is consumed), generates
-    ``group_size`` samples per prompt, scores them with ``reward_fn`` (the training reward) and
-    filters on ``accuracy_fn`` (None: on ``reward_fn`` itself) with
-    `rlblocks.rewards.keep_informative_groups`. Group ids are renumbered ``0, 1, 2, …`` in
-    the order the groups were generated, so they stay unique after concatenating rounds (an
-    engine may number every call from 0). Rounds stop when enough groups are collected, after
-    ``max_rounds`` rounds, or when ``batches`` runs out; then exactly ``groups_needed`` whole
-    groups are kept (the first collected), or all of them with a ``RuntimeWarning`` saying how
-    many were collected out of how many wanted after how many rounds.
+    Each round calls ``draw()`` for the next generated batch (`rlblocks.run.RolloutSource.draw`
+    in the recipe; in a loop of one's own, ``engine.generate`` of the next prompt batch; None:
+    the prompts ran out), scores it with ``reward_fn`` (the training reward) and filters on
+    ``accuracy_fn`` (None: on ``reward_fn`` itself) with `rlblocks.rewards.keep_informative_groups`.
+    Group ids are renumbered ``0, 1, 2, …`` in the order the groups were generated, so they stay
+    unique after concatenating rounds (an engine may number every call from 0). Rounds stop
+    when enough groups are collected, after ``max_rounds`` rounds, or when ``draw`` returns
+    None; then exactly ``groups_needed`` whole groups are kept (the first collected), or all of
+    them with a ``RuntimeWarning`` saying how many were collected out of how many wanted after
+    how many rounds.
 
-    ``groups_needed``: None means the number of prompts in the first batch drawn.
+    ``groups_needed``: None means the number of groups in the first round.
     Returns `InformativeGroups(rollouts (b …) or None, rewards (b) float32, metrics)`; nothing
     carries a gradient. Metrics: ``sampling/rounds``, ``sampling/groups_generated``,
     ``sampling/groups_filtered`` (uninformative), ``sampling/groups_collected`` (informative),
@@ -113,25 +108,20 @@ def sample_informative_groups(
     ``reward_fn``'s own metrics averaged over the rounds (rounds of equal size: a mean stays the
     mean over all generated rows, a count becomes a count per round).
     """
-    if group_size < 2:
-        raise ValueError(f"dynamic sampling needs group_size >= 2 to compare, got {group_size}")
     if max_rounds < 1 or (groups_needed is not None and groups_needed < 1):
         raise ValueError(
-            f"need max_rounds >= 1 and groups_needed >= 1 (or None), got max_rounds={max_rounds}, "
-            f"groups_needed={groups_needed}"
+            f"sample_informative_groups: max_rounds={max_rounds}, groups_needed={groups_needed}; "
+            f"need max_rounds >= 1 and groups_needed >= 1 (or None)"
         )
     parts: list[tuple[Rollouts, Tensor]] = []
     rounds: list[dict[str, Any]] = []
     generated = collected = 0
     while len(rounds) < max_rounds and (groups_needed is None or collected < groups_needed):
-        batch = next(batches, None)
-        if batch is None:
+        rollouts = draw()
+        if rollouts is None:
             break
-        groups_needed = groups_needed or len(batch.prompts)
-        rollouts = engine.generate(
-            batch.prompts, n=group_size, sampling=sampling, metadata=batch.metadata
-        )
         rollouts = _renumber_groups(rollouts, start=generated)  # unique across rounds
+        groups_needed = groups_needed or len(torch.unique(rollouts.group_ids))
         rewards, reward_metrics = reward_fn(rollouts)  # the training reward (shaped)
         accuracy = rewards if accuracy_fn is None else accuracy_fn(rollouts).rewards
         keep, counts = keep_informative_groups(accuracy, rollouts.group_ids)  # eq. 11
@@ -143,6 +133,7 @@ def sample_informative_groups(
     return _first_groups(parts, rounds, groups_needed or 0, generated, collected, max_rounds)
 
 
+@recipe
 def dapo(
     policy: PolicyTrainer,
     engine: RolloutEngine,
@@ -160,12 +151,7 @@ def dapo(
     max_rounds: int = 8,
     advantage: AdvantageEstimator = grpo_advantage,
     resharder: Resharder | None = None,
-    on_step: DapoStepCallback | None = None,
-    reuse_rollout_logprobs: bool | None = None,
-    progress: bool = True,
-    checkpoint: Checkpointer | str | Path | None = None,
-    resume: Resume = False,
-    tracker: Tracker | None = None,
+    run: RunOptions | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` DAPO steps (module docstring); returns one metrics dict per step.
 
@@ -181,37 +167,41 @@ def dapo(
 
     Metrics: those of `sample_informative_groups` (``sampling/…``, ``accuracy/mean``,
     ``overlong/mean``, ``reward/mean`` = the shaped total), the trainer's, the resharder's, and
-    the ones every recipe reports (`rlblocks.recipes.loop`): ``time/*`` (all generation rounds
+    the ones every recipe reports (`rlblocks.run.loop`): ``time/*`` (all generation rounds
     are ``time/rollout``, all scoring ``time/reward``), ``step_seconds``, ``response_length``
     (of the trained rows) and ``kl/token`` when the loss has a KL term; ``sampling/skipped``
     is 1.0 for a step with no informative group (no update, no sync, no
-    ``response_length``). ``on_step(step, metrics, rollouts)`` gets the trained rows (None for
-    a skipped step); raise ``StopIteration`` in it to end early. The run also ends when
-    ``batches`` runs out. ``reuse_rollout_logprobs``: see `rlblocks.recipes.grpo`.
-
-    ``checkpoint`` (a `rlblocks.checkpoint.Checkpointer` or a folder), ``resume`` (False, True or
-    ``"auto"``) and ``tracker`` (`rlblocks.tracking.Tracker`): the run is saved after every
-    ``checkpoint.every`` steps and goes on from there, bit for bit; see
-    `rlblocks.recipes.loop.run_steps` and docs/checkpoints.md.
+    ``response_length``; ``on_step`` gets None for its rollouts). The run also ends when
+    ``batches`` runs out. ``run``: as in `rlblocks.recipes.grpo`; one step off, the first
+    round of a step was sampled during the last update and refill rounds are sampled in the
+    step (`rlblocks.run.source`).
     """
+    if group_size < 2:
+        raise ValueError(f"dapo: group_size={group_size}; dynamic sampling needs group_size >= 2")
     _warn_unless_token_mean(policy)
     config = run_config("dapo", locals())  # logged once, checked on resume
+    run = run or RunOptions()
     resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
     loss_fn = partial(clipped_surrogate, clip=clip)  # clip-higher, §3.1
     task = _scored_once(reward_fn)  # scored once, read by the shaped reward and the filter
     shaped = _shaped_reward(task, sampling, max_length, cache_length, overlong_factor)
-    reuse = reuses_rollout_logprobs(reuse_rollout_logprobs, policy, engine, sampling)
+    source = RolloutSource(
+        engine,
+        policy,
+        batches,
+        group_size=group_size,
+        sampling=sampling,
+        resharder=resharder,
+        run=run,
+    )
 
-    def step(index: int, prompts: Iterator[Any], clock: Clock) -> Step | None:
+    def step(index: int, clock: Clock) -> Step | None:
         with clock("rollout"):  # 1.-2. dynamic sampling, shaped reward; scoring is "reward"
             sampled = sample_informative_groups(
-                engine,
+                partial(source.draw, clock),
                 clock.timed("reward", shaped),
-                prompts,
                 groups_needed=groups_per_step,
-                group_size=group_size,
-                sampling=sampling,
                 max_rounds=max_rounds,
                 accuracy_fn=clock.timed("reward", task),
             )
@@ -222,28 +212,13 @@ def dapo(
             return Step(metrics, None)  # nothing informative: no update, no sync
         rollouts = sampled.rollouts.replace(rewards=sampled.rewards)
         advantages, _ = advantage(sampled.rewards, rollouts.response_mask, rollouts.group_ids)
-        if reuse:  # π_old: the engine's log-probs
-            rollouts = rollouts.replace(old_logprobs=rollouts.rollout_logprobs)
         with clock("update"):  # 3.-4.
             metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)
-        with clock("sync"):  # 5.
-            metrics |= resharder.sync(policy, engine)
+        metrics |= source.sync(clock)  # 5.
         return Step(metrics, rollouts)
 
     return run_steps(
-        "DAPO",
-        step,
-        batches,
-        batch_per_step=False,  # each step draws as many prompt batches as it needs
-        steps=steps,
-        on_step=on_step,
-        progress=progress,
-        blocks={"policy": policy, "resharder": resharder},
-        config=config,
-        checkpoint=checkpoint,
-        resume=resume,
-        after_resume=partial(resharder.resync, policy, engine),  # the engine has initial weights
-        tracker=tracker,
+        "DAPO", step, source, steps=steps, run=run, config=config, blocks={"policy": policy}
     )
 
 

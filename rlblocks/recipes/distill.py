@@ -12,19 +12,18 @@ Thinking Machines 2025, "On-Policy Distillation"; the on-policy stage of Qwen3, 
 4. the usual policy update with the PPO clip; 5. push the new weights into the engine.
 
 The teacher must share the student's tokenizer (it scores the student's token ids). The loop
-around the step (progress, ``time/*``, ``on_step``, checkpoints) is `rlblocks.recipes.loop`.
+around the step (progress, ``time/*``, ``on_step``, checkpoints) and where its rollouts come
+from are the run floor's, `rlblocks.run`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from rlblocks import resharder as resharders
 from rlblocks.advantage import grpo as grpo_advantage
 from rlblocks.advantage import reverse_kl as reverse_kl_advantage
-from rlblocks.checkpoint import Checkpointer, Resume
 from rlblocks.interfaces import (
     AdvantageEstimator,
     PolicyLoss,
@@ -36,16 +35,12 @@ from rlblocks.interfaces import (
     Teacher,
 )
 from rlblocks.losses import reverse_kl
-from rlblocks.recipes.defaults import (
-    DEFAULT_SAMPLING,
-    PPO_CLIP,
-    StepCallback,
-    reuses_rollout_logprobs,
-)
-from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
+from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
 from rlblocks.rewards import checked
+from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
 
 
+@recipe
 def distill(
     policy: PolicyTrainer,
     engine: RolloutEngine,
@@ -60,40 +55,42 @@ def distill(
     advantage: AdvantageEstimator = grpo_advantage,
     loss_fn: PolicyLoss = PPO_CLIP,
     resharder: Resharder | None = None,
-    reuse_rollout_logprobs: bool | None = None,
-    on_step: StepCallback | None = None,
-    progress: bool = True,
-    checkpoint: Checkpointer | str | Path | None = None,
-    resume: Resume = False,
-    tracker: Tracker | None = None,
+    run: RunOptions | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` steps of on-policy distillation from ``teacher`` into ``policy``.
 
     ``coef``: β of the reverse-KL advantage. ``reward_fn`` (optional): a task reward whose
     ``advantage(rewards, mask, group_ids)`` is added to it, distillation and RL in one update
-    (``group_size`` > 1 then, for GRPO's groups). ``reuse_rollout_logprobs``: as in
-    `rlblocks.recipes.grpo` (None: the engine's log-probs are π_old when it samples with the
-    trainer's module). ``batches``: prompt batches (``.prompts``, ``.metadata``).
+    (``group_size`` > 1 then, for GRPO's groups). ``batches``: prompt batches (``.prompts``,
+    ``.metadata``). ``run``: as in `rlblocks.recipes.grpo` (π_old is the engine's when it
+    samples with the trainer's module, else the trainer scores it before the update).
 
     Metrics: ``distill/reverse_kl`` (mean per-token k1 estimate of KL(π_θ ‖ π_T) at π_old),
     ``distill/teacher_logprob``, the reward's (``reward/mean``) when given, the trainer's, the
     resharder's and the loop's (the teacher's scoring is ``time/logprobs``).
     """
     config = run_config("distill", locals())
+    run = run or RunOptions()
     resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn) if reward_fn is not None else None
-    reuse = reuses_rollout_logprobs(reuse_rollout_logprobs, policy, engine, sampling)
+    source = RolloutSource(
+        engine,
+        policy,
+        batches,
+        group_size=group_size,
+        sampling=sampling,
+        resharder=resharder,
+        run=run,
+    )
 
-    def step(index: int, batch: Any, clock: Clock) -> Step:
-        with clock("rollout"):  # 1.
-            rollouts = engine.generate(
-                batch.prompts, n=group_size, sampling=sampling, metadata=batch.metadata
-            )
-        with clock("logprobs"):  # 2. π_old, then the teacher's view of the same tokens
-            old = rollouts.rollout_logprobs if reuse else policy.logprobs(rollouts)
+    def step(index: int, clock: Clock) -> Step | None:
+        rollouts = source.draw(clock)  # 1.
+        if rollouts is None:
+            return None  # the prompt batches ran out
+        rollouts = source.with_old_logprobs(rollouts, clock)  # 2. π_old, then the teacher's
+        with clock("logprobs"):
             teacher_lp = teacher.logprobs(rollouts)
-        rollouts = rollouts.replace(old_logprobs=old)
-        mask = rollouts.response_mask
+        old, mask = rollouts.old_logprobs, rollouts.response_mask
         _, metrics = reverse_kl(old, teacher_lp, mask)  # 3.
         advantages = reverse_kl_advantage(old, teacher_lp, mask, coef=coef).advantages
         if reward_fn is not None:
@@ -104,23 +101,11 @@ def distill(
             metrics |= reward_metrics
         with clock("update"):  # 4.
             metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)
-        with clock("sync"):  # 5.
-            metrics |= resharder.sync(policy, engine)
+        metrics |= source.sync(clock)  # 5.
         return Step({k: float(v) for k, v in metrics.items()}, rollouts)
 
     return run_steps(
-        "distill",
-        step,
-        batches,
-        steps=steps,
-        on_step=on_step,
-        progress=progress,
-        blocks={"policy": policy, "resharder": resharder},
-        config=config,
-        checkpoint=checkpoint,
-        resume=resume,
-        after_resume=lambda: resharder.resync(policy, engine),
-        tracker=tracker,
+        "distill", step, source, steps=steps, run=run, config=config, blocks={"policy": policy}
     )
 
 

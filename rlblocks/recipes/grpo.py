@@ -11,19 +11,17 @@ One step (Shao et al. 2024, DeepSeekMath, arXiv 2402.03300, sec. 4):
 Simplifications: the reference-policy KL term is left out by default (DAPO and Dr.GRPO drop it
 too; pass a loss that takes ``ref_logprobs``, e.g. `rlblocks.losses.kl_regularized`, to add it
 back), and every step draws fresh prompts. The loop around the step (progress, ``time/*``,
-``on_step``) is `rlblocks.recipes.loop`, shared by every recipe.
+``on_step``, checkpoints) and where its rollouts come from are the run floor's,
+`rlblocks.run`, shared by every recipe.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from functools import partial
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from rlblocks import resharder as resharders
 from rlblocks.advantage import grpo as grpo_advantage
-from rlblocks.checkpoint import Checkpointer, Resume
 from rlblocks.interfaces import (
     AdvantageEstimator,
     PolicyLoss,
@@ -33,16 +31,12 @@ from rlblocks.interfaces import (
     RolloutEngine,
     SamplingParams,
 )
-from rlblocks.recipes.defaults import (
-    DEFAULT_SAMPLING,
-    PPO_CLIP,
-    StepCallback,
-)
-from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
-from rlblocks.recipes.overlap import OneStepOff, Sampled
+from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
 from rlblocks.rewards import checked
+from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
 
 
+@recipe
 def grpo(
     policy: PolicyTrainer,
     engine: RolloutEngine,
@@ -55,87 +49,49 @@ def grpo(
     advantage: AdvantageEstimator = grpo_advantage,
     loss_fn: PolicyLoss = PPO_CLIP,
     resharder: Resharder | None = None,
-    on_step: StepCallback | None = None,
-    reuse_rollout_logprobs: bool | None = None,
-    async_rollout: OneStepOff | None = None,
-    progress: bool = True,
-    checkpoint: Checkpointer | str | Path | None = None,
-    resume: Resume = False,
-    tracker: Tracker | None = None,
+    run: RunOptions | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` GRPO steps; returns one metrics dict per step.
 
-    ``reuse_rollout_logprobs`` takes the engine's sampling log-probs as π_old instead of
-    recomputing them with the trainer: one forward pass less per step, exact only when the
-    engine samples with the trainer's current weights at the trainer's temperature. None (the
-    default) does so exactly then: an in-process `HFEngine` around ``policy.model``
-    (`rlblocks.recipes.defaults.samples_with_policy`); True forces it, False never.
-
-    ``async_rollout``: a `rlblocks.recipes.OneStepOff` samples the next batch while the
-    trainer updates on this one (one update stale; the engine needs its own copy of the
-    weights), with π_old recomputed or taken from the engine as it says; see
-    `rlblocks.recipes.overlap`. Its metrics: ``async/staleness``, ``async/sample_seconds``.
-
     ``batches`` yields prompt batches with ``.prompts`` and ``.metadata`` (see
-    :mod:`rlblocks.data`). ``on_step(step, metrics, rollouts)`` is called after every step:
-    log, plot, checkpoint or stop there (raise ``StopIteration`` to end early).
+    :mod:`rlblocks.data`). ``run`` (a `rlblocks.run.RunOptions`) says how the run is driven:
+    ``on_step(step, metrics, rollouts)`` after every step (raise ``StopIteration`` to end
+    early), progress bar, checkpoint and resume (bit for bit, docs/checkpoints.md), tracker,
+    and where rollouts and π_old come from (``staleness=1`` samples the next batch while the
+    trainer updates on this one; ``old_logprobs``: docs/run.md).
 
     Metrics: the reward function's (``reward/mean``), the trainer's, the resharder's, and the
-    ones every recipe reports (`rlblocks.recipes.loop`): ``time/rollout``, ``time/reward``,
+    ones every recipe reports (`rlblocks.run.loop`): ``time/rollout``, ``time/reward``,
     ``time/logprobs``, ``time/update``, ``time/sync``, ``step_seconds``, ``response_length``,
-    and ``kl/token`` when the loss has a KL term.
-
-    ``checkpoint`` (a `rlblocks.checkpoint.Checkpointer` or a folder), ``resume`` (False, True or
-    ``"auto"``) and ``tracker`` (`rlblocks.tracking.Tracker`): the run is saved after every
-    ``checkpoint.every`` steps and goes on from there, bit for bit; see
-    `rlblocks.recipes.loop.run_steps` and docs/checkpoints.md.
+    ``kl/token`` when the loss has a KL term, and ``async/*`` with a background sampler.
     """
     config = run_config("grpo", locals())  # logged once, checked on resume
+    run = run or RunOptions()
     resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
-    sampled = Sampled(  # 1., in the step or one step ahead (async_rollout), and π_old's source
+    source = RolloutSource(
         engine,
         policy,
+        batches,
         group_size=group_size,
         sampling=sampling,
-        overlap=async_rollout,
-        reuse_rollout_logprobs=reuse_rollout_logprobs,
+        resharder=resharder,
+        run=run,
     )
 
-    def step(index: int, batches: Iterator[Any], clock: Clock) -> Step | None:
-        # 1. G samples per prompt, one group id per prompt (the next batch too, when async)
-        drawn = sampled.next(batches, clock, ahead=index + 1 < steps)
-        if drawn is None:
+    def step(index: int, clock: Clock) -> Step | None:
+        rollouts = source.draw(clock)  # 1. G samples per prompt, π_old as run= says
+        if rollouts is None:
             return None  # the prompt batches ran out
-        rollouts, async_metrics = drawn
         with clock("reward"):  # 2. one scalar per response
-            rewards, reward_metrics = reward_fn(rollouts)
+            rewards, metrics = reward_fn(rollouts)
         rollouts = rollouts.replace(rewards=rewards)  # kept with the rows (dashboards read it)
         advantages, _ = advantage(rewards, rollouts.response_mask, rollouts.group_ids)  # 3.
-        rollouts = sampled.with_old_logprobs(rollouts)  # π_old: the engine's, if so chosen
-        with clock("update"):  # 4. (π_old scored inside: the trainer's logprob_seconds)
-            train_metrics = policy.step(rollouts, advantages, loss_fn=loss_fn)
-        sampled.wait(clock)  # the batch sampled ahead is complete: the engine is idle
-        with clock("sync"):  # 5.
-            sync_metrics = resharder.sync(policy, engine)
-        metrics = {**reward_metrics, **train_metrics, **sync_metrics, **async_metrics}
+        with clock("update"):  # 4. (π_old, when not drawn, comes from the trainer)
+            metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)
+        metrics |= source.sync(clock)  # 5. the new weights into the engine
         return Step(metrics, rollouts)
 
-    try:
-        return run_steps(
-            "GRPO",
-            step,
-            batches,
-            batch_per_step=False,  # the step draws its batch, and the next one when async
-            steps=steps,
-            on_step=on_step,
-            progress=progress,
-            blocks={"policy": policy, "resharder": resharder, "rollouts": sampled},
-            config=config,
-            checkpoint=checkpoint,
-            resume=resume,
-            after_resume=partial(resharder.resync, policy, engine),  # it has initial weights
-            tracker=tracker,
-        )
-    finally:
-        sampled.close()
+    return run_steps(
+        "GRPO", step, source, steps=steps, run=run, config=config, blocks={"policy": policy}
+    )

@@ -21,19 +21,17 @@ Ziegler et al. 2019, arXiv 1909.08593, sec. 2.2, and InstructGPT, Ouyang et al. 
 Simplifications: every step draws fresh prompts; the critic and the policy are updated from the
 same batch one after the other (not interleaved per mini-batch); the reward is an outcome
 reward put on each response's last token. The loop around the step (progress, ``time/*``,
-``on_step``) is `rlblocks.recipes.loop`, shared by every recipe.
+``on_step``, checkpoints) and where its rollouts come from are the run floor's,
+`rlblocks.run`, shared by every recipe.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from functools import partial
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from rlblocks import resharder as resharders
 from rlblocks.advantage import gae, whiten
-from rlblocks.checkpoint import Checkpointer, Resume
 from rlblocks.interfaces import (
     Critic,
     PolicyLoss,
@@ -53,16 +51,12 @@ from rlblocks.losses import (
     kl_regularized,
 )
 from rlblocks.masked import masked_mean
-from rlblocks.recipes.defaults import (
-    DEFAULT_SAMPLING,
-    PPO_CLIP,
-    StepCallback,
-)
-from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
-from rlblocks.recipes.overlap import OneStepOff, Sampled
+from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
 from rlblocks.rewards import checked
+from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
 
 
+@recipe
 def ppo(
     policy: PolicyTrainer,
     critic: Critic,
@@ -83,13 +77,7 @@ def ppo(
     critic_warmup_steps: int = 0,
     loss_fn: PolicyLoss = PPO_CLIP,
     resharder: Resharder | None = None,
-    on_step: StepCallback | None = None,
-    reuse_rollout_logprobs: bool | None = None,
-    async_rollout: OneStepOff | None = None,
-    progress: bool = True,
-    checkpoint: Checkpointer | str | Path | None = None,
-    resume: Resume = False,
-    tracker: Tracker | None = None,
+    run: RunOptions | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` PPO steps (module docstring); returns one metrics dict per step.
 
@@ -109,52 +97,42 @@ def ppo(
     (the β used this step), ``returns_mean``, the critic's ``vf_*`` and ``values_mean``, the
     policy's (absent during warm-up; ``kl_loss`` with ``kl_in_reward=False``), the
     resharder's, ``critic_warmup`` (1 during warm-up), and the ones every recipe reports
-    (`rlblocks.recipes.loop`): ``time/*`` (π_old, π_ref and V are ``time/logprobs``, the critic
+    (`rlblocks.run.loop`): ``time/*`` (π_old, π_ref and V are ``time/logprobs``, the critic
     and policy updates ``time/update``), ``step_seconds``, ``response_length``. ``batches``
-    and ``on_step`` work as in :func:`~rlblocks.recipes.grpo`; so do ``reuse_rollout_logprobs``
-    (by default the engine's log-probs are π_old exactly when it samples with the trainer's
-    own module) and ``async_rollout`` (a `rlblocks.recipes.OneStepOff`: the next batch is
-    sampled during this step's updates; with ``old_logprobs="rollout"`` the engine's
-    log-probs are π_old and are not scored).
-
-    ``checkpoint`` (a `rlblocks.checkpoint.Checkpointer` or a folder), ``resume`` (False, True or
-    ``"auto"``) and ``tracker`` (`rlblocks.tracking.Tracker`): the run is saved after every
-    ``checkpoint.every`` steps and goes on from there, bit for bit; see
-    `rlblocks.recipes.loop.run_steps` and docs/checkpoints.md.
+    and ``run`` (a `rlblocks.run.RunOptions`: on_step, checkpoint, resume, tracker, staleness,
+    π_old) work as in :func:`~rlblocks.recipes.grpo`.
     """
     config = run_config("ppo", locals())  # logged once, checked on resume
+    run = run or RunOptions()
     resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
     controller = kl_controller or FixedKLController(kl_coef)
     estimator = kl_estimator or (k1 if kl_in_reward else k3)
-    sampled = Sampled(  # 1., in the step or one step ahead (async_rollout), and π_old's source
+    source = RolloutSource(
         engine,
         policy,
+        batches,
         group_size=samples_per_prompt,
         sampling=sampling,
-        overlap=async_rollout,
-        reuse_rollout_logprobs=reuse_rollout_logprobs,
+        resharder=resharder,
+        run=run,
     )
 
-    def step(index: int, batches: Iterator[Any], clock: Clock) -> Step | None:
-        drawn = sampled.next(batches, clock, ahead=index + 1 < steps)  # 1.
-        if drawn is None:
+    def step(index: int, clock: Clock) -> Step | None:
+        rollouts = source.draw(clock)  # 1.
+        if rollouts is None:
             return None  # the prompt batches ran out
-        rollouts, async_metrics = drawn
         with clock("reward"):  # 2. one scalar per response
             rewards, reward_metrics = reward_fn(rollouts)
         mask = rollouts.response_mask
-        with clock("logprobs"):  # 3. all before any update
-            if sampled.engine_logprobs_are_old:  # reuse_rollout_logprobs, or OneStepOff's
-                old_logprobs = rollouts.rollout_logprobs
-            else:
-                old_logprobs = policy.logprobs(rollouts)
+        rollouts = source.with_old_logprobs(rollouts, clock)  # 3. all before any update
+        with clock("logprobs"):
             ref_logprobs = policy.ref_logprobs(rollouts)
             values = critic.values(rollouts)
         rollouts = rollouts.replace(rewards=rewards, ref_logprobs=ref_logprobs)
         beta = controller.value  # 4. KL penalty with the current β, then adapt β
         penalized, kl = kl_penalty_rewards(
-            rewards, old_logprobs, ref_logprobs, mask, coef=beta, estimator=estimator
+            rewards, rollouts.old_logprobs, ref_logprobs, mask, coef=beta, estimator=estimator
         )
         controller.update(kl["kl_per_seq"], n_steps=len(rollouts))
         token_rewards = penalized if kl_in_reward else rewards
@@ -164,7 +142,6 @@ def ppo(
         advantages = whiten(advantages, mask)
         metrics = {
             **reward_metrics,
-            **async_metrics,
             "kl/token": float(kl["kl"]),
             "kl/seq": float(kl["kl_per_seq"]),
             "kl/coef": beta,
@@ -178,35 +155,9 @@ def ppo(
                 loss_fn if kl_in_reward else kl_regularized(loss_fn, coef=beta, estimator=estimator)
             )
             with clock("update"):
-                metrics |= policy.step(
-                    rollouts, advantages, loss_fn=policy_loss, old_logprobs=old_logprobs
-                )
-            sampled.wait(clock)  # the batch sampled ahead is complete: the engine is idle
-            with clock("sync"):
-                metrics |= resharder.sync(policy, engine)
+                metrics |= policy.step(rollouts, advantages, loss_fn=policy_loss)
+            metrics |= source.sync(clock)
         return Step({**metrics, "critic_warmup": float(warmup)}, rollouts)
 
-    try:
-        return run_steps(
-            "PPO",
-            step,
-            batches,
-            batch_per_step=False,  # the step draws its batch, and the next one when async
-            steps=steps,
-            on_step=on_step,
-            progress=progress,
-            blocks={
-                "policy": policy,
-                "critic": critic,
-                "kl_controller": controller,
-                "resharder": resharder,
-                "rollouts": sampled,
-            },
-            config=config,
-            checkpoint=checkpoint,
-            resume=resume,
-            after_resume=partial(resharder.resync, policy, engine),  # it has initial weights
-            tracker=tracker,
-        )
-    finally:
-        sampled.close()
+    blocks = {"policy": policy, "critic": critic, "kl_controller": controller}
+    return run_steps("PPO", step, source, steps=steps, run=run, config=config, blocks=blocks)

@@ -12,19 +12,17 @@ on with (``python -m rlblocks.demo --sft-steps 20``; docs/sft.md).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlblocks.checkpoint import Checkpointer, Resume
 from rlblocks.interfaces import PolicyLoss, PolicyTrainer, Rollouts
 from rlblocks.losses import nll
 from rlblocks.masked import masked_mean
-from rlblocks.recipes.defaults import StepCallback
-from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
+from rlblocks.run import Batches, Clock, RunOptions, Step, recipe, run_config, run_steps
 
 
+@recipe
 def sft(
     policy: PolicyTrainer,
     batches: Iterable[Rollouts],
@@ -33,11 +31,7 @@ def sft(
     loss_fn: PolicyLoss = nll,
     held_out: Rollouts | None = None,
     eval_every: int = 0,
-    on_step: StepCallback | None = None,
-    progress: bool = True,
-    checkpoint: Checkpointer | str | Path | None = None,
-    resume: Resume = False,
-    tracker: Tracker | None = None,
+    run: RunOptions | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` SFT steps, one optimizer step per batch unless the trainer's
     ``mini_batch_size`` cuts it; returns one metrics dict per step.
@@ -46,16 +40,23 @@ def sft(
     every ``eval_every`` steps and after the last one (``eval/nll``, `held_out_nll`; 0: only
     after the last). Metrics: the trainer's (``loss``, ``nll``, ``grad_norm``, ``lr``, ...),
     ``tokens`` (target tokens in the batch), the loop's ``time/*`` (the update is
-    ``time/update``). ``checkpoint``, ``resume``, ``tracker``, ``on_step``: as in
-    `rlblocks.recipes.grpo`. The trainer's ``temperature`` divides the logits here too: keep it
-    at 1 (the default) for the usual likelihood.
+    ``time/update``). ``run`` (on_step, progress, checkpoint, resume, tracker): as in
+    `rlblocks.recipes.grpo`; nothing is sampled, so its rollout options do not apply. The
+    trainer's ``temperature`` divides the logits here too: keep it at 1 (the default) for the
+    usual likelihood.
     """
     config = run_config("sft", locals())
+    run = run or RunOptions()
+    source = Batches(batches)
 
-    def step(index: int, batch: Rollouts, clock: Clock) -> Step:
-        zeros = torch.zeros(batch.response_ids.shape)  # no advantage, no π_old in maximum
-        with clock("update"):  # likelihood: zeros spare the trainer a scoring pass
-            metrics = policy.step(batch, zeros, loss_fn=loss_fn, old_logprobs=zeros)
+    def step(index: int, clock: Clock) -> Step | None:
+        batch = source.draw()
+        if batch is None:
+            return None  # the batches ran out
+        # No advantage, no π_old in maximum likelihood: zeros spare the trainer a scoring pass.
+        zeros = torch.zeros(batch.response_ids.shape)
+        with clock("update"):
+            metrics = policy.step(batch.replace(old_logprobs=zeros), zeros, loss_fn=loss_fn)
         metrics["tokens"] = int(batch.response_mask.sum())
         last = index + 1 == steps
         if held_out is not None and (last or (eval_every and (index + 1) % eval_every == 0)):
@@ -64,17 +65,7 @@ def sft(
         return Step(metrics, batch)
 
     return run_steps(
-        "SFT",
-        step,
-        batches,
-        steps=steps,
-        on_step=on_step,
-        progress=progress,
-        blocks={"policy": policy},
-        config=config,
-        checkpoint=checkpoint,
-        resume=resume,
-        tracker=tracker,
+        "SFT", step, source, steps=steps, run=run, config=config, blocks={"policy": policy}
     )
 
 

@@ -10,25 +10,23 @@ The one-keyword variants (see docs/algorithms/variants.md)::
 
 ReMax (Li et al. 2023, arXiv 2310.10505) subtracts the reward of the *greedy* response to the
 same prompt. The GRPO recipe calls ``advantage(rewards, mask, group_ids)``, which cannot
-generate, so `remax` is the GRPO loop with one line more: `greedy_baseline_rewards` (generate
-greedily, score, give each row its prompt's score) feeding ``rb.advantage.remax``'s
-``baseline_rewards=``. The loop around the step (progress, ``time/*``, ``on_step``) is
-`rlblocks.recipes.loop`, shared by every recipe.
+generate, so `remax` is the GRPO loop with two lines more: `with_greedy_answers` (each prompt
+answered greedily beside its samples, by the same weights) and `greedy_baseline_rewards`
+(score them, give each row its prompt's score) feeding ``rb.advantage.remax``'s
+``baseline_rewards=``. The loop around the step (progress, ``time/*``, ``on_step``,
+checkpoints) and where its rollouts come from are the run floor's, `rlblocks.run`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlblocks import resharder as resharders
 from rlblocks.advantage import remax as remax_advantage
-from rlblocks.checkpoint import Checkpointer, Resume
 from rlblocks.interfaces import (
     PolicyLoss,
     PolicyTrainer,
@@ -39,43 +37,62 @@ from rlblocks.interfaces import (
     Rollouts,
     SamplingParams,
 )
-from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP, StepCallback
-from rlblocks.recipes.loop import Clock, Step, Tracker, run_config, run_steps
+from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
 from rlblocks.rewards import checked
+from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
+
+#: The extra that marks ReMax's greedy rows among the sampled ones (`with_greedy_answers`).
+GREEDY = "greedy"
+
+
+def with_greedy_answers(
+    engine: RolloutEngine, batch: Any, *, group_size: int, sampling: SamplingParams
+) -> Rollouts:
+    """``group_size`` samples of each prompt of ``batch`` (``.prompts``, ``.metadata``), then
+    one greedy answer ȳ(x) of each (temperature 0, ``sampling``'s other settings kept), by the
+    same weights: ReMax's rows (Li et al. 2023, arXiv 2310.10505, Algorithm 1, lines 4-5).
+    The greedy rows come last, marked True in ``extras["greedy"]`` (b) bool."""
+    sampled = engine.generate(
+        batch.prompts, n=group_size, sampling=sampling, metadata=batch.metadata
+    )
+    greedy_sampling = dataclasses.replace(sampling, temperature=0.0)
+    greedy = engine.generate(batch.prompts, n=1, sampling=greedy_sampling, metadata=batch.metadata)
+    return Rollouts.concat(
+        [
+            sampled.with_extras(**{GREEDY: torch.zeros(len(sampled), dtype=torch.bool)}),
+            greedy.with_extras(**{GREEDY: torch.ones(len(greedy), dtype=torch.bool)}),
+        ]
+    )
 
 
 def greedy_baseline_rewards(
-    engine: RolloutEngine,
-    reward_fn: RewardFn,
-    rollouts: Rollouts,
-    batch: Any,
-    *,
-    sampling: SamplingParams,
+    reward_fn: RewardFn, rollouts: Rollouts, greedy: Rollouts
 ) -> RewardOutput:
     """ReMax's baseline (Li et al. 2023, arXiv 2310.10505, Algorithm 1, line 5): the reward of
     the greedy response ȳ to each row's prompt x.
 
         bᵢ = r(x(i), ȳ(x(i))),   ȳ(x) = argmax decoding of x (temperature 0)
 
-    ``batch`` (``.prompts``, ``.metadata``) holds the prompts ``rollouts`` were sampled from;
-    each is answered once, greedily, with ``sampling``'s other settings (``max_new_tokens``,
-    ``stop``). Rows are matched to their prompt by the rendered prompt text
-    (``rollouts.prompts``), so the engine may order rows as it likes; equal prompts share a
+    ``greedy`` holds one greedy answer per prompt of ``rollouts`` (`with_greedy_answers`),
+    scored here with ``reward_fn``. Rows are matched to their prompt by the rendered prompt
+    text (``rollouts.prompts``), so an engine may order rows as it likes; equal prompts share a
     greedy answer anyway. Returns `RewardOutput(rewards (b) float32, metrics)`, no gradient;
     ``reward_fn``'s metrics are renamed ``"baseline/…"``.
     """
-    greedy_sampling = dataclasses.replace(sampling, temperature=0.0)
-    greedy = engine.generate(batch.prompts, n=1, sampling=greedy_sampling, metadata=batch.metadata)
     greedy_rewards, metrics = reward_fn(greedy)  # (p) one per prompt
     prompt_of = {text: i for i, text in enumerate(greedy.prompts)}
     missing = sorted(set(rollouts.prompts) - set(prompt_of))
     if missing:
-        raise ValueError(f"greedy_baseline_rewards: no greedy answer for the prompt {missing[0]!r}")
+        raise ValueError(
+            f"greedy_baseline_rewards: no greedy answer for the prompt {missing[0]!r}; answer "
+            f"every prompt of the rollouts greedily (with_greedy_answers)"
+        )
     rows = torch.tensor([prompt_of[text] for text in rollouts.prompts], dtype=torch.long)
     renamed = {f"baseline/{k.removeprefix('reward/')}": float(v) for k, v in metrics.items()}
     return RewardOutput(greedy_rewards.detach().float().cpu()[rows], renamed)
 
 
+@recipe
 def remax(
     policy: PolicyTrainer,
     engine: RolloutEngine,
@@ -87,11 +104,7 @@ def remax(
     sampling: SamplingParams = DEFAULT_SAMPLING,
     loss_fn: PolicyLoss = PPO_CLIP,
     resharder: Resharder | None = None,
-    on_step: StepCallback | None = None,
-    progress: bool = True,
-    checkpoint: Checkpointer | str | Path | None = None,
-    resume: Resume = False,
-    tracker: Tracker | None = None,
+    run: RunOptions | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` ReMax steps; returns one metrics dict per step.
 
@@ -100,60 +113,57 @@ def remax(
 
         Aᵢ = r(x, yᵢ) − r(x, ȳ),   yᵢ ~ π_θ(·|x),  ȳ = greedy decoding of x
 
-    The GRPO recipe's loop with the greedy baseline (`greedy_baseline_rewards`) passed to
-    ``rb.advantage.remax(baseline_rewards=...)``. ``group_size`` samples per prompt (the paper
-    uses 1; the baseline needs no group). One greedy generation per prompt per step more than
-    GRPO, in exchange for no group statistics. Metrics: the reward's (``reward/mean``),
-    ``baseline/…`` (the greedy answers'), the trainer's, the resharder's, and the ones every
-    recipe reports (`rlblocks.recipes.loop`): ``time/*`` (the greedy generation is
-    ``time/rollout``, its scoring ``time/reward``), ``step_seconds``, ``response_length`` and
-    ``kl/token`` when the loss has a KL term. ``on_step``: as in `rlblocks.recipes.grpo`.
-
-    ``checkpoint`` (a `rlblocks.checkpoint.Checkpointer` or a folder), ``resume`` (False, True or
-    ``"auto"``) and ``tracker`` (`rlblocks.tracking.Tracker`): the run is saved after every
-    ``checkpoint.every`` steps and goes on from there, bit for bit; see
-    `rlblocks.recipes.loop.run_steps` and docs/checkpoints.md.
+    The GRPO recipe's loop with the greedy answers sampled beside the others by the same
+    weights (`with_greedy_answers`, also one step off) and their rewards
+    (`greedy_baseline_rewards`) passed to ``rb.advantage.remax(baseline_rewards=...)``.
+    ``group_size`` samples per prompt (the paper uses 1; the baseline needs no group). One
+    greedy generation per prompt per step more than GRPO, in exchange for no group statistics.
+    Metrics: the reward's (``reward/mean``), ``baseline/…`` (the greedy answers'), the
+    trainer's, the resharder's, and the ones every recipe reports (`rlblocks.run.loop`):
+    ``time/*`` (the greedy generation is ``time/rollout``, its scoring ``time/reward``),
+    ``step_seconds``, ``response_length`` and ``kl/token`` when the loss has a KL term.
+    ``run``: as in `rlblocks.recipes.grpo`.
     """
     config = run_config("remax", locals())  # logged once, checked on resume
+    run = run or RunOptions()
     resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
 
-    def step(index: int, batch: Any, clock: Clock) -> Step:
-        with clock("rollout"):
-            rollouts = engine.generate(
-                batch.prompts, n=group_size, sampling=sampling, metadata=batch.metadata
-            )
+    def sample(batch: Any) -> Rollouts:
+        return with_greedy_answers(engine, batch, group_size=group_size, sampling=sampling)
+
+    source = RolloutSource(
+        engine,
+        policy,
+        batches,
+        group_size=group_size,
+        sampling=sampling,
+        resharder=resharder,
+        run=run,
+        sample=sample,
+    )
+
+    def step(index: int, clock: Clock) -> Step | None:
+        drawn = source.draw(clock)  # the samples, then the greedy answers
+        if drawn is None:
+            return None  # the prompt batches ran out
+        greedy_rows = drawn.extras[GREEDY]
+        rollouts, greedy = drawn.select(~greedy_rows), drawn.select(greedy_rows)
         with clock("reward"):
-            rewards, reward_metrics = reward_fn(rollouts)
-        with clock("rollout"):  # the one extra line of ReMax: greedy answers, scored
-            baseline, baseline_metrics = greedy_baseline_rewards(
-                engine, clock.timed("reward", reward_fn), rollouts, batch, sampling=sampling
-            )
+            rewards, metrics = reward_fn(rollouts)
+            baseline, baseline_metrics = greedy_baseline_rewards(reward_fn, rollouts, greedy)
         rollouts = rollouts.replace(rewards=rewards)  # kept with the rows (dashboards read it)
         advantages, _ = remax_advantage(
             rewards, rollouts.response_mask, rollouts.group_ids, baseline_rewards=baseline
         )
         with clock("update"):
-            train_metrics = policy.step(rollouts, advantages, loss_fn=loss_fn)
-        with clock("sync"):
-            sync_metrics = resharder.sync(policy, engine)
-        metrics = {**reward_metrics, **baseline_metrics, **train_metrics, **sync_metrics}
-        return Step(metrics, rollouts)
+            metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)
+        metrics |= source.sync(clock)
+        return Step({**metrics, **baseline_metrics}, rollouts)
 
     return run_steps(
-        "ReMax",
-        step,
-        batches,
-        steps=steps,
-        on_step=on_step,
-        progress=progress,
-        blocks={"policy": policy, "resharder": resharder},
-        config=config,
-        checkpoint=checkpoint,
-        resume=resume,
-        after_resume=partial(resharder.resync, policy, engine),  # the engine has initial weights
-        tracker=tracker,
+        "ReMax", step, source, steps=steps, run=run, config=config, blocks={"policy": policy}
     )
 
 
-__all__ = ["greedy_baseline_rewards", "remax"]
+__all__ = ["GREEDY", "greedy_baseline_rewards", "remax", "with_greedy_answers"]

@@ -55,6 +55,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from rlblocks.checkpoint.rng import rng_state, set_rng_state
 from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, dispatch
+from rlblocks.renamed import moved_keywords
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.allocator import keep_freed_memory
 from rlblocks.trainer.batches import scored_in_pieces, token_advantages
@@ -80,6 +81,9 @@ if TYPE_CHECKING:
     from peft import LoraConfig
 
 Reference = Literal["auto", "copy"] | nn.Module | None
+
+#: π_old travels with the rows: where ``step(old_logprobs=)`` went.
+OLD_LOGPROBS_MOVED = "rollouts.replace(old_logprobs=...): π_old travels with the rows"
 
 
 class PolicyTrainer:
@@ -242,13 +246,13 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------ the update
     @dispatch(Dispatch.ALL)
+    @moved_keywords(old_logprobs=OLD_LOGPROBS_MOVED)
     def step(
         self,
         rollouts: Rollouts,
         advantages: Tensor | Advantages,
         *,
         loss_fn: PolicyLoss,
-        old_logprobs: Tensor | None = None,
         minibatches: Sequence[Tensor] | None = None,
     ) -> dict[str, float]:
         """One policy update on a batch: epochs × mini-batches × micro-batches (module doc).
@@ -260,7 +264,10 @@ class PolicyTrainer:
         norm clipping: Pascanu et al. 2013, arXiv 1211.5063, Algorithm 1.
 
         ``advantages``: ``(b t)`` float32 (an ``Advantages`` tuple is unpacked; a ``(b)``
-        tensor is broadcast over each row's valid tokens); detached. ``loss_fn`` follows the
+        tensor is broadcast over each row's valid tokens); detached. π_old travels with the
+        rows: ``rollouts.old_logprobs`` when set; else, when the update is one optimizer step
+        over all rows, the detached log-probs of the update's own forward (no scoring pass);
+        else scored before the update (docs/run.md has the whole table). ``loss_fn`` follows the
         ``PolicyLoss`` protocol and also receives ``ref_logprobs`` (b t, detached), ``entropy``
         (b t, with gradient) and ``rollout_logprobs`` (b t) when its signature names them.
 
@@ -282,7 +289,7 @@ class PolicyTrainer:
         """
         start = time.perf_counter()
         self._accumulation.refuse(self, "step")
-        update = self._update(rollouts, advantages, loss_fn, old_logprobs, minibatches, "step")
+        update = self._update(rollouts, advantages, loss_fn, minibatches, "step")
         scored = time.perf_counter()  # old (and reference) log-probs are ready
         metrics = run_update(self, update.work, update.loss)
         return {
@@ -298,13 +305,13 @@ class PolicyTrainer:
         }
 
     @dispatch(Dispatch.ALL)
+    @moved_keywords(old_logprobs=OLD_LOGPROBS_MOVED)
     def forward_backward(
         self,
         rollouts: Rollouts,
         advantages: Tensor | Advantages,
         *,
         loss_fn: PolicyLoss,
-        old_logprobs: Tensor | None = None,
         normalizer: Tensor | float | None = None,
     ) -> dict[str, float]:
         """Add ∇_θ Σ_{i,t} ℓ_{i,t} / n to the gradients (Tinker's ``forward_backward``):
@@ -314,7 +321,7 @@ class PolicyTrainer:
         n defaults to ``config.aggregation.normalizer`` of *this call's* response mask: k calls
         over k chunks of one batch must pass the whole batch's :meth:`normalizer`, so that
         their gradient is the batch's. ``advantages``, ``loss_fn`` and π_ref are as in
-        :meth:`step`; π_old is ``old_logprobs``, else ``rollouts.old_logprobs``, else the
+        :meth:`step`; π_old is ``rollouts.old_logprobs``, else the
         detached log-probs of this forward (no weight moved since the last ``optim_step``).
         Returns this call's ``loss`` (Σ over its micro-batches and ranks: with the batch's n,
         the calls' losses add up to ``step``'s), its token-weighted loss metrics and
@@ -327,7 +334,7 @@ class PolicyTrainer:
             raise ValueError(f"normalizer must be a scalar, got shape {tuple(norm.shape)}")
         everything = [torch.arange(len(rollouts))]
         method = "forward_backward"
-        update = self._update(rollouts, advantages, loss_fn, old_logprobs, everything, method)
+        update = self._update(rollouts, advantages, loss_fn, everything, method)
         if norm is not None:
             update.work = dataclasses.replace(update.work, norms=[norm.to(self.device)])
         metrics = self._accumulation.add(self, update.work, update.loss)
@@ -354,15 +361,12 @@ class PolicyTrainer:
         rollouts: Rollouts,
         advantages: Tensor | Advantages,
         loss_fn: PolicyLoss,
-        old_logprobs: Tensor | None,
         minibatches: Sequence[Tensor] | None,
         method: str,
     ) -> PreparedUpdate:
         """This rank's part of an update, ready for the loop (``rlblocks.trainer.policy_loss``)."""
         batch = rollouts.to(self.device)
         batch = batch.replace(advantages=token_advantages(advantages, batch))
-        if old_logprobs is not None:
-            batch = batch.replace(old_logprobs=old_logprobs.to(self.device))
         has_ref = self.reference is not None or self._adapter_reference
         return prepare_update(
             assign(self, batch, minibatches, method=method),

@@ -76,10 +76,12 @@ def main() -> None:
             group_size=8,
             sampling=SAMPLING,
             loss_fn=rb.losses.kl_regularized(rb.recipes.defaults.PPO_CLIP, coef=0.1),
-            on_step=lambda index, metrics, rollouts: print(f"STEP {index}", flush=True),
-            progress=False,
-            checkpoint=rb.checkpoint.Checkpointer(args.out / "checkpoints"),
-            resume=args.resume,
+            run=rb.run.RunOptions(
+                on_step=lambda index, metrics, rollouts: print(f"STEP {index}", flush=True),
+                progress=False,
+                checkpoint=rb.checkpoint.Checkpointer(args.out / "checkpoints"),
+                resume=args.resume,
+            ),
         )
         weights = dict(trainer.named_weights())
     torch.save({"history": history, "policy": weights}, args.out / "result.pt")

@@ -14,7 +14,7 @@ import rlblocks as rb
 from rlblocks.checkpoint import Checkpointer, CheckpointError
 from rlblocks.checkpoint.folders import to_prune
 from rlblocks.data import PromptBatches, load_prompts
-from rlblocks.recipes.run import Drawn, describe, run_config
+from rlblocks.run import Drawn, describe, run_config
 
 
 class Counter:
@@ -118,13 +118,13 @@ def test_run_config_is_plain_json_without_addresses():
             "sampling": rb.SamplingParams(max_new_tokens=8),
             "loss_fn": loss,
             "advantage": rb.advantage.grpo,
-            "on_step": print,
+            "run": rb.run.RunOptions(on_step=print),
             "engine": object(),
         },
     )
     assert config["loss_fn"] == "rlblocks.losses.ppo.clipped_surrogate(clip=[0.2, 0.28])"
     assert config["sampling"]["max_new_tokens"] == 8 and config["engine"] == "object"
-    assert "on_step" not in config and config["recipe"] == "grpo"
+    assert "run" not in config and config["recipe"] == "grpo"  # the loop adds what counts
     assert describe(lambda x: x) == "function"
 
 
@@ -191,11 +191,15 @@ def test_a_restored_trainer_takes_the_same_next_step(tmp_path, lora):
 
 def _count_steps(folder, *, steps: int, batches: list, every: int, stop_at: int | None = None):
     """run_steps over ``batches`` with a step that counts into a `Stateful` block."""
-    from rlblocks.recipes.loop import Step, run_steps
+    from rlblocks.run import Batches, RunOptions, Step, run_steps
 
     counter = Counter()
+    source = Batches(batches)
 
-    def step(index, batch, clock):
+    def step(index, clock):
+        batch = source.draw()
+        if batch is None:
+            return None  # the data ran out
         counter.n += batch
         return Step({"n": float(counter.n)}, None)
 
@@ -204,17 +208,8 @@ def _count_steps(folder, *, steps: int, batches: list, every: int, stop_at: int 
             raise StopIteration
 
     ckpt = Checkpointer(folder, every=every, keep_last=None)
-    history = run_steps(
-        "count",
-        step,
-        batches,
-        steps=steps,
-        blocks={"counter": counter},
-        checkpoint=ckpt,
-        resume="auto",
-        on_step=on_step,
-        progress=False,
-    )
+    run = RunOptions(checkpoint=ckpt, resume="auto", on_step=on_step, progress=False)
+    history = run_steps("count", step, source, steps=steps, blocks={"counter": counter}, run=run)
     return ckpt.steps(), [h["n"] for h in history], counter.n
 
 

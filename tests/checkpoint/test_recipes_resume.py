@@ -18,7 +18,12 @@ def _run(recipe, steps: int, folder, **kw) -> dict:
     policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, mini_batch_size=16)
     engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
     history = run_group_recipe(
-        recipe, policy, engine, steps=steps, checkpoint=folder, resume="auto", **kw
+        recipe,
+        policy,
+        engine,
+        steps=steps,
+        run=rb.run.RunOptions(checkpoint=folder, resume="auto"),
+        **kw,
     )
     return {"history": history, "policy": policy.model.state_dict()}
 

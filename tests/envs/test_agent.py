@@ -144,14 +144,12 @@ def test_grpo_step_equals_the_step_on_the_single_turn_equivalent(sampled):
     trainers = [copy.deepcopy(policy) for _ in range(4)]
     grads = [gradients_at_step(trainer) for trainer in trainers]
     everything = [torch.arange(len(ro))]
-    multi = trainers[0].step(
-        ro, advantages, loss_fn=LOSS, old_logprobs=ro.rollout_logprobs, minibatches=everything
-    )
+    ro_old = ro.replace(old_logprobs=ro.rollout_logprobs)  # π_old travels with the rows
+    multi = trainers[0].step(ro_old, advantages, loss_fn=LOSS, minibatches=everything)
     single = trainers[1].step(
-        split,
+        split.replace(old_logprobs=split.rollout_logprobs),
         split_advantages,
         loss_fn=LOSS,
-        old_logprobs=split.rollout_logprobs,
         minibatches=[torch.arange(len(split))],
     )
     # Token-mean over the same model tokens with the same inputs: the same loss and gradient.
@@ -172,10 +170,9 @@ def test_grpo_step_equals_the_step_on_the_single_turn_equivalent(sampled):
     per_row = advantages.sum(-1) / ro.response_mask.sum(-1)
     trained_observations = ro.replace(response_mask=ro.response_attention_mask)
     trainers[3].step(
-        trained_observations,
+        trained_observations.replace(old_logprobs=ro.rollout_logprobs),
         per_row,
         loss_fn=LOSS,
-        old_logprobs=ro.rollout_logprobs,
         minibatches=everything,
     )
     assert (grads[3][0] - g_multi).abs().max() > 1e-2 * scale
@@ -183,7 +180,7 @@ def test_grpo_step_equals_the_step_on_the_single_turn_equivalent(sampled):
     noisy_adv = torch.where(observation, 100.0, advantages)
     noisy_old = torch.where(observation, -5.0, ro.rollout_logprobs)
     noisy = trainers[2].step(
-        ro, noisy_adv, loss_fn=LOSS, old_logprobs=noisy_old, minibatches=everything
+        ro.replace(old_logprobs=noisy_old), noisy_adv, loss_fn=LOSS, minibatches=everything
     )
     assert noisy["loss"] == multi["loss"] and noisy["grad_norm"] == multi["grad_norm"]
     assert torch.equal(grads[2][0], g_multi)
@@ -292,7 +289,7 @@ def test_the_grpo_recipe_runs_on_the_agent_engine_unchanged():
         steps=1,
         group_size=2,
         sampling=SAMPLING,
-        progress=False,
+        run=rb.run.RunOptions(progress=False),
     )
     (metrics,) = history
     assert metrics["agent/turns"] >= 1.0 and "agent/end/done" in metrics

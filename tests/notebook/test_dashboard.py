@@ -212,8 +212,7 @@ def test_dashboard_as_the_grpo_on_step_callback(mode):
         steps=2,
         group_size=3,
         sampling=rb.SamplingParams(max_new_tokens=4),
-        on_step=dash.update,
-        progress=False,
+        run=rb.run.RunOptions(on_step=dash.update, progress=False),
     )
     assert dash.closed  # 2 of 2 steps: closed by the last update
     assert [h["step"] for h in dash.history] == [0, 1]

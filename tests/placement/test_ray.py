@@ -283,7 +283,7 @@ def test_a_teacher_on_its_own_role_scores_rows_in_order_and_drives_distill(place
         steps=2,
         group_size=2,
         sampling=rb.SamplingParams(max_new_tokens=6),
-        progress=False,
+        run=rb.run.RunOptions(progress=False),
     )
     # The student starts as the teacher's own weights: the reverse KL is 0 up to the
     # rounding of cached (engine) against uncached (trainer) attention, until the update moves it.

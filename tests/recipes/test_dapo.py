@@ -79,9 +79,18 @@ class Accuracy:
         return RewardOutput(r, {"reward/mean": float(r.mean()), "reward/failures": 0.0})
 
 
-def sample(engine, reward, source, **kw):
-    kw = {"group_size": 2, "max_rounds": 8, **kw}
-    return sample_informative_groups(engine, reward, source, **kw)
+def sample(engine, reward, source, *, group_size=2, sampling=None, **kw):
+    """Dynamic sampling over the rounds ``engine`` generates from the batches of ``source``."""
+
+    def draw():
+        batch = next(source, None)
+        if batch is None:
+            return None
+        return engine.generate(
+            batch.prompts, n=group_size, sampling=sampling, metadata=batch.metadata
+        )
+
+    return sample_informative_groups(draw, reward, **{"max_rounds": 8, **kw})
 
 
 # ---------------------------------------------------------------------- the sampling loop
@@ -203,8 +212,9 @@ def test_overlong_shaping_does_not_change_which_groups_are_kept():
 
 
 def test_invalid_arguments():
+    # The group size is the recipe's (the rounds carry their groups): dapo refuses 1.
     with pytest.raises(ValueError, match="group_size >= 2"):
-        sample(ScriptedEngine(), Accuracy(), batches(["1 0"]), group_size=1)
+        dapo(tiny_policy(), ScriptedEngine(), Accuracy(), batches(["1 0"]), steps=1, group_size=1)
     with pytest.raises(ValueError, match="max_rounds >= 1"):
         sample(ScriptedEngine(), Accuracy(), batches(["1 0"]), max_rounds=0)
 
@@ -235,8 +245,9 @@ def test_recipe_filters_on_accuracy_scores_once_and_skips_empty_steps():
             max_length=8,
             cache_length=4,
             max_rounds=2,
-            on_step=lambda step, m, ro: seen.append((step, ro)),
-            progress=False,
+            run=rb.run.RunOptions(
+                on_step=lambda step, m, ro: seen.append((step, ro)), progress=False
+            ),
         )
     assert len(history) == 2  # step 0 trained, step 1 skipped, then the data ran out
     assert seen[0][1].prompts == ["1 0", "1 0"] and seen[1][1] is None
@@ -255,7 +266,14 @@ def test_recipe_filters_on_accuracy_scores_once_and_skips_empty_steps():
 def test_recipe_warns_when_the_policy_does_not_aggregate_by_token_mean():
     policy = tiny_policy(aggregation=rb.losses.seq_mean_token_mean)
     with pytest.warns(UserWarning, match="token-mean"):
-        dapo(policy, ScriptedEngine(), Accuracy(), batches(), steps=0, progress=False)
+        dapo(
+            policy,
+            ScriptedEngine(),
+            Accuracy(),
+            batches(),
+            steps=0,
+            run=rb.run.RunOptions(progress=False),
+        )
 
 
 def run_dapo(lr: float, steps: int) -> list[dict[str, float]]:

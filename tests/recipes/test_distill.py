@@ -17,11 +17,16 @@ def teacher():
     policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None)
     train = digit_examples(tokenizer, 0, 32)
     batches = (train.select(list(range(k % 4 * 8, k % 4 * 8 + 8))) for k in range(20))
-    rb.recipes.sft(policy, batches, steps=20, progress=False)
+    rb.recipes.sft(
+        policy,
+        batches,
+        steps=20,
+        run=rb.run.RunOptions(progress=False),
+    )
     return rb.trainer.Teacher(policy.model, tokenizer=tokenizer)
 
 
-def run_distill(teacher, lr: float, steps: int = 60, **kw) -> list[dict]:
+def run_distill(teacher, lr: float, steps: int = 60, on_step=None, **kw) -> list[dict]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model, tokenizer = rb.models.tiny(seed=0)
@@ -34,7 +39,7 @@ def run_distill(teacher, lr: float, steps: int = 60, **kw) -> list[dict]:
             PromptBatches(count_prompts(), prompts_per_step=4, seed=0),
             steps=steps,
             sampling=rb.SamplingParams(max_new_tokens=8),
-            progress=False,
+            run=rb.run.RunOptions(on_step=on_step, progress=False),
             **{"group_size": 8, **kw},
         )
 
@@ -53,8 +58,17 @@ def record_digits(step, metrics, rollouts):
 
 
 def test_distillation_teaches_the_student_and_lr0_does_not(teacher):
-    learnt = run_distill(teacher, lr=3e-3, on_step=record_digits)
-    control = run_distill(teacher, lr=0.0, steps=10, on_step=record_digits)
+    learnt = run_distill(
+        teacher,
+        lr=3e-3,
+        on_step=record_digits,
+    )
+    control = run_distill(
+        teacher,
+        lr=0.0,
+        steps=10,
+        on_step=record_digits,
+    )
     kl = [h["distill/reverse_kl"] for h in learnt]
     # The student starts far from the teacher (reverse KL ≈ 6.5 nats per token) and writes ~2%
     # digits. Measured over 60 steps: the KL falls to ≈ 1.0-1.5 and the digits of the last ten

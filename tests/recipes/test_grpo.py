@@ -54,8 +54,7 @@ def test_on_step_can_stop_early():
         steps=10,
         group_size=3,
         sampling=rb.SamplingParams(max_new_tokens=4),
-        on_step=stop_after_two,
-        progress=False,
+        run=rb.run.RunOptions(on_step=stop_after_two, progress=False),
     )
     assert [s[:2] for s in seen] == [(0, 6), (1, 6)]
     assert len(history) == 2
@@ -86,8 +85,9 @@ def _weights_after_grpo(engine_kind: str, reuse, steps: int = 2):
             engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
         else:  # its own copy of the same weights, synced by the resharder
             engine = rb.rollout.HFEngine(rb.models.tiny(seed=0)[0], tokenizer, progress=False)
+        old = {None: "auto", True: "rollout", False: "recompute"}[reuse]
         history = run_group_recipe(
-            rb.recipes.grpo, policy, engine, steps=steps, reuse_rollout_logprobs=reuse
+            rb.recipes.grpo, policy, engine, steps=steps, run=rb.run.RunOptions(old_logprobs=old)
         )
     return history, {n: p.detach().clone() for n, p in policy.model.named_parameters()}
 
@@ -112,7 +112,7 @@ def test_a_separate_engine_copy_is_never_taken_for_pi_old():
 
 
 def test_samples_with_policy_needs_the_same_module_and_temperature():
-    from rlblocks.recipes.defaults import samples_with_policy
+    from rlblocks.run import samples_with_policy
 
     model, tokenizer = rb.models.tiny(seed=0)
     policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, reference=None)

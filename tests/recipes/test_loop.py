@@ -4,6 +4,7 @@ it adds; and, on the tiny model, that every recipe reports the same names for th
 from __future__ import annotations
 
 import ast
+import inspect
 import math
 from pathlib import Path
 
@@ -14,9 +15,10 @@ from toy_tasks import count_prompts, digit_fraction, run_group_recipe
 import rlblocks as rb
 from rlblocks.critic import CriticTrainer
 from rlblocks.data import PromptBatches
-from rlblocks.recipes import loop
+from rlblocks.recipes import defaults
 from rlblocks.recipes.defaults import PPO_CLIP
-from rlblocks.recipes.loop import PHASES, Clock, Step, run_steps, shared_metrics
+from rlblocks.run import Batches, RunOptions
+from rlblocks.run.loop import PHASES, Clock, Step, run_steps, shared_metrics
 
 TIMES = {f"time/{phase}" for phase in PHASES}
 SHARED = TIMES | {"reward/mean", "step_seconds", "response_length"}
@@ -116,6 +118,17 @@ def test_kl_to_the_reference_gets_the_shared_name_without_clobbering(reported, k
 
 
 # ---------------------------------------------------------------------- the loop
+def _from(batches, step):
+    """``step(index, batch, clock)`` as the loop's step function over a plain `Batches`."""
+    source = Batches(batches)
+
+    def step_fn(index, clock):
+        batch = source.draw()
+        return None if batch is None else step(index, batch, clock)
+
+    return step_fn, source
+
+
 def test_run_steps_calls_on_step_and_stops_early():
     batches = iter(range(100, 110))
     seen = []
@@ -130,7 +143,8 @@ def test_run_steps_calls_on_step_and_stops_early():
         if index == 2:
             raise StopIteration
 
-    history = run_steps("T", step, batches, steps=8, on_step=stop_after_three, progress=False)
+    run = RunOptions(on_step=stop_after_three, progress=False)
+    history = run_steps("T", *_from(batches, step), steps=8, run=run)
     assert seen == [(0, 100.0, 1), (1, 101.0, 1), (2, 102.0, 1)]
     assert [h["index"] for h in history] == [0, 1, 2]  # the stopping step is recorded
     assert next(batches) == 103  # nothing drawn after the stop
@@ -143,15 +157,15 @@ def test_run_steps_ends_on_steps_on_data_and_on_a_step_with_no_data():
     def step(index, batch, clock):
         return None if batch == "end" else Step({}, rows(1))
 
+    quiet = RunOptions(progress=False)
     batches = iter("abcdef")
-    assert len(run_steps("T", step, batches, steps=2, progress=False)) == 2
+    assert len(run_steps("T", *_from(batches, step), steps=2, run=quiet)) == 2
     assert next(batches) == "c"  # zip(range(steps), batches): no batch drawn beyond steps
-    assert len(run_steps("T", step, iter("ab"), steps=5, progress=False)) == 2  # ran out
+    assert len(run_steps("T", *_from(iter("ab"), step), steps=5, run=quiet)) == 2  # ran out
     # A step that finds no data ends the run and is not recorded (DAPO's batches ran out).
     seen = []
-    history = run_steps(
-        "T", step, iter(["a", "end", "b"]), steps=5, on_step=lambda *a: seen.append(a[0])
-    )
+    run = RunOptions(on_step=lambda *a: seen.append(a[0]))
+    history = run_steps("T", *_from(iter(["a", "end", "b"]), step), steps=5, run=run)
     assert len(history) == 1 and seen == [0]
 
 
@@ -193,7 +207,7 @@ def run_recipe(name: str, loss_fn=None, steps: int = 2):
                 steps=steps,
                 samples_per_prompt=2,
                 sampling=rb.SamplingParams(max_new_tokens=8),
-                progress=False,
+                run=rb.run.RunOptions(progress=False),
                 **kw,
             )
         else:
@@ -283,7 +297,7 @@ def test_ppo_keeps_its_own_kl_token_beside_the_loss_term():
             samples_per_prompt=2,
             sampling=rb.SamplingParams(max_new_tokens=8),
             kl_in_reward=False,
-            progress=False,
+            run=rb.run.RunOptions(progress=False),
         )
     # Two mini-batches: the second is scored after the first update, so the loss term's KL
     # (kl_loss, during the update) differs from the recipe's (kl/token, before it); the loop
@@ -295,8 +309,15 @@ def test_ppo_keeps_its_own_kl_token_beside_the_loss_term():
 
 
 # ---------------------------------------------------------------------- structure
-RECIPE_DIR = Path(loop.__file__).parent
-RECIPE_MODULES = ("dapo", "evaluate", "grpo", "ppo", "variants")
+RECIPE_DIR = Path(defaults.__file__).parent
+RECIPE_MODULES = ("dapo", "distill", "evaluate", "grpo", "online_dpo", "ppo", "sft", "variants")
+RECIPES_ALL = ("grpo", "ppo", "dapo", "remax", "distill", "online_dpo", "sft")
+#: The classes of the blocks (engines, trainers, critics, placements): never probed.
+BLOCK_CLASSES = {
+    name
+    for package in (rb.trainer, rb.rollout, rb.critic, rb.placement)
+    for name in package.__all__
+}
 
 
 @pytest.mark.parametrize("module", RECIPE_MODULES)
@@ -310,11 +331,37 @@ def test_no_recipe_imports_another_or_probes_a_block(module):
             imported |= {alias.name for alias in node.names}
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             assert node.func.id not in {"getattr", "hasattr"}, (module, node.lineno)
+            if node.func.id == "isinstance":  # on a plain value, never on a block's class
+                kinds = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+                assert not kinds & BLOCK_CLASSES, (module, kinds, node.lineno)
     recipes = {m for m in imported if m.startswith("rlblocks.recipes.")}
-    shared = {"rlblocks.recipes.defaults", "rlblocks.recipes.loop", "rlblocks.recipes.overlap"}
-    assert recipes <= shared, recipes
+    assert recipes <= {"rlblocks.recipes.defaults"}, recipes
     assert "inspect" not in imported and "rlblocks.losses.inputs" not in imported
     assert "rlblocks.critic" not in imported  # PPO's critic is an interfaces.Critic
+    concrete = {"rlblocks.trainer", "rlblocks.rollout", "rlblocks.critic", "rlblocks.placement"}
+    assert not [m for m in imported for c in concrete if m == c or m.startswith(c + ".")]
+
+
+@pytest.mark.parametrize("name", RECIPES_ALL)
+def test_no_recipe_declares_the_loops_options(name):
+    # How a run is driven is one RunOptions (run=); the loop's keywords are nobody's own.
+    parameters = inspect.signature(getattr(rb.recipes, name)).parameters
+    assert "run" in parameters
+    assert not set(parameters) & set(rb.run.options.MOVED), name
+
+
+def test_the_run_floor_finds_capabilities_in_the_contracts_not_in_classes():
+    # isinstance only on the Protocols of rlblocks.interfaces (Handle) or plain Python types,
+    # never on a block's class: the engines', trainers', critics' and placements'.
+    floor = Path(rb.run.__file__).parent
+    checked = 0
+    for path in floor.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+                kinds = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+                assert not kinds & BLOCK_CLASSES, (path.name, kinds)
+                checked += 1
+    assert checked  # the test reads the floor's isinstance calls
 
 
 def test_recipe_step_functions_stay_short():

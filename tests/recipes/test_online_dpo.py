@@ -21,7 +21,7 @@ def run_online_dpo(lr: float, steps: int, **kw) -> list[dict]:
             PromptBatches(count_prompts(), prompts_per_step=8, seed=0),
             steps=steps,
             sampling=rb.SamplingParams(max_new_tokens=8),
-            progress=False,
+            run=rb.run.RunOptions(progress=False),
             **kw,
         )
 
@@ -55,7 +55,7 @@ def test_simpo_needs_no_reference_and_ties_skip_the_update():
         steps=2,
         sampling=rb.SamplingParams(max_new_tokens=4),
         preference=rb.losses.simpo,
-        progress=False,
+        run=rb.run.RunOptions(progress=False),
     )
     assert [h["dpo/pairs"] for h in history] == [0.0, 0.0]
     assert "loss" not in history[-1] and policy.optimizer_steps == 0

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -27,7 +28,7 @@ def _blocks(lr: float, critic_lr: float):
     return policy, critic, engine
 
 
-def run_ppo(blocks, steps: int, *, prompts: int = 8, **kw) -> list[dict]:
+def run_ppo(blocks, steps: int, *, prompts: int = 8, run=None, **kw) -> list[dict]:
     """``ppo`` on 16 "Count: i" prompts; by default 4 samples of at most 8 tokens per prompt."""
     policy, critic, engine = blocks
     data = count_prompts()
@@ -41,7 +42,7 @@ def run_ppo(blocks, steps: int, *, prompts: int = 8, **kw) -> list[dict]:
             REWARD,
             PromptBatches(data, prompts_per_step=prompts, seed=0),
             steps=steps,
-            progress=False,
+            run=dataclasses.replace(run or rb.run.RunOptions(), progress=False),
             **kw,
         )
 
@@ -61,7 +62,9 @@ def test_ppo_raises_the_reward_of_a_toy_task():
 def test_ppo_with_zero_learning_rate_does_not_learn():
     # π_old scored by the trainer (not the engine's log-probs, which come from cached attention
     # and differ from the reference's forward by float rounding): KL is then exactly 0.
-    history = run_ppo(_blocks(0.0, 1e-3), 25, kl_coef=0.01, reuse_rollout_logprobs=False)
+    history = run_ppo(
+        _blocks(0.0, 1e-3), 25, kl_coef=0.01, run=rb.run.RunOptions(old_logprobs="recompute")
+    )
     rewards = [h["reward/mean"] for h in history]
     # Same seeds, no policy update: the reward stays at the random model's level (measured
     # between 0.007 and 0.041 at every step; 0.031, 0.015, 0.021 over the last three), and the
@@ -72,19 +75,22 @@ def test_ppo_with_zero_learning_rate_does_not_learn():
 
 def test_engine_sharing_the_model_gives_pi_old_by_default():
     # As in GRPO: an HFEngine around policy.model samples with the trainer's own weights, so
-    # its log-probs are π_old (no scoring pass): the default run equals reuse=True bit for bit,
-    # and π_old against the rollout log-probs is exactly 0; scored by the trainer (False), the
-    # cached-attention rounding shows in the mismatch metric.
+    # its log-probs are π_old (no scoring pass): the default run ("auto") equals "rollout" bit
+    # for bit, and π_old against the rollout log-probs is exactly 0; scored by the trainer
+    # ("recompute"), the cached-attention rounding shows in the mismatch metric.
     runs = {}
-    for reuse in (None, True, False):
+    for old in ("auto", "rollout", "recompute"):
         blocks = _blocks(1e-2, 1e-3)
-        runs[reuse] = (run_ppo(blocks, 2, kl_coef=0.01, reuse_rollout_logprobs=reuse), blocks)
-    (auto, (policy, _, _)), (forced, (forced_policy, _, _)) = runs[None], runs[True]
+        runs[old] = (
+            run_ppo(blocks, 2, kl_coef=0.01, run=rb.run.RunOptions(old_logprobs=old)),
+            blocks,
+        )
+    (auto, (policy, _, _)), (forced, (forced_policy, _, _)) = runs["auto"], runs["rollout"]
     assert [h["loss"] for h in auto] == [h["loss"] for h in forced]
     after, forced_after = _weights(policy.model), _weights(forced_policy.model)
     assert all(torch.equal(after[n], forced_after[n]) for n in after)
     assert all(h["mismatch/abs_max"] == 0.0 for h in auto)
-    assert runs[False][0][0]["mismatch/abs_max"] > 0.0
+    assert runs["recompute"][0][0]["mismatch/abs_max"] > 0.0
 
 
 def _weights(module) -> dict[str, torch.Tensor]:
@@ -103,7 +109,12 @@ def test_critic_warmup_trains_only_the_critic():
     def snapshot(step, metrics, rollouts):
         seen.append((_weights(policy.model), _weights(critic.model), metrics))
 
-    run_ppo((policy, critic, engine), 3, critic_warmup_steps=2, on_step=snapshot)
+    run_ppo(
+        (policy, critic, engine),
+        3,
+        critic_warmup_steps=2,
+        run=rb.run.RunOptions(on_step=snapshot),
+    )
     (p0, c0, m0), (p1, c1, m1), (p2, _, m2) = seen
     assert not _changed(policy0, p0) and not _changed(policy0, p1)  # warm-up: policy frozen
     assert _changed(critic0, c0) and _changed(c0, c1)  # ... while the critic trains
@@ -143,7 +154,9 @@ def test_kl_in_reward_or_in_loss(kl_in_reward):
         kl_in_reward=kl_in_reward,
         gamma=1.0,
         lam=1.0,
-        reuse_rollout_logprobs=False,  # π_old is the trainer's, as the recorder computes it
+        run=rb.run.RunOptions(
+            old_logprobs="recompute"
+        ),  # π_old is the trainer's, as the recorder computes it
     )
     assert history[0]["kl/seq"] == 0.0 and history[-1]["kl/seq"] > 0  # the policy moved away
     for record in recorder.seen:

@@ -17,7 +17,12 @@ def fine_tune(lr: float, steps: int = 20):
     batches = (train.select(list(range(k % 4 * 8, k % 4 * 8 + 8))) for k in range(steps))
     before = rb.recipes.held_out_nll(policy, held_out)
     history = rb.recipes.sft(
-        policy, batches, steps=steps, held_out=held_out, eval_every=5, progress=False
+        policy,
+        batches,
+        steps=steps,
+        held_out=held_out,
+        eval_every=5,
+        run=rb.run.RunOptions(progress=False),
     )
     return policy, tokenizer, before, history
 
@@ -83,7 +88,12 @@ def test_an_sft_step_does_not_depend_on_the_micro_batches(pieces):
     for options in ({}, pieces):
         model, _ = rb.models.tiny(seed=0, dtype=torch.float64)
         policy = rb.trainer.PolicyTrainer(model, reference=None, lr=1e-3, **options)
-        rb.recipes.sft(policy, [batch], steps=1, progress=False)
+        rb.recipes.sft(
+            policy,
+            [batch],
+            steps=1,
+            run=rb.run.RunOptions(progress=False),
+        )
         weights.append(torch.cat([p.detach().flatten() for p in policy.model.parameters()]))
     torch.testing.assert_close(weights[1], weights[0], rtol=0, atol=1e-12)
     assert not torch.equal(

@@ -18,7 +18,7 @@ from weightless import Weightless
 
 import rlblocks as rb
 from rlblocks.interfaces import RewardOutput, Rollouts, SamplingParams
-from rlblocks.recipes.variants import greedy_baseline_rewards, remax
+from rlblocks.recipes.variants import greedy_baseline_rewards, remax, with_greedy_answers
 
 
 def tiny_run(recipe, *, lr: float = 1e-2, steps: int, aggregation=rb.losses.token_mean, **kw):
@@ -155,10 +155,10 @@ def test_greedy_baseline_gives_each_row_its_prompts_greedy_reward():
     engine = ScriptedEngine()
     batch = Batch(["1 0", "0 1", "1 0"], [{}, {}, {}])
     sampling = SamplingParams(max_new_tokens=5, temperature=0.9, top_p=0.8)
-    rollouts = engine.generate(batch.prompts, n=2, sampling=sampling)
-    baseline, metrics = greedy_baseline_rewards(
-        engine, accuracy, rollouts, batch, sampling=sampling
-    )
+    # ReMax's rows: the samples, then one greedy answer per prompt by the same engine.
+    drawn = with_greedy_answers(engine, batch, group_size=2, sampling=sampling)
+    rollouts, greedy = drawn.select(~drawn.extras["greedy"]), drawn.select(drawn.extras["greedy"])
+    baseline, metrics = greedy_baseline_rewards(accuracy, rollouts, greedy)
     # Greedy answers: "1 0" -> "0" (reward 0), "0 1" -> "1" (reward 1). The rows come back
     # reversed: prompts "1 0", "1 0", "0 1", "0 1", "1 0", "1 0" -> baselines 0, 0, 1, 1, 0, 0.
     assert rollouts.prompts == ["1 0", "1 0", "0 1", "0 1", "1 0", "1 0"]
@@ -172,10 +172,9 @@ def test_greedy_baseline_gives_each_row_its_prompts_greedy_reward():
 def test_greedy_baseline_needs_every_prompt():
     engine = ScriptedEngine()
     rollouts = engine.generate(["1 0", "0 1"], n=1)
+    greedy = engine.generate(["0 1"], n=1, sampling=SamplingParams(temperature=0.0))
     with pytest.raises(ValueError, match="no greedy answer for the prompt '1 0'"):
-        greedy_baseline_rewards(
-            engine, accuracy, rollouts, Batch(["0 1"], [{}]), sampling=SamplingParams()
-        )
+        greedy_baseline_rewards(accuracy, rollouts, greedy)
 
 
 def test_remax_recipe_trains_on_reward_minus_greedy_reward():
@@ -188,8 +187,7 @@ def test_remax_recipe_trains_on_reward_minus_greedy_reward():
         steps=3,
         group_size=3,
         sampling=SamplingParams(max_new_tokens=4),
-        on_step=lambda step, m, ro: seen.append(ro),
-        progress=False,
+        run=rb.run.RunOptions(on_step=lambda step, m, ro: seen.append(ro), progress=False),
     )
     assert len(history) == 1  # one batch: one step
     rollouts, advantages = trainer.seen[0]

@@ -247,8 +247,7 @@ def test_trl_and_verl_functions_inside_a_grpo_step():
     history = rb.recipes.grpo(
         policy, engine, reward, PromptBatches(data, prompts_per_step=2, seed=0), steps=1,
         group_size=2, sampling=rb.SamplingParams(max_new_tokens=4, seed=0),
-        on_step=lambda step, metrics, ro: seen.append(ro), progress=False,
-    )  # fmt: skip
+        run=rb.run.RunOptions(on_step=lambda step, metrics, ro: seen.append(ro), progress=False), )  # fmt: skip
     (ro,) = seen
     assert len(history) == 1 and len(trl_calls) == 1 and len(verl_calls) == 4
     by_solution = {row["solution"]: row for row in rows}

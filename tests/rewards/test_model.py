@@ -337,8 +337,9 @@ def test_one_grpo_step_with_the_reward_model():
             steps=1,
             group_size=3,
             sampling=rb.SamplingParams(max_new_tokens=6, temperature=1.0, seed=0),
-            on_step=lambda step, metrics, ro: seen.append(ro),
-            progress=False,
+            run=rb.run.RunOptions(
+                on_step=lambda step, metrics, ro: seen.append(ro), progress=False
+            ),
         )
     (ro,) = seen
     assert rm.render(ro)[0].startswith("### user: ")  # the RM's template, not the policy's

@@ -82,7 +82,7 @@ def test_step_matches_slow_loop_reference(model64, make_rollouts):
     adv, old = _inputs(ro, seed=2)
     trainer = PolicyTrainer(model64, reference=None, lr=1e-3, max_grad_norm=1.0)
     before = _weights(model64)
-    out = trainer.step(ro, adv, loss_fn=clipped_surrogate, old_logprobs=old)
+    out = trainer.step(ro.replace(old_logprobs=old), adv, loss_fn=clipped_surrogate)
     assert out["grad_norm"] > 1.0  # the clip was active, so clipping is checked too
     assert out["clip_frac"] > 0  # and some tokens were clipped
     reference = tiny(dtype=torch.float64)[0]
@@ -107,7 +107,7 @@ def test_micro_batching_does_not_change_the_update(make_rollouts, aggregation, b
         model = tiny(dtype=torch.float64)[0]
         cfg = TrainConfig(lr=1e-2, aggregation=aggregation, log_entropy=True, **batching, **split)
         out = PolicyTrainer(model, config=cfg, reference=None).step(
-            ro, adv, loss_fn=loss, old_logprobs=old
+            ro.replace(old_logprobs=old), adv, loss_fn=loss
         )
         results.append((_weights(model), out))
     (weights, out), initial = results[0], _weights(tiny(dtype=torch.float64)[0])
@@ -161,7 +161,7 @@ def test_old_logprobs_sources(model32, make_rollouts):
     assert_close(out["approx_kl"], -1.0, rtol=0, atol=1e-5)
     assert_close(out["ratio_mean"], math.e, rtol=1e-5, atol=0)
     # The argument wins over the extras: old = lp − 0.5 gives approx_kl = −0.5.
-    out = trainer.step(shifted, adv, loss_fn=clipped_surrogate, old_logprobs=lp - 0.5)
+    out = trainer.step(shifted.replace(old_logprobs=lp - 0.5), adv, loss_fn=clipped_surrogate)
     assert_close(out["approx_kl"], -0.5, rtol=0, atol=1e-5)
 
 
@@ -175,7 +175,7 @@ def test_entropy_is_computed_only_when_asked(model32, make_rollouts):
     for log_entropy in (False, True):
         model = tiny(dtype=torch.float64)[0]
         trainer = PolicyTrainer(model, reference=None, lr=1e-2, log_entropy=log_entropy)
-        outs.append(trainer.step(ro, adv, loss_fn=loss, old_logprobs=old))
+        outs.append(trainer.step(ro.replace(old_logprobs=old), adv, loss_fn=loss))
         weights.append(_weights(model))
     assert "entropy" not in outs[0]
     assert outs[1]["entropy"] > 0

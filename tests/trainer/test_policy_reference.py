@@ -94,5 +94,5 @@ def test_loss_receives_rollout_logprobs(model32, make_rollouts):
         trainer.step(ro, torch.zeros(8), loss_fn=loss_fn)
     old = trainer.logprobs(ro)
     with_rollout = ro.replace(rollout_logprobs=old - 1.0)
-    out = trainer.step(with_rollout, torch.zeros(8), loss_fn=loss_fn, old_logprobs=old)
+    out = trainer.step(with_rollout.replace(old_logprobs=old), torch.zeros(8), loss_fn=loss_fn)
     assert_close(out["is_weight"], 2.0)

@@ -126,7 +126,7 @@ def test_one_optimizer_step_takes_pi_old_from_its_own_forward(make_rollouts):
     scored_model = tiny(dtype=torch.float64)[0]
     scored = PolicyTrainer(scored_model, reference=None, lr=1e-2)
     old = scored.logprobs(ro)
-    scored.step(ro, adv, loss_fn=clipped_surrogate, old_logprobs=old)
+    scored.step(ro.replace(old_logprobs=old), adv, loss_fn=clipped_surrogate)
     assert_close(_weights(fused_model), _weights(scored_model))
     # The mismatch metric still compares π_old (now from the update's forward) with the
     # engine's log-probs, row by row in place: the same as with π_old scored beforehand.
@@ -134,7 +134,7 @@ def test_one_optimizer_step_takes_pi_old_from_its_own_forward(make_rollouts):
     a = PolicyTrainer(tiny(dtype=torch.float64)[0], reference=None, lr=1e-2)
     b = PolicyTrainer(tiny(dtype=torch.float64)[0], reference=None, lr=1e-2)
     fused_metrics = a.step(with_rollout, adv, loss_fn=clipped_surrogate)
-    scored_metrics = b.step(with_rollout, adv, loss_fn=clipped_surrogate, old_logprobs=old)
+    scored_metrics = b.step(with_rollout.replace(old_logprobs=old), adv, loss_fn=clipped_surrogate)
     # π_old is float64 inside the fused step and the float32 public log-probs in the scored
     # one; |log p| < 30 here, which float32 holds to 30·2⁻²⁴ ≈ 2e-6, so every metric of the
     # two agrees to that (kl = mean(e^d − 1 − d) moves by at most |e^d − 1|·2e-6 < 2e-6).

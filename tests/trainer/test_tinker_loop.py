@@ -79,11 +79,11 @@ def test_given_old_logprobs_are_used_as_in_step(make_rollouts):
     old = stepped.logprobs(ro).double() + 0.3 * torch.randn(
         ro.response_ids.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64
     )
-    logs = stepped.step(ro, advantages, loss_fn=LOSS, old_logprobs=old)
+    logs = stepped.step(ro.replace(old_logprobs=old), advantages, loss_fn=LOSS)
     n = tinker.normalizer(ro)
     for rows in CHUNKS:
         tinker.forward_backward(
-            ro.select(rows), advantages[rows], loss_fn=LOSS, old_logprobs=old[rows], normalizer=n
+            ro.replace(old_logprobs=old).select(rows), advantages[rows], loss_fn=LOSS, normalizer=n
         )
     applied = tinker.optim_step()
     assert_close(applied["grad_norm"], logs["grad_norm"])

@@ -1,20 +1,25 @@
-"""The loop every recipe shares: progress bar, metrics, the ``time/*`` breakdown, ``on_step`` and
-early stop. A recipe is its step function, read top to bottom; `run_steps` runs it::
+"""The loop every recipe shares: progress bar, metrics, the ``time/*`` breakdown, ``on_step``,
+early stop, checkpoints and the tracker. A recipe is its step function, read top to bottom;
+`run_steps` runs it::
 
-    def grpo(policy, engine, reward_fn, batches, *, steps, ..., on_step=None, progress=True):
-        def step(index: int, batch: Any, clock: Clock) -> Step:
-            with clock("rollout"):
-                rollouts = engine.generate(batch.prompts, n=group_size, ...)
+    def grpo(policy, engine, reward_fn, batches, *, steps, ..., run=None):
+        run = run or RunOptions()
+        source = RolloutSource(engine, policy, batches, group_size=..., resharder=..., run=run)
+
+        def step(index: int, clock: Clock) -> Step | None:
+            drawn = source.draw(clock)  # the step's rollouts, π_old attached as run says
+            if drawn is None:
+                return None  # the prompt batches ran out
+            rollouts, metrics = drawn
             with clock("reward"):
                 rewards, reward_metrics = reward_fn(rollouts)
             ...
             with clock("update"):
-                train_metrics = policy.step(rollouts, advantages, loss_fn=loss_fn)
-            with clock("sync"):
-                sync_metrics = resharder.sync(policy, engine)
-            return Step({**reward_metrics, **train_metrics, **sync_metrics}, rollouts)
+                metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)
+            metrics |= source.sync(clock)  # the new weights into the engine
+            return Step(metrics, rollouts)
 
-        return run_steps("GRPO", step, batches, steps=steps, on_step=on_step, progress=progress)
+        return run_steps("GRPO", step, source, steps=steps, run=run, config=...)
 
 The loop adds the metrics every recipe reports, so that they cannot drift apart:
 
@@ -52,37 +57,25 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
 
 from tqdm.auto import tqdm
 
-from rlblocks.checkpoint import Checkpointer, Resume, warn_if_config_differs
+from rlblocks.checkpoint import Checkpointer, warn_if_config_differs
 from rlblocks.interfaces import Rollouts
-from rlblocks.recipes.run import Drawn, run_config
+from rlblocks.run.options import RunOptions
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-_END = object()  # the batches ran out
 
 #: The phases of a step, reported as ``time/<phase>``.
 PHASES = ("rollout", "reward", "logprobs", "update", "sync")
 
 #: Where a KL loss term reports the KL to the reference: `kl_regularized`'s, then `kl_loss`'s.
 KL_LOSS_METRICS = ("kl_loss", "kl")
-
-
-class Tracker(Protocol):
-    """What the loop asks of a tracker (``rb.tracking.Tracker``)."""
-
-    def start(self, config: Mapping[str, Any], *, resume_step: int | None = None) -> None:
-        """Record the run's configuration; ``resume_step``: the step a resumed run starts from."""
-
-    def log(self, step: int, metrics: Mapping[str, Any], rollouts: Rollouts | None = None) -> Any:
-        """Record one step's metrics (and samples from its rollouts, when given)."""
 
 
 class Clock:
@@ -138,104 +131,120 @@ class Step(NamedTuple):
     """The rows the step trained on, handed to ``on_step``; None when there were none."""
 
 
-#: ``step_fn(index, batch, clock) -> Step``, or None when it found no data (the run ends there).
-StepFn = Callable[[int, Any, Clock], Step | None]
+#: ``step_fn(index, clock) -> Step``, or None when it found no data (the run ends there).
+StepFn = Callable[[int, Clock], Step | None]
+
+
+class Source(Protocol):
+    """Where a run's steps get their data: what the loop asks of a source
+    (`rlblocks.run.source.RolloutSource`, `rlblocks.run.source.Batches`)."""
+
+    def blocks(self) -> dict[str, Any]:
+        """The source's parts of a checkpoint, by name (data position, a batch sampled ahead)."""
+
+    def begin(self, index: int, *, last: bool) -> None:
+        """Step ``index`` starts; ``last``: no step comes after it (nothing to sample ahead)."""
+
+    def metrics(self) -> dict[str, float]:
+        """The source's own metrics of the step just run (``async/*``)."""
+
+    def resync(self) -> None:
+        """A run was resumed: push the restored weights where they are sampled from."""
+
+    def close(self) -> None:
+        """The run ended, however: stop any background work."""
 
 
 def run_steps(
     name: str,
     step_fn: StepFn,
-    batches: Iterable[Any],
+    source: Source,
     *,
     steps: int,
-    on_step: Callable[[int, dict[str, Any], Any], None] | None = None,
-    progress: bool = True,
-    blocks: Mapping[str, Any] | None = None,
+    run: RunOptions,
     config: Mapping[str, Any] | None = None,
-    checkpoint: Checkpointer | str | Path | None = None,
-    resume: Resume = False,
-    after_resume: Callable[[], Any] | None = None,
-    tracker: Tracker | None = None,
-    batch_per_step: bool = True,
+    blocks: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run ``step_fn(index, batch, clock)`` for ``index`` in ``range(steps)``, one batch drawn
-    from ``batches`` per step (``batch_per_step=False``: ``step_fn`` gets the iterator and
-    draws as many as it needs, as DAPO's dynamic sampling does).
+    """Run ``step_fn(index, clock)`` for ``index`` in ``range(steps)``; the step draws its data
+    from ``source`` (`rlblocks.run.source.RolloutSource` for the RL recipes, `Batches` for a
+    plain stream of batches).
 
     Each step gets a fresh `Clock`; its metrics are the step's plus the shared ones (module
     docstring). After each step the progress bar (``desc=name``, postfix the step's
-    ``reward/mean``, else its ``loss``) moves, ``tracker.log(index, metrics, rollouts)`` and
-    ``on_step(index, metrics, rollouts)`` are called, and a checkpoint is saved when it is due.
-    The run ends after ``steps`` steps, when ``batches`` runs out (no batch is drawn beyond
-    ``steps``), when ``step_fn`` returns None (that step is not recorded), or when ``on_step``
-    raises ``StopIteration`` (that step is recorded). Returns one metrics dict per recorded
-    step, the resumed ones included.
+    ``reward/mean``, else its ``loss``) moves, ``run.tracker.log(index, metrics, rollouts)``
+    and ``run.on_step(index, metrics, rollouts)`` are called, and a checkpoint is saved when it
+    is due. The run ends after ``steps`` steps, when ``step_fn`` returns None (the data ran
+    out; that step is not recorded), or when ``on_step`` raises ``StopIteration`` (that step is
+    recorded). Returns one metrics dict per recorded step, the resumed ones included.
 
-    Checkpoints: ``checkpoint`` (a `rlblocks.checkpoint.Checkpointer`, or a folder for one
+    Checkpoints: ``run.checkpoint`` (a `rlblocks.checkpoint.Checkpointer`, or a folder for one
     that saves every step) saves ``blocks`` (name -> block: the trainers, the KL controller,
-    the resharder, ...), the data position, the random state, the history and ``config`` every
-    ``checkpoint.every`` steps and when the run ends (after the last step, an early stop, or
-    when the data ran out). ``resume``: False refuses a folder that already holds a
-    checkpoint, True resumes from its newest, ``"auto"`` resumes if there is one. After
-    resuming, ``after_resume()`` runs (the recipes push the restored weights into
-    the engine there). ``tracker``: started with ``config`` (and the step resumed from).
+    ...), the source (data position, a batch sampled ahead, the resharder), the random state,
+    the history and ``config`` every ``checkpoint.every`` steps and when the run ends (after
+    the last step, an early stop, or when the data ran out). ``run.resume``: False refuses a
+    folder that already holds a checkpoint, True resumes from its newest, ``"auto"`` resumes if
+    there is one; a resumed source pushes the restored weights into its engine
+    (``source.resync()``). ``run.tracker``: started with ``config`` (and the step resumed from).
     """
-    if checkpoint is None and resume is True:
-        raise ValueError("resume=True needs checkpoint= (the folder to resume from)")
-    data = Drawn(batches)
-    saver = Checkpointer(checkpoint) if isinstance(checkpoint, str | Path) else checkpoint
-    state = {**(blocks or {}), "data": data}
-    config = dict(config or {})
+    saver = (
+        Checkpointer(run.checkpoint) if isinstance(run.checkpoint, str | Path) else run.checkpoint
+    )
+    state = {**(blocks or {}), **source.blocks()}
+    config = {**dict(config or {}), "run": run.describe()}
     start, history = 0, []
-    resumed = saver is not None and saver.resume_step(resume) is not None
-    if resumed:
-        restored = saver.load(state)
-        warn_if_config_differs(restored.config, config)
-        start, history = restored.step, list(restored.history)
-        if after_resume is not None:
-            after_resume()
-    if tracker is not None:
-        tracker.start(config, resume_step=start if resumed else None)
-    with tqdm(total=steps, initial=start, desc=name, disable=not progress, unit="step") as bar:
-        for index in range(start, steps):
-            batch = next(data, _END) if batch_per_step else data
-            if batch is _END:
-                break
-            clock = Clock()
-            begin = time.perf_counter()
-            out = step_fn(index, batch, clock)
-            if out is None:
-                break
-            metrics = shared_metrics(out, clock, step_seconds=time.perf_counter() - begin)
-            history.append(metrics)
-            bar.update()
-            if "reward/mean" in metrics or "loss" not in metrics:
-                bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}")
-            else:  # SFT, distillation without a task reward: the loss is what moves
-                bar.set_postfix(loss=f"{metrics['loss']:.3f}")
-            stop = _report(index, metrics, out.rollouts, tracker, on_step)
-            if saver is not None and saver.due(len(history)):
-                saver.save(len(history), state, history=history, config=config)
-            if stop:
-                break
-    if saver is not None and len(history) > max(start, saver.latest() or 0):
-        saver.save(len(history), state, history=history, config=config)  # however it ended
+    resumed = saver is not None and saver.resume_step(run.resume) is not None
+    try:
+        if resumed:
+            restored = saver.load(state)
+            warn_if_config_differs(restored.config, config)
+            start, history = restored.step, list(restored.history)
+            source.resync()
+        if run.tracker is not None:
+            run.tracker.start(config, resume_step=start if resumed else None)
+        bar = tqdm(total=steps, initial=start, desc=name, disable=not run.progress, unit="step")
+        with bar:
+            for index in range(start, steps):
+                source.begin(index, last=index + 1 == steps)
+                clock = Clock()
+                begin = time.perf_counter()
+                out = step_fn(index, clock)
+                if out is None:
+                    break
+                metrics = shared_metrics(out, clock, step_seconds=time.perf_counter() - begin)
+                metrics |= source.metrics()  # async/* of a background sampler
+                history.append(metrics)
+                bar.update()
+                _postfix(bar, metrics)
+                stop = _report(index, metrics, out.rollouts, run)
+                if saver is not None and saver.due(len(history)):
+                    saver.save(len(history), state, history=history, config=config)
+                if stop:
+                    break
+        if saver is not None and len(history) > max(start, saver.latest() or 0):
+            saver.save(len(history), state, history=history, config=config)  # however it ended
+    finally:
+        source.close()
     return history
 
 
+def _postfix(bar: tqdm, metrics: dict[str, Any]) -> None:
+    """The step's reward on the progress bar, or its loss when it has none (SFT, distillation
+    without a task reward: the loss is what moves)."""
+    if "reward/mean" in metrics or "loss" not in metrics:
+        bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}")
+    else:
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}")
+
+
 def _report(
-    index: int,
-    metrics: dict[str, Any],
-    rollouts: Rollouts | None,
-    tracker: Tracker | None,
-    on_step: Callable[[int, dict[str, Any], Any], None] | None,
+    index: int, metrics: dict[str, Any], rollouts: Rollouts | None, run: RunOptions
 ) -> bool:
     """Hand the step to the tracker and ``on_step``; True when ``on_step`` asks to stop."""
-    if tracker is not None:
-        tracker.log(index, metrics, rollouts)
-    if on_step is not None:
+    if run.tracker is not None:
+        run.tracker.log(index, metrics, rollouts)
+    if run.on_step is not None:
         try:
-            on_step(index, metrics, rollouts)
+            run.on_step(index, metrics, rollouts)
         except StopIteration:
             return True
     return False
@@ -266,10 +275,9 @@ __all__ = [
     "KL_LOSS_METRICS",
     "PHASES",
     "Clock",
+    "Source",
     "Step",
     "StepFn",
-    "Tracker",
-    "run_config",
     "run_steps",
     "shared_metrics",
 ]

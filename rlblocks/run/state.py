@@ -1,4 +1,4 @@
-"""What the recipes' loop keeps about a run besides its blocks: where the data stands, and the
+"""What the run floor keeps about a run besides its blocks: where the data stands, and the
 run's configuration as plain JSON.
 
 `Drawn` counts the batches a run has drawn, so that a resumed run draws the next one: from the
@@ -67,8 +67,9 @@ class Drawn:
         self.drawn = drawn
 
 
-#: Arguments of a recipe that say how the run is driven, not what it computes: left out.
-LOOP_ARGUMENTS = frozenset({"on_step", "progress", "checkpoint", "resume", "tracker"})
+#: Arguments of a recipe that say how the run is driven, not what it computes: left out (the
+#: loop adds what of ``run`` changes the numbers, `RunOptions.describe`).
+LOOP_ARGUMENTS = frozenset({"run"})
 
 
 def run_config(recipe: str, arguments: Mapping[str, Any]) -> dict[str, Any]:

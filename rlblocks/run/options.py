@@ -1,0 +1,121 @@
+"""`RunOptions`: what every recipe shares about how its run is driven, in one object.
+
+A recipe takes its algorithm's blocks and hyperparameters, and ``run=``::
+
+    run = rb.run.RunOptions(checkpoint="runs/grpo", resume="auto", staleness=1)
+    rb.recipes.grpo(policy, engine, reward, batches, steps=100, run=run)
+
+The loop (`rlblocks.run.loop`) reads ``on_step``, ``progress``, ``checkpoint``, ``resume`` and
+``tracker``; the rollout source (`rlblocks.run.source`) reads ``staleness``, ``background`` and
+``old_logprobs``: where each step's rollouts and their π_old come from. The decision table of
+``old_logprobs`` is written once, in docs/run.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from rlblocks.interfaces import Rollouts
+from rlblocks.renamed import moved_keywords
+
+if TYPE_CHECKING:
+    from rlblocks.checkpoint import Checkpointer, Resume
+
+OldLogprobs = Literal["auto", "recompute", "rollout"]
+"""Where π_old comes from (docs/run.md): ``"auto"``, ``"recompute"`` or ``"rollout"``."""
+
+StepCallback = Callable[[int, dict[str, Any], Rollouts | None], None]
+"""``on_step(step, metrics, rollouts)``, called after every step (``rollouts`` is None for a
+step that trained on nothing: DAPO's skipped step); raise ``StopIteration`` in it to end the run
+early."""
+
+
+class Tracker(Protocol):
+    """What the loop asks of a tracker (``rb.tracking.Tracker``)."""
+
+    def start(self, config: Mapping[str, Any], *, resume_step: int | None = None) -> None:
+        """Record the run's configuration; ``resume_step``: the step a resumed run starts from."""
+
+    def log(self, step: int, metrics: Mapping[str, Any], rollouts: Rollouts | None = None) -> Any:
+        """Record one step's metrics (and samples from its rollouts, when given)."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a recipe's run is driven: the loop's options and the rollout source's."""
+
+    on_step: StepCallback | None = None
+    """Called after every step with ``(step, metrics, rollouts)``; ``StopIteration`` ends the run."""
+    progress: bool = True
+    """Show a progress bar (tqdm) with the step's reward, or its loss when it has no reward."""
+    checkpoint: Checkpointer | str | Path | None = None
+    """A `rlblocks.checkpoint.Checkpointer`, or a folder for one that saves every step."""
+    resume: Resume = False
+    """False: refuse a folder holding a checkpoint; True: resume from its newest; ``"auto"``:
+    resume if there is one."""
+    tracker: Tracker | None = None
+    """A `rlblocks.tracking.Tracker`: the run's config once, every step's metrics."""
+    staleness: int = 0
+    """Updates between the weights that sample a batch and those it is trained from: 0 samples
+    in the step (synchronous); 1 samples the next batch while the trainer updates on this one
+    (one step off: the engine needs its own copy of the weights)."""
+    background: bool = False
+    """Sample in a background thread even at staleness 0 (staleness 1 always does): the same
+    machinery with nothing overlapped, the check that it changes no number."""
+    old_logprobs: OldLogprobs = "auto"
+    """π_old, the denominator of the PPO ratio: ``"auto"`` takes the engine's log-probs exactly
+    when it samples with the trainer's own module at its temperature and staleness 0, else the
+    trainer's; ``"recompute"``: always the trainer's (from the update's own forward when it is
+    one optimizer step, else a scoring pass before it); ``"rollout"``: always the engine's."""
+
+    def __post_init__(self) -> None:
+        if self.staleness not in (0, 1):
+            raise ValueError(
+                f"RunOptions.staleness: {self.staleness!r} is not supported; use 0 "
+                f"(synchronous) or 1 (one step off)"
+            )
+        if self.old_logprobs not in ("auto", "recompute", "rollout"):
+            raise ValueError(
+                f"RunOptions.old_logprobs: {self.old_logprobs!r} is not a source of π_old; use "
+                f"'auto', 'recompute' or 'rollout'"
+            )
+        if self.resume not in (False, True, "auto"):
+            raise ValueError(
+                f"RunOptions.resume: {self.resume!r} is not a resume mode; use False, True or "
+                f"'auto'"
+            )
+        if self.resume is True and self.checkpoint is None:
+            raise ValueError(
+                "RunOptions.resume: resume=True has no folder to resume from; pass checkpoint="
+            )
+
+    def describe(self) -> dict[str, Any]:
+        """What changes the numbers a run computes (staleness, π_old), for its config."""
+        return {
+            "staleness": self.staleness,
+            "background": self.background,
+            "old_logprobs": self.old_logprobs,
+        }
+
+
+#: Keywords recipes took before `RunOptions`, and where each went.
+MOVED = {
+    "on_step": "run=rb.run.RunOptions(on_step=...)",
+    "progress": "run=rb.run.RunOptions(progress=...)",
+    "checkpoint": "run=rb.run.RunOptions(checkpoint=...)",
+    "resume": "run=rb.run.RunOptions(resume=...)",
+    "tracker": "run=rb.run.RunOptions(tracker=...)",
+    "async_rollout": "run=rb.run.RunOptions(staleness=1, old_logprobs=...)",
+    "reuse_rollout_logprobs": "run=rb.run.RunOptions(old_logprobs='rollout' or 'recompute')",
+}
+
+
+#: ``@recipe``: a recipe; a keyword that moved into `RunOptions` fails naming its new place,
+#: instead of Python's bare "unexpected keyword argument".
+recipe = moved_keywords(**MOVED)
+
+
+__all__ = ["MOVED", "OldLogprobs", "RunOptions", "StepCallback", "Tracker", "recipe"]

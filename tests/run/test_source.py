@@ -1,0 +1,244 @@
+"""Where rollouts and π_old come from (rlblocks.run.source), for every RL recipe on the tiny
+model: staleness 0 in the background thread is the synchronous run bit for bit, staleness 1
+trains each batch on weights one update newer than those that sampled it, learns, resumes
+exactly, and refuses an engine sharing the model; π_old follows ``RunOptions.old_logprobs``."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from resume_helpers import assert_identical, untimed
+from toy_tasks import count_prompts, digit_examples, digit_fraction, run_group_recipe
+
+import rlblocks as rb
+from rlblocks.run import RunOptions
+from rlblocks.trainer.forward import score_responses
+
+REWARD = rb.rewards.per_sample(digit_fraction, timeout=None)
+SAMPLING = rb.SamplingParams(max_new_tokens=8)
+
+
+def _blocks(engine_kind: str, lr: float = 1e-2, reference=None):
+    torch.manual_seed(0)
+    model, tokenizer = rb.models.tiny(seed=0)
+    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=lr, reference=reference)
+    if engine_kind == "shared":
+        engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+    else:  # its own copy of the weights, synced by the resharder after every update
+        engine = rb.rollout.HFEngine(copy.deepcopy(model), tokenizer, progress=False)
+    return policy, engine
+
+
+def _run(engine_kind: str, steps: int, *, lr: float = 1e-2, run=None, **kw) -> dict:
+    policy, engine = _blocks(engine_kind, lr)
+    history = run_group_recipe(rb.recipes.grpo, policy, engine, steps=steps, run=run, **kw)
+    return {"history": history, "policy": policy.model.state_dict()}
+
+
+def _weights(policy_or_model):
+    return {n: p.detach().clone() for n, p in policy_or_model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    """A teacher for distillation: the tiny model taught digits by a few SFT steps."""
+    model, tokenizer = rb.models.tiny(seed=0)
+    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None)
+    train = digit_examples(tokenizer, 0, 8)
+    rb.recipes.sft(policy, [train] * 5, steps=5, run=RunOptions(progress=False))
+    return rb.trainer.Teacher(policy.model, tokenizer=tokenizer)
+
+
+def _recipe(name: str, run: RunOptions, teacher=None, steps: int = 3) -> dict:
+    """Every RL recipe on the tiny model and the digit task, its engine on its own copy of the
+    weights; the history and the final weights."""
+    policy, engine = _blocks("copy", reference="copy")
+    batches = rb.data.PromptBatches(count_prompts(), prompts_per_step=4, seed=0)
+    run = dataclasses.replace(run, progress=False)
+    common = {"steps": steps, "sampling": SAMPLING, "run": run}
+    if name == "ppo":
+        critic = rb.critic.CriticTrainer(copy.deepcopy(engine.model), lr=1e-3)
+        history = rb.recipes.ppo(
+            policy, critic, engine, REWARD, batches, samples_per_prompt=2, **common
+        )
+    elif name == "distill":
+        history = rb.recipes.distill(policy, engine, teacher, batches, group_size=2, **common)
+    elif name == "online_dpo":
+        history = rb.recipes.online_dpo(policy, engine, REWARD, batches, **common)
+    elif name == "dapo":
+        history = rb.recipes.dapo(policy, engine, REWARD, batches, group_size=4, **common)
+    else:
+        recipe = {"grpo": rb.recipes.grpo, "remax": rb.recipes.remax}[name]
+        history = recipe(policy, engine, REWARD, batches, group_size=2, **common)
+    return {"history": history, "policy": policy.model.state_dict()}
+
+
+RL_RECIPES = ["grpo", "ppo", "dapo", "remax", "distill", "online_dpo"]
+
+
+# ---------------------------------------------------------------------- every RL recipe
+@pytest.mark.parametrize("name", RL_RECIPES)
+def test_every_recipe_at_staleness_zero_through_the_source_is_its_synchronous_run(name, teacher):
+    # The same batches, sampled in the background thread but only after each sync: every
+    # metric (timings aside) and every weight equal the synchronous run's.
+    sync = _recipe(name, RunOptions(), teacher)
+    background = _recipe(name, RunOptions(background=True), teacher)
+    for h in background["history"]:
+        assert h.pop("async/staleness") == 0.0
+        assert h.pop("async/sample_seconds") > 0
+    assert_identical(background, sync, steps=3)
+
+
+@pytest.mark.parametrize("name", RL_RECIPES)
+def test_every_recipe_runs_one_step_off(name, teacher):
+    history = _recipe(name, RunOptions(staleness=1), teacher)["history"]
+    assert len(history) == 3
+    assert history[0]["async/staleness"] == 0.0  # the first batch: nothing was sampled ahead
+    if name == "dapo":  # a refill round is sampled in the step, by this update's weights
+        assert all(0.0 <= h["async/staleness"] <= 1.0 for h in history)
+        assert sum(h["async/staleness"] for h in history[1:]) > 0
+    else:
+        assert [h["async/staleness"] for h in history[1:]] == [1.0, 1.0]
+
+
+def test_dapo_refill_rounds_one_step_off_are_sampled_by_the_current_weights():
+    # 4 groups wanted, 2 prompts a batch: every step needs at least two rounds. The first was
+    # sampled during the last update (staleness 1), the refills in the step (staleness 0):
+    # with equal rounds, the step's mean staleness is at most 1/2.
+    policy, engine = _blocks("copy")
+    history = rb.recipes.dapo(
+        policy,
+        engine,
+        REWARD,
+        rb.data.PromptBatches(count_prompts(), prompts_per_step=2, seed=0),
+        steps=3,
+        group_size=4,
+        groups_per_step=4,
+        sampling=SAMPLING,
+        run=RunOptions(staleness=1, progress=False),
+    )
+    for h in history[1:]:
+        rounds = h["sampling/rounds"]
+        assert rounds >= 2
+        assert h["async/staleness"] == pytest.approx(1 / rounds), h
+
+
+# ---------------------------------------------------------------------- GRPO in detail
+@pytest.mark.parametrize("engine_kind", ["shared", "copy"])
+@pytest.mark.parametrize("old_logprobs", ["auto", "recompute", "rollout"])
+def test_staleness_zero_is_the_synchronous_loop_bit_for_bit(engine_kind, old_logprobs):
+    sync = _run(engine_kind, 3, run=RunOptions(old_logprobs=old_logprobs))
+    run = RunOptions(background=True, old_logprobs=old_logprobs)
+    background = _run(engine_kind, 3, run=run)
+    for h in background["history"]:
+        assert h.pop("async/staleness") == 0.0
+        assert h.pop("async/sample_seconds") > 0
+    assert_identical(background, sync, steps=3)
+
+
+def test_staleness_one_trains_on_batches_sampled_by_the_previous_weights():
+    # Record the weights before each update; the rollouts of step k (k >= 1) must carry the
+    # log-probs of the weights before update k - 1 (the engine's, synced after step k - 2)
+    # rather than those before update k, which the trainer holds when it trains on them.
+    snapshots, batches = [], []
+    policy, engine = _blocks("copy")
+    snapshots.append(_weights(policy.model))
+
+    def keep(step, metrics, rollouts):
+        snapshots.append(_weights(policy.model))  # after update `step`
+        batches.append(rollouts)
+
+    history = run_group_recipe(
+        rb.recipes.grpo, policy, engine, steps=3, run=RunOptions(on_step=keep, staleness=1)
+    )
+    assert [h["async/staleness"] for h in history] == [0.0, 1.0, 1.0]
+    model = copy.deepcopy(policy.model)
+    for k in (1, 2):
+        ro = batches[k]
+        real = ro.response_attention_mask
+        gaps = []
+        for before in (k - 1, k):  # sampled by θ before update k-1, trained from θ before k
+            model.load_state_dict(snapshots[before])
+            with torch.no_grad():
+                lp, _ = score_responses(model, ro, chunk_size=64)
+            gaps.append((lp[real] - ro.rollout_logprobs[real]).abs().max().item())
+        # Cached against uncached attention rounds the log-probs by ~1e-6 in float32
+        # (measured: 4.8e-7); one update at lr 1e-2 moves them by ~1 (measured: 0.79, 1.0).
+        assert gaps[0] < 1e-5 and gaps[1] > 0.1, (k, gaps)
+
+
+def test_staleness_one_learns_the_toy_task():
+    # The task of tests/recipes/test_grpo.py (a random tiny model writes ~2% digits); one
+    # update stale, π_old recomputed, the reward still climbs far past where lr 0 stays (< 0.1).
+    history = _run("copy", 30, run=RunOptions(staleness=1))["history"]
+    rewards = [h["reward/mean"] for h in history]
+    assert sum(rewards[-3:]) / 3 > 0.8, rewards
+
+
+def test_an_engine_sharing_the_model_is_refused_one_step_off():
+    with pytest.raises(ValueError, match="needs an engine with its own copy|own copy of the"):
+        _run("shared", 1, run=RunOptions(staleness=1))
+
+
+def test_bad_settings_are_refused_naming_the_block_and_the_way_out():
+    with pytest.raises(ValueError, match=r"RunOptions.staleness: 2 is not supported; use 0"):
+        RunOptions(staleness=2)
+    with pytest.raises(ValueError, match=r"RunOptions.old_logprobs: 'engine' is not"):
+        RunOptions(old_logprobs="engine")
+    with pytest.raises(ValueError, match=r"RunOptions.resume: resume=True has no folder"):
+        RunOptions(resume=True)
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value", "where"),
+    [
+        ("progress", False, r"run=rb.run.RunOptions\(progress=...\)"),
+        ("async_rollout", None, r"run=rb.run.RunOptions\(staleness=1"),
+        ("reuse_rollout_logprobs", True, r"run=rb.run.RunOptions\(old_logprobs='rollout' or"),
+    ],
+)
+def test_the_old_keywords_fail_naming_their_new_place(keyword, value, where):
+    policy, engine = _blocks("shared")
+    with pytest.raises(TypeError, match=rf"grpo: {keyword}= is no longer a keyword; use {where}"):
+        rb.recipes.grpo(policy, engine, REWARD, [], steps=1, **{keyword: value})
+    with pytest.raises(AttributeError, match=r"OneStepOff: moved; use rb.run.RunOptions"):
+        rb.recipes.OneStepOff  # noqa: B018
+    ro = rb.Rollouts.from_lists([[1]], [[2]])
+    with pytest.raises(TypeError, match=r"step: old_logprobs= is no longer a keyword; use "):
+        policy.step(ro, torch.zeros(1), loss_fn=rb.losses.clipped_surrogate, old_logprobs=None)
+
+
+def test_a_stopped_async_run_resumes_on_the_batch_it_had_sampled_ahead(tmp_path):
+    # The checkpoint after step 2 holds batch 3, sampled during step 2 by the weights before
+    # update 2; the resumed run trains on it and ends as the run that went straight through.
+    def stop_after_two(step, metrics, rollouts):
+        if step == 1:  # killed after step 2's checkpoint, batch 3 sampled ahead
+            raise StopIteration
+
+    def options(folder, **kw):
+        return RunOptions(staleness=1, checkpoint=tmp_path / folder, **kw)
+
+    straight = _run("copy", 4, run=options("a", resume="auto"))
+    _run("copy", 4, run=options("b", on_step=stop_after_two))
+    torch.manual_seed(123)  # whatever happened meanwhile: the checkpoint restores it
+    resumed = _run("copy", 4, run=options("b", resume="auto"))
+    assert_identical(resumed, straight, steps=4)
+    assert untimed(resumed["history"])[2]["async/staleness"] == 1.0
+
+
+# ---------------------------------------------------------------------- PPO and π_old
+def _ppo(steps: int, run: RunOptions) -> dict:
+    return _recipe("ppo", run, steps=steps)
+
+
+def test_ppo_one_step_off_takes_pi_old_from_the_engine_or_recomputes_it():
+    ahead = _ppo(3, RunOptions(staleness=1, old_logprobs="rollout"))["history"]
+    assert [h["async/staleness"] for h in ahead] == [0.0, 1.0, 1.0]
+    # π_old is the engine's log-probs (nothing scored): no gap between the two; recomputed
+    # on a batch sampled by the older weights, it shows one.
+    assert all(h["mismatch/abs_max"] == 0.0 for h in ahead)
+    recomputed = _ppo(2, RunOptions(staleness=1))["history"]
+    assert recomputed[1]["mismatch/abs_max"] > 0.1
