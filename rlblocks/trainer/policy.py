@@ -53,8 +53,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from rlblocks.checkpoint.rng import rng_state, set_rng_state
 from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, dispatch
+from rlblocks.rng import rng_state, set_rng_state
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.allocator import keep_freed_memory
 from rlblocks.trainer.batches import scored_in_pieces, token_advantages
