@@ -21,21 +21,21 @@ weights and adapter export, the critic, sharding (:class:`Shardable`), how a pla
 method's arguments over its workers (:class:`Dispatch`) and what a placement's handle carries
 for the resharder (:class:`Handle`). docs/architecture.md draws the seam.
 
-This module imports nothing else from rlblocks except the ``Rollouts`` data type, which is
-itself free of rlblocks imports.
+This module imports nothing else of rlblocks but ``Rollouts`` and ``Dispatch``
+(``rlblocks.dispatch``), both free of rlblocks imports.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
+from rlblocks.dispatch import Dispatch, dispatch, dispatch_of
 from rlblocks.rollouts import Rollouts
 
 __all__ = [
@@ -66,7 +66,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., Any])
 
 #: A prompt is raw text, chat messages ``[{"role": "user", "content": "..."}]`` that the
 #: engine renders with the tokenizer's chat template, or token ids used as they are (a
@@ -206,43 +205,6 @@ class RewardFn(Protocol):
     """
 
     def __call__(self, rollouts: Rollouts, /) -> RewardOutput: ...
-
-
-# ---------------------------------------------------------------------- how a placement splits a call
-class Dispatch(str, Enum):
-    """How a placement's worker group hands a method call to its workers.
-
-    A block declares it on a method with :func:`dispatch`; an undeclared method is ``ROWS``
-    when one of its arguments is a ``Rollouts`` and ``ALL`` otherwise. In one process
-    (``Local()``) nothing is split and the declaration changes nothing.
-    """
-
-    ALL = "all"
-    """Every worker gets the same arguments; the first worker's answer comes back (a block that
-    splits the work itself, like ``PolicyTrainer.step``, answers for the whole group)."""
-    ROWS = "rows"
-    """The rows of the ``Rollouts`` argument (and of every ``(b …)`` tensor argument) are split
-    over the workers, balanced by tokens, each worker getting at least one row; tensor answers
-    are put back in row order, a dict of numbers is averaged weighted by rows."""
-    PROMPTS = "prompts"
-    """The prompts (first argument) and their ``metadata`` are cut into contiguous pieces, one
-    per worker; the ``Rollouts`` answers are concatenated in prompt order, group ids renumbered."""
-
-
-def dispatch(mode: Dispatch | str) -> Callable[[F], F]:
-    """Declare how a worker group splits calls of the decorated method (:class:`Dispatch`)."""
-    mode = Dispatch(mode)
-
-    def declare(method: F) -> F:
-        method.__rlblocks_dispatch__ = mode  # type: ignore[attr-defined]
-        return method
-
-    return declare
-
-
-def dispatch_of(method: Callable[..., Any]) -> Dispatch | None:
-    """The :class:`Dispatch` a method declared with :func:`dispatch`, or None."""
-    return getattr(method, "__rlblocks_dispatch__", None)
 
 
 # ---------------------------------------------------------------------- stateful blocks
@@ -446,7 +408,6 @@ class Teacher(Protocol):
 
     def logprobs(self, rollouts: Rollouts) -> Tensor:
         """log π_T of every response token, ``(b t)`` float32, 0 at padding; no grad."""
-        ...
 
 
 @runtime_checkable
@@ -467,11 +428,9 @@ class Resharder(Protocol):
 
     def sync(self, trainer: PolicyTrainer, engine: RolloutEngine) -> dict[str, float]:
         """Push the weights; return metrics such as ``sync/seconds`` and ``sync/bytes``."""
-        ...
 
     def resync(self, trainer: PolicyTrainer, engine: RolloutEngine) -> dict[str, float]:
         """Push the weights again without a new version (a run resumed from a checkpoint)."""
-        ...
 
 
 @runtime_checkable
@@ -489,7 +448,6 @@ class Placement(Protocol):
 
     def shutdown(self) -> None:
         """Release what the placement started (worker processes, a Ray instance)."""
-        ...
 
 
 @runtime_checkable
@@ -510,4 +468,3 @@ class Handle(Protocol):
         first worker's ``fn`` makes on it are carried to ``other``, in order, once ``fn`` has
         returned, and only the first worker's answer comes back (the other workers' calls are
         dropped: their ``fn`` runs only for the collectives it takes part in)."""
-        ...

@@ -15,7 +15,7 @@ from rlblocks.checkpoint.checkpointer import (
     Resume,
     warn_if_config_differs,
 )
-from rlblocks.checkpoint.rng import rng_state, set_rng_state
+from rlblocks.rng import rng_state, set_rng_state
 
 __all__ = [
     "CheckpointError",

@@ -46,8 +46,8 @@ from rlblocks.checkpoint.folders import (
     sweep,
     to_prune,
 )
-from rlblocks.checkpoint.rng import rng_state, set_rng_state
 from rlblocks.interfaces import Checkpointable, Stateful
+from rlblocks.rng import rng_state, set_rng_state
 
 Resume = bool | Literal["auto"]
 FORMAT = 1

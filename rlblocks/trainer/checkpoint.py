@@ -10,7 +10,7 @@ The folder holds:
   (DCP): every rank writes its own shards, keyed by parameter name, and DCP reads them back into
   any sharding, so a run saved on 2 workers resumes on 1 or 4.
 - ``trainer.pt`` (rank 0): scheduler, counters, the world size, and the reference's fingerprint.
-- ``rng-{rank}.pt``: the random state of each rank's process (`rlblocks.checkpoint.rng`).
+- ``rng-{rank}.pt``: the random state of each rank's process (`rlblocks.rng`).
 
 **The reference's identity.** A resumed run must keep the *initial* policy as its reference,
 not the checkpointed one. The reference is frozen and rebuilt by the user's code, so instead of
@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from rlblocks.checkpoint.rng import rng_state, set_rng_state
+from rlblocks.rng import rng_state, set_rng_state
 from rlblocks.trainer.export import tied_names
 
 COUNTERS = ("steps", "optimizer_steps", "skipped_steps")

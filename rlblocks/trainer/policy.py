@@ -53,9 +53,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from rlblocks.checkpoint.rng import rng_state, set_rng_state
 from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, dispatch
 from rlblocks.renamed import moved_keywords
+from rlblocks.rng import rng_state, set_rng_state
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.allocator import keep_freed_memory
 from rlblocks.trainer.batches import scored_in_pieces, token_advantages
@@ -458,7 +458,7 @@ class PolicyTrainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Trainable parameters, optimizer, scheduler, counters and the process's random state
-        (`rlblocks.checkpoint.rng`). References, not copies: ``copy.deepcopy`` it to keep a
+        (`rlblocks.rng`). References, not copies: ``copy.deepcopy`` it to keep a
         snapshot while training goes on.
 
         Sharded (data-parallel) trainers return the full, unsharded state on every rank, with
