@@ -51,7 +51,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.optim.lr_scheduler import LambdaLR
 
 from rlblocks.checkpoint.rng import rng_state, set_rng_state
 from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, dispatch
@@ -59,14 +58,13 @@ from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.allocator import keep_freed_memory
 from rlblocks.trainer.batches import scored_in_pieces, token_advantages
 from rlblocks.trainer.checkpoint import load_trainer, load_weights, save_trainer, save_weights
-from rlblocks.trainer.config import TrainConfig, adamw
+from rlblocks.trainer.config import TrainConfig, optimizer_and_schedule
 from rlblocks.trainer.export import DEFAULT_COMMIT_MESSAGE, push_to_hub, save_pretrained
 from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
 from rlblocks.trainer.lora import is_peft_model, wrap_lora
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.policy_loss import PreparedUpdate, prepare_update
-from rlblocks.trainer.schedules import constant
 from rlblocks.trainer.update import Accumulation, assign, run_update, timing
 from rlblocks.trainer.weights import (
     frozen_reference,
@@ -128,11 +126,9 @@ class PolicyTrainer:
 
     def rebuild_optimizer(self) -> None:
         """A fresh AdamW and schedule on the current trainable parameters (after sharding)."""
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        if not trainable:
-            raise ValueError("PolicyTrainer: the model has no parameter with requires_grad")
-        self.optimizer = adamw(trainable, self.config)
-        self.scheduler = LambdaLR(self.optimizer, self.config.schedule or constant())
+        self.optimizer, self.scheduler = optimizer_and_schedule(
+            self.model, self.config, owner="PolicyTrainer"
+        )
 
     @classmethod
     def from_pretrained(
