@@ -102,9 +102,14 @@ class CriticTrainer:
         """Join a data-parallel group (``Shardable``): FSDP2 over ``group`` unless it has one
         process and ``config.fsdp`` is None (``rlblocks.trainer.fsdp.shard_modules``)."""
         if self.optimizer_steps:
-            raise RuntimeError("shard: the critic has already taken optimizer steps")
+            raise RuntimeError(
+                f"CriticTrainer.shard: the critic has already taken {self.optimizer_steps} "
+                "optimizer steps; shard a critic right after building it"
+            )
         if self.dp.sharded:
-            raise RuntimeError("shard: the critic is already sharded")
+            raise RuntimeError(
+                "CriticTrainer.shard: the critic is already sharded; call shard once"
+            )
         self.dp = shard_modules(group, self.config.fsdp, trainable=self.model)
         self.rebuild_optimizer()
 

@@ -49,7 +49,9 @@ class ValueModel(nn.Module):
     def __init__(self, model: nn.Module, *, init_std: float = 0.0, copy: bool = True) -> None:
         super().__init__()
         if init_std < 0:
-            raise ValueError(f"init_std must be >= 0, got {init_std}")
+            raise ValueError(
+                f"ValueModel: init_std must be >= 0, got {init_std}; pass 0 for a zero head"
+            )
         backbone = _backbone(model)
         self.backbone = deepcopy(backbone) if copy else backbone  # the LM head is left behind
         reference = next(self.backbone.parameters())
@@ -90,7 +92,10 @@ class ValueModel(nn.Module):
         """
         tp, t = rollouts.prompt_ids.shape[1], rollouts.response_ids.shape[1]
         if tp == 0:
-            raise ValueError("ValueModel: rollouts have no prompt column (tp = 0)")
+            raise ValueError(
+                "ValueModel: rollouts have no prompt column (tp = 0); give every row at least "
+                "one prompt token"
+            )
         mask = rollouts.attention_mask
         check_rows(self.backbone, mask, owner="ValueModel")
         autocast = (
@@ -130,4 +135,7 @@ def _hidden_size(model: nn.Module) -> int:
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if isinstance(embeddings, nn.Embedding):
         return embeddings.embedding_dim
-    raise ValueError("ValueModel: cannot tell the hidden size (no config.hidden_size)")
+    raise ValueError(
+        "ValueModel: cannot tell the hidden size (no config.hidden_size, no input "
+        "embeddings); pass a model whose config has hidden_size"
+    )

@@ -77,13 +77,22 @@ class TrainConfig:
         }
         for name, value in positive.items():
             if value is not None and value < 1:
-                raise ValueError(f"TrainConfig.{name} must be >= 1 (or None), got {value}")
+                raise ValueError(
+                    f"TrainConfig.{name}: must be >= 1 or None, got {value}; pass a positive count"
+                )
         if self.temperature <= 0:
-            raise ValueError(f"TrainConfig.temperature must be > 0, got {self.temperature}")
+            raise ValueError(
+                f"TrainConfig.temperature: must be > 0, got {self.temperature}; pass a positive value"
+            )
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
-            raise ValueError(f"TrainConfig.max_grad_norm must be > 0, got {self.max_grad_norm}")
+            raise ValueError(
+                f"TrainConfig.max_grad_norm: must be > 0, got {self.max_grad_norm}; "
+                "pass a positive norm, or None for no clipping"
+            )
         if self.lr < 0:
-            raise ValueError(f"TrainConfig.lr must be >= 0, got {self.lr}")
+            raise ValueError(
+                f"TrainConfig.lr: must be >= 0, got {self.lr}; pass a non-negative rate"
+            )
 
 
 def adamw(params: list[nn.Parameter], config: TrainConfig) -> torch.optim.AdamW:

@@ -58,7 +58,10 @@ def response_logits(
     """
     tp, t = rollouts.prompt_ids.shape[1], rollouts.response_ids.shape[1]
     if tp == 0:
-        raise ValueError("response_logits: rollouts have no prompt column (tp = 0)")
+        raise ValueError(
+            "response_logits: rollouts have no prompt column (tp = 0); give every row at "
+            "least one prompt token"
+        )
     mask = rollouts.attention_mask
     check_rows(model, mask, owner="the trainer's forward")
     kwargs = {

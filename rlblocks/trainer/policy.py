@@ -163,14 +163,20 @@ class PolicyTrainer:
         in a larger group it is refused (FSDP does not take peft models here yet).
         """
         if self.optimizer_steps:
-            raise RuntimeError("shard: the trainer has already taken optimizer steps")
+            raise RuntimeError(
+                f"PolicyTrainer.shard: the trainer has already taken {self.optimizer_steps} "
+                "optimizer steps; shard a trainer right after building it"
+            )
         if self.dp.sharded:
-            raise RuntimeError("shard: the trainer is already sharded")
+            raise RuntimeError(
+                "PolicyTrainer.shard: the trainer is already sharded; call shard once"
+            )
         if self.has_adapter:
             if dist.get_world_size(group) == 1:
                 return
             raise NotImplementedError(
-                "LoRA policies are not sharded with FSDP yet: give a LoRA policy a pool of one "
+                "PolicyTrainer.shard: LoRA policies are not sharded with FSDP yet; give a LoRA "
+                "policy a pool of one "
                 "worker (it then trains unsharded), or fine-tune all weights with several workers"
             )
         self.dp = shard_modules(
@@ -206,7 +212,10 @@ class PolicyTrainer:
             with self.model.disable_adapter():
                 return self._score_no_grad(self.model, rollouts)[0]
         if self.reference is None:
-            raise ValueError("PolicyTrainer has no reference model (reference=None)")
+            raise ValueError(
+                "PolicyTrainer.ref_logprobs: the trainer has no reference model "
+                "(reference=None); build it with reference='copy' or a module"
+            )
         return self._score_no_grad(self.reference, rollouts)[0]
 
     @torch.no_grad()
@@ -320,7 +329,10 @@ class PolicyTrainer:
         """
         norm = None if normalizer is None else torch.as_tensor(normalizer, dtype=torch.float64)
         if norm is not None and norm.ndim != 0:
-            raise ValueError(f"normalizer must be a scalar, got shape {tuple(norm.shape)}")
+            raise ValueError(
+                f"PolicyTrainer.forward_backward: normalizer must be a scalar, got shape "
+                f"{tuple(norm.shape)}; pass a float or a 0-d tensor (PolicyTrainer.normalizer)"
+            )
         everything = [torch.arange(len(rollouts))]
         method = "forward_backward"
         update = self._update(rollouts, advantages, loss_fn, old_logprobs, everything, method)
@@ -388,7 +400,10 @@ class PolicyTrainer:
         """Write the LoRA adapter (peft's ``save_pretrained``: adapter weights and config, no
         base weights) into ``folder``, for an engine that serves adapters itself."""
         if not self.has_adapter:
-            raise ValueError("PolicyTrainer.save_adapter: the policy has no LoRA adapter")
+            raise ValueError(
+                "PolicyTrainer.save_adapter: the policy has no LoRA adapter; build it with "
+                "lora=LoraConfig(...), or save the full model with save_pretrained"
+            )
         self.model.save_pretrained(folder)
 
     @dispatch(Dispatch.ALL)
