@@ -31,9 +31,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from rlblocks.models.context import check_rows
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer.forward import position_ids
+from rlblocks.trainer.forward import check_scorable, position_ids
 
 
 class ValueModel(nn.Module):
@@ -90,14 +89,8 @@ class ValueModel(nn.Module):
         backbone under ``torch.autocast(dtype=torch.bfloat16)``; the head stays in float32.
         Rows need at least one prompt column (``tp >= 1``).
         """
-        tp, t = rollouts.prompt_ids.shape[1], rollouts.response_ids.shape[1]
-        if tp == 0:
-            raise ValueError(
-                "ValueModel: rollouts have no prompt column (tp = 0); give every row at least "
-                "one prompt token"
-            )
-        mask = rollouts.attention_mask
-        check_rows(self.backbone, mask, owner="ValueModel")
+        check_scorable(self.backbone, rollouts, owner="ValueModel")
+        t, mask = rollouts.response_ids.shape[1], rollouts.attention_mask
         autocast = (
             torch.autocast(device_type=mask.device.type, dtype=torch.bfloat16)
             if bf16
