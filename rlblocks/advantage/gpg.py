@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from rlblocks.advantage.groups import group_max, group_mean, group_min, group_std
-from rlblocks.advantage.returns import broadcast, check_inputs, discounted_returns, outcome_scores
+from rlblocks.advantage.returns import group_scores, outcome_advantages
 from rlblocks.interfaces import Advantages
 
 
@@ -46,12 +46,11 @@ def gpg(
         ``Advantages``: ``advantages`` (b t) float32 as above; ``returns`` (b t) float32, the
         undiscounted reward-to-go. Both zero where ``mask`` is False, detached (``no_grad``).
     """
-    check_inputs(rewards, mask, group_ids)
-    scores = outcome_scores(rewards, mask)
+    scores = group_scores(rewards, mask, group_ids, estimator=None)
     mixed = group_max(scores, group_ids) > group_min(scores, group_ids)  # (b) rows with a gradient
     alpha = scores.numel() / mixed.sum().clamp(min=1)
     centered = scores - group_mean(scores, group_ids)
     if scale_by_std:
         centered = centered / (group_std(scores, group_ids) + eps)
     advantage = torch.where(mixed, alpha * centered, 0.0)
-    return Advantages(broadcast(advantage, mask), discounted_returns(rewards, mask))
+    return outcome_advantages(advantage, rewards, mask)

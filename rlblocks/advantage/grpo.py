@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlblocks.advantage.groups import group_mean, group_size, group_std, warn_if_no_group
-from rlblocks.advantage.returns import broadcast, check_inputs, discounted_returns, outcome_scores
+from rlblocks.advantage.groups import group_mean, group_size, group_std
+from rlblocks.advantage.returns import group_scores, outcome_advantages
 from rlblocks.interfaces import Advantages
 
 
@@ -43,11 +43,9 @@ def grpo(
         undiscounted reward-to-go (the outcome reward on every valid token for ``(b)`` rewards).
         Both zero where ``mask`` is False, detached (computed under ``no_grad``).
     """
-    check_inputs(rewards, mask, group_ids)
-    warn_if_no_group(group_ids, estimator="rb.advantage.grpo")
-    scores = outcome_scores(rewards, mask)
+    scores = group_scores(rewards, mask, group_ids, estimator="rb.advantage.grpo")
     centered = scores - group_mean(scores, group_ids)
     if scale_by_std:
         centered = centered / (group_std(scores, group_ids) + eps)
     centered = torch.where(group_size(group_ids) > 1, centered, 0.0)
-    return Advantages(broadcast(centered, mask), discounted_returns(rewards, mask))
+    return outcome_advantages(centered, rewards, mask)

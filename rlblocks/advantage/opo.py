@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlblocks.advantage.groups import group_mean, group_size, warn_if_no_group
-from rlblocks.advantage.returns import broadcast, check_inputs, discounted_returns, outcome_scores
+from rlblocks.advantage.groups import group_mean, group_size
+from rlblocks.advantage.returns import group_scores, outcome_advantages
 from rlblocks.interfaces import Advantages
 
 
@@ -31,9 +31,7 @@ def opo(rewards: Tensor, mask: Tensor, group_ids: Tensor, /) -> Advantages:
         ``Advantages``: ``advantages`` (b t) float32 as above; ``returns`` (b t) float32, the
         undiscounted reward-to-go. Both zero where ``mask`` is False, detached (``no_grad``).
     """
-    check_inputs(rewards, mask, group_ids)
-    warn_if_no_group(group_ids, estimator="rb.advantage.opo")
-    scores = outcome_scores(rewards, mask)
+    scores = group_scores(rewards, mask, group_ids, estimator="rb.advantage.opo")
     baseline = group_mean(scores, group_ids, weights=mask.sum(-1))
     advantage = torch.where(group_size(group_ids) > 1, scores - baseline, 0.0)
-    return Advantages(broadcast(advantage, mask), discounted_returns(rewards, mask))
+    return outcome_advantages(advantage, rewards, mask)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlblocks.advantage.groups import group_max, group_size, group_std, group_sum, warn_if_no_group
-from rlblocks.advantage.returns import broadcast, check_inputs, discounted_returns, outcome_scores
+from rlblocks.advantage.groups import group_max, group_size, group_std, group_sum
+from rlblocks.advantage.returns import group_scores, outcome_advantages
 from rlblocks.interfaces import Advantages
 
 
@@ -45,9 +45,7 @@ def grpo_passk(
         ``Advantages``: ``advantages`` (b t) float32 as above; ``returns`` (b t) float32, the
         undiscounted reward-to-go. Both zero where ``mask`` is False, detached (``no_grad``).
     """
-    check_inputs(rewards, mask, group_ids)
-    warn_if_no_group(group_ids, estimator="rb.advantage.grpo_passk")
-    scores = outcome_scores(rewards, mask)
+    scores = group_scores(rewards, mask, group_ids, estimator="rb.advantage.grpo_passk")
     best = group_max(scores, group_ids)
     is_best = scores == best
     n_best = group_sum(is_best.float(), group_ids)
@@ -57,4 +55,4 @@ def grpo_passk(
     if scale_by_std:
         margin = margin / (group_std(scores, group_ids) + eps)
     advantage = torch.where(winner, margin, 0.0)
-    return Advantages(broadcast(advantage, mask), discounted_returns(rewards, mask))
+    return outcome_advantages(advantage, rewards, mask)

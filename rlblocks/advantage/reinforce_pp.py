@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlblocks.advantage.groups import group_mean, group_size, warn_if_no_group
-from rlblocks.advantage.returns import broadcast, check_inputs, discounted_returns, outcome_scores
+from rlblocks.advantage.groups import group_mean, group_size
+from rlblocks.advantage.returns import broadcast, check_inputs, discounted_returns, group_scores
 from rlblocks.advantage.whiten import whiten
 from rlblocks.interfaces import Advantages
 
@@ -71,9 +71,7 @@ def reinforce_pp_baseline(rewards: Tensor, mask: Tensor, group_ids: Tensor, /) -
         ``Advantages``: ``advantages`` (b t) float32 as above; ``returns`` (b t) float32, the
         undiscounted reward-to-go. Both zero where ``mask`` is False, detached (``no_grad``).
     """
-    check_inputs(rewards, mask, group_ids)
-    warn_if_no_group(group_ids, estimator="rb.advantage.reinforce_pp_baseline")
-    scores = outcome_scores(rewards, mask)
+    scores = group_scores(rewards, mask, group_ids, estimator="rb.advantage.reinforce_pp_baseline")
     centered = scores - group_mean(scores, group_ids)
     in_group = mask & (group_size(group_ids) > 1).unsqueeze(1)
     advantages = whiten(broadcast(centered, in_group), in_group)

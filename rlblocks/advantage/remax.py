@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlblocks.advantage.returns import broadcast, check_inputs, discounted_returns, outcome_scores
+from rlblocks.advantage.returns import check_inputs, outcome_advantages, outcome_scores
 from rlblocks.interfaces import Advantages
 
 
@@ -44,4 +44,4 @@ def remax(
             f"baseline_rewards must be (b) = {mask.shape[0]}, got {tuple(baseline_rewards.shape)}"
         )
     advantage = outcome_scores(rewards, mask) - baseline_rewards.float()
-    return Advantages(broadcast(advantage, mask), discounted_returns(rewards, mask))
+    return outcome_advantages(advantage, rewards, mask)

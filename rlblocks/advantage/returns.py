@@ -17,6 +17,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlblocks.advantage.groups import warn_if_no_group
+from rlblocks.interfaces import Advantages
+
 
 def check_inputs(rewards: Tensor, mask: Tensor, group_ids: Tensor | None = None) -> None:
     """Raise ``ValueError`` unless the shapes and dtypes follow docs/conventions.md."""
@@ -35,6 +38,24 @@ def outcome_scores(rewards: Tensor, mask: Tensor) -> Tensor:
     if rewards.dim() == 1:
         return rewards.float()
     return torch.where(mask, rewards.float(), 0.0).sum(-1)
+
+
+def group_scores(
+    rewards: Tensor, mask: Tensor, group_ids: Tensor, *, estimator: str | None
+) -> Tensor:
+    """The opening of every outcome estimator: check the inputs, warn (through
+    :func:`warn_if_no_group`, naming ``estimator``; ``None`` for no warning) when no group has
+    two rows, and return the outcome scores ``(b)`` float32."""
+    check_inputs(rewards, mask, group_ids)
+    if estimator is not None:
+        warn_if_no_group(group_ids, estimator=estimator)
+    return outcome_scores(rewards, mask)
+
+
+def outcome_advantages(advantage: Tensor, rewards: Tensor, mask: Tensor) -> Advantages:
+    """The closing of every outcome estimator: one ``advantage`` ``(b)`` per row spread over its
+    valid tokens, with the undiscounted reward-to-go of ``rewards`` as the returns."""
+    return Advantages(broadcast(advantage, mask), discounted_returns(rewards, mask))
 
 
 def token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlblocks.advantage.groups import group_size, group_sum, warn_if_no_group
-from rlblocks.advantage.returns import broadcast, check_inputs, discounted_returns, outcome_scores
+from rlblocks.advantage.groups import group_size, group_sum
+from rlblocks.advantage.returns import group_scores, outcome_advantages
 from rlblocks.interfaces import Advantages
 
 
@@ -29,10 +29,8 @@ def rloo(rewards: Tensor, mask: Tensor, group_ids: Tensor, /) -> Advantages:
         ``Advantages``: ``advantages`` (b t) float32 as above; ``returns`` (b t) float32, the
         undiscounted reward-to-go. Both zero where ``mask`` is False, detached (``no_grad``).
     """
-    check_inputs(rewards, mask, group_ids)
-    warn_if_no_group(group_ids, estimator="rb.advantage.rloo")
-    scores = outcome_scores(rewards, mask)
+    scores = group_scores(rewards, mask, group_ids, estimator="rb.advantage.rloo")
     n = group_size(group_ids)
     others = (group_sum(scores, group_ids) - scores) / (n - 1).clamp(min=1)
     advantage = torch.where(n > 1, scores - others, 0.0)
-    return Advantages(broadcast(advantage, mask), discounted_returns(rewards, mask))
+    return outcome_advantages(advantage, rewards, mask)

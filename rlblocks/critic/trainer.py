@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.optim.lr_scheduler import LambdaLR
 
 from rlblocks.critic.value_model import ValueModel
 from rlblocks.interfaces import Advantages, Dispatch, dispatch
@@ -41,10 +40,9 @@ from rlblocks.losses.value import value_loss
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.batches import scored_in_pieces, token_advantages
 from rlblocks.trainer.checkpoint import load_trainer, save_trainer
-from rlblocks.trainer.config import TrainConfig, adamw
+from rlblocks.trainer.config import TrainConfig, optimizer_and_schedule
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
-from rlblocks.trainer.schedules import constant
 from rlblocks.trainer.update import assign, run_update
 
 
@@ -75,9 +73,9 @@ class CriticTrainer:
 
     def rebuild_optimizer(self) -> None:
         """A fresh AdamW and schedule on the current trainable parameters (after sharding)."""
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = adamw(trainable, self.config)
-        self.scheduler = LambdaLR(self.optimizer, self.config.schedule or constant())
+        self.optimizer, self.scheduler = optimizer_and_schedule(
+            self.model, self.config, owner="CriticTrainer"
+        )
 
     @classmethod
     def from_pretrained(
@@ -104,9 +102,14 @@ class CriticTrainer:
         """Join a data-parallel group (``Shardable``): FSDP2 over ``group`` unless it has one
         process and ``config.fsdp`` is None (``rlblocks.trainer.fsdp.shard_modules``)."""
         if self.optimizer_steps:
-            raise RuntimeError("shard: the critic has already taken optimizer steps")
+            raise RuntimeError(
+                f"CriticTrainer.shard: the critic has already taken {self.optimizer_steps} "
+                "optimizer steps; shard a critic right after building it"
+            )
         if self.dp.sharded:
-            raise RuntimeError("shard: the critic is already sharded")
+            raise RuntimeError(
+                "CriticTrainer.shard: the critic is already sharded; call shard once"
+            )
         self.dp = shard_modules(group, self.config.fsdp, trainable=self.model)
         self.rebuild_optimizer()
 

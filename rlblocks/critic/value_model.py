@@ -31,9 +31,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from rlblocks.models.context import check_rows
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer.forward import position_ids
+from rlblocks.trainer.forward import check_scorable, position_ids
 
 
 class ValueModel(nn.Module):
@@ -49,7 +48,9 @@ class ValueModel(nn.Module):
     def __init__(self, model: nn.Module, *, init_std: float = 0.0, copy: bool = True) -> None:
         super().__init__()
         if init_std < 0:
-            raise ValueError(f"init_std must be >= 0, got {init_std}")
+            raise ValueError(
+                f"ValueModel: init_std must be >= 0, got {init_std}; pass 0 for a zero head"
+            )
         backbone = _backbone(model)
         self.backbone = deepcopy(backbone) if copy else backbone  # the LM head is left behind
         reference = next(self.backbone.parameters())
@@ -88,11 +89,8 @@ class ValueModel(nn.Module):
         backbone under ``torch.autocast(dtype=torch.bfloat16)``; the head stays in float32.
         Rows need at least one prompt column (``tp >= 1``).
         """
-        tp, t = rollouts.prompt_ids.shape[1], rollouts.response_ids.shape[1]
-        if tp == 0:
-            raise ValueError("ValueModel: rollouts have no prompt column (tp = 0)")
-        mask = rollouts.attention_mask
-        check_rows(self.backbone, mask, owner="ValueModel")
+        check_scorable(self.backbone, rollouts, owner="ValueModel")
+        t, mask = rollouts.response_ids.shape[1], rollouts.attention_mask
         autocast = (
             torch.autocast(device_type=mask.device.type, dtype=torch.bfloat16)
             if bf16
@@ -130,4 +128,7 @@ def _hidden_size(model: nn.Module) -> int:
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if isinstance(embeddings, nn.Embedding):
         return embeddings.embedding_dim
-    raise ValueError("ValueModel: cannot tell the hidden size (no config.hidden_size)")
+    raise ValueError(
+        "ValueModel: cannot tell the hidden size (no config.hidden_size, no input "
+        "embeddings); pass a model whose config has hidden_size"
+    )

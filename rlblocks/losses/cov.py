@@ -104,8 +104,6 @@ def clip_cov(
         ``approx_kl``, ``approx_kl_k3``, ``ratio_mean``, ``ratio_max``.
     """
     _check_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
     lp, old, adv, w = _prepare(logprobs, old_logprobs, advantages, mask, is_weights)
     terms = _surrogate_terms(
         lp, old, adv, clip=clip, dual_clip=dual_clip, log_ratio_clamp=log_ratio_clamp

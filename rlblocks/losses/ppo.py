@@ -75,8 +75,6 @@ def clipped_surrogate(
         ``ratio_mean`` and ``ratio_max``.
     """
     _check_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
     lp, old, adv, w = _prepare(logprobs, old_logprobs, advantages, mask, is_weights)
     terms = _surrogate_terms(
         lp, old, adv, clip=clip, dual_clip=dual_clip, log_ratio_clamp=log_ratio_clamp
@@ -158,6 +156,8 @@ def _surrogate_terms(
     log_ratio_clamp: float,
 ) -> _Surrogate:
     """The clipped (and optionally dual-clipped) surrogate on already-prepared inputs."""
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
     eps_low, eps_high = clip
     log_ratio = (lp - old).clamp(-log_ratio_clamp, log_ratio_clamp)
     ratio = torch.exp(log_ratio)

@@ -168,7 +168,8 @@ class _Method:
         metadata = kwargs.get("metadata")
         if metadata is not None and len(metadata) != len(prompts):
             raise ValueError(
-                f"{self.name}: {len(metadata)} metadata entries for {len(prompts)} prompts"
+                f"{self.name}: {len(metadata)} metadata entries for {len(prompts)} prompts; "
+                "pass one entry per prompt"
             )
         pieces = contiguous_partition(len(prompts), g.world_size)
         calls = []

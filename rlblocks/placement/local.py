@@ -20,7 +20,7 @@ class Local:
         """Call ``factory(*args, **kwargs)`` in this process and return the block itself (``role``
         is only a name here)."""
         if role not in ROLES:
-            raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+            raise ValueError(f"Local.build: unknown role {role!r}; use one of {', '.join(ROLES)}")
         return factory(*args, **kwargs)
 
     def shutdown(self) -> None:

@@ -42,9 +42,13 @@ class Pool:
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.workers_per_node < 1:
-            raise ValueError(f"Pool needs nodes >= 1 and workers_per_node >= 1, got {self}")
+            raise ValueError(
+                f"Pool: nodes and workers_per_node must be >= 1, got {self}; pass positive counts"
+            )
         if self.cpus_per_worker < 0 or self.gpus_per_worker < 0:
-            raise ValueError(f"Pool: negative resources in {self}")
+            raise ValueError(
+                f"Pool: negative resources in {self}; pass cpus and gpus per worker >= 0"
+            )
 
     @property
     def size(self) -> int:
@@ -124,7 +128,7 @@ class Workers:
         come back in rank order, or the first failure is raised (:meth:`wait`)."""
         if self.broken is not None:
             raise PoolBroken(
-                f"the workers of pool {self.name!r} were stopped: {self.broken}. Build its "
+                f"Ray: the workers of pool {self.name!r} were stopped: {self.broken}; build its "
                 "blocks again with placement.build(...)"
             )
         self.round_trips += 1

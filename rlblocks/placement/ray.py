@@ -78,14 +78,16 @@ class Ray:
         if self.pools is None:
             self.pools = {"default": Pool(workers_per_node=self.workers or 1)}
         elif self.workers is not None:
-            raise ValueError("Ray: give workers=... or pools=..., not both")
+            raise ValueError("Ray: both workers=... and pools=... were given; give one of them")
         if not self.pools:
-            raise ValueError("Ray: pools is empty")
+            raise ValueError("Ray: pools is empty; give at least one Pool")
         for role, pool in self.roles.items():
             if role not in ROLES:
-                raise ValueError(f"Ray: unknown role {role!r}; roles are {', '.join(ROLES)}")
+                raise ValueError(f"Ray: unknown role {role!r}; use one of {', '.join(ROLES)}")
             if pool not in self.pools:
-                raise ValueError(f"Ray: role {role!r} maps to unknown pool {pool!r}")
+                raise ValueError(
+                    f"Ray: role {role!r} maps to unknown pool {pool!r}; map it to one of {list(self.pools)}"
+                )
         self._groups: dict[str, Workers] = {}
         self._started_ray = False
 
@@ -97,7 +99,7 @@ class Ray:
         a notebook travel by value). Building a role again replaces its block.
         """
         if role not in ROLES:
-            raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+            raise ValueError(f"Ray.build: unknown role {role!r}; use one of {', '.join(ROLES)}")
         workers = self._pool(self.pool_of(role))
         kinds = workers.submit(
             lambda actor, _: actor.build.remote(role, factory, args, kwargs),

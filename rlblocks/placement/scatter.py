@@ -22,7 +22,9 @@ from rlblocks.rollouts import Rollouts
 def contiguous_partition(n: int, parts: int) -> list[list[int]]:
     """``range(n)`` cut into ``parts`` consecutive pieces whose sizes differ by at most one."""
     if parts < 1:
-        raise ValueError(f"contiguous_partition: parts must be >= 1, got {parts}")
+        raise ValueError(
+            f"contiguous_partition: parts must be >= 1, got {parts}; pass a positive count"
+        )
     base, extra = divmod(n, parts)
     out, start = [], 0
     for rank in range(parts):

@@ -121,7 +121,9 @@ class Worker:
 
     def _block(self, role: str) -> Any:
         if role not in self.blocks:
-            raise KeyError(f"no block built for role {role!r} in this worker")
+            raise KeyError(
+                f"Worker: no block built for role {role!r} in this worker; build the role first"
+            )
         return self.blocks[role]
 
     def _guard(self, role: str, call: str, fn: Callable[[], Any]) -> Any:

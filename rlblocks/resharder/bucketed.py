@@ -59,7 +59,9 @@ def buckets(weights: Weights, bucket_bytes: int) -> Iterator[list[tuple[str, Ten
     (or any single tensor) larger than the budget is a bucket of its own.
     """
     if bucket_bytes < 1:
-        raise ValueError(f"buckets: bucket_bytes must be >= 1, got {bucket_bytes}")
+        raise ValueError(
+            f"buckets: bucket_bytes must be >= 1, got {bucket_bytes}; pass a positive size"
+        )
     bucket: list[tuple[str, Tensor]] = []
     group: list[tuple[str, Tensor]] = []
     size = group_size = 0
@@ -98,7 +100,9 @@ class Resharder:
 
     def __init__(self, *, bucket_mb: float = 256.0) -> None:
         if bucket_mb <= 0:
-            raise ValueError(f"Resharder: bucket_mb must be > 0, got {bucket_mb}")
+            raise ValueError(
+                f"Resharder: bucket_mb must be > 0, got {bucket_mb}; pass a positive size in MiB"
+            )
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.version = 0
         self._checked: set[tuple[int, int]] = set()  # (id(trainer), id(engine)) that passed

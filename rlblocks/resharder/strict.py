@@ -121,8 +121,8 @@ def check_tokenizers(trainer_tokenizer: Any, engine_tokenizer: Any) -> None:
     if differ:
         raise ValueError(
             "Resharder: the trainer and the engine use different tokenizers, nothing was "
-            "copied (the engine's token ids would mean other text to the trainer): "
-            + "; ".join(differ)
+            "copied (the engine's token ids would mean other text to the trainer); build the "
+            "engine with the trainer's tokenizer. They differ in: " + "; ".join(differ)
         )
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from rlblocks.tracking.backend import require
 from rlblocks.tracking.samples import Sample
+from rlblocks.tracking.wandb import log_samples_table
 
 
 class Trackio:
@@ -71,10 +72,7 @@ class Trackio:
 
     def log_samples(self, step: int, rows: Sequence[Sample]) -> None:
         """Log a table of sampled completions at ``step``."""
-        table = self.trackio.Table(
-            columns=["prompt", "completion", "reward"], data=[list(r) for r in rows]
-        )
-        self.run.log({"samples": table}, step=step)
+        log_samples_table(self.trackio, self.run, step, rows)
 
     def close(self) -> None:
         """Flush and finish the run; a second call does nothing."""

@@ -63,13 +63,17 @@ class Wandb:
 
     def log_samples(self, step: int, rows: Sequence[Sample]) -> None:
         """Log a table of sampled completions at ``step``."""
-        table = self.wandb.Table(
-            columns=["prompt", "completion", "reward"], data=[list(r) for r in rows]
-        )
-        self.run.log({"samples": table}, step=step)
+        log_samples_table(self.wandb, self.run, step, rows)
 
     def close(self) -> None:
         """Flush and finish the run; a second call does nothing."""
         if self.run is not None:
             self.run.finish()
             self.run = None
+
+
+def log_samples_table(library: Any, run: Any, step: int, rows: Sequence[Sample]) -> None:
+    """Log ``rows`` as a ``library.Table`` (columns prompt, completion, reward) under the key
+    ``samples`` of ``run`` at ``step``: how W&B and trackio (which copies W&B's API) take it."""
+    table = library.Table(columns=["prompt", "completion", "reward"], data=[list(r) for r in rows])
+    run.log({"samples": table}, step=step)

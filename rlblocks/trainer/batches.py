@@ -64,11 +64,15 @@ def token_advantages(advantages: Tensor | tuple[Tensor, ...], rollouts: Rollouts
     if adv.shape == (b,):
         adv = adv[:, None].expand(b, t)
     if adv.shape != (b, t):
-        raise ValueError(f"advantages have shape {tuple(adv.shape)}, expected ({b}, {t}) or ({b},)")
+        raise ValueError(
+            f"PolicyTrainer.step: advantages have shape {tuple(adv.shape)}, expected ({b}, {t}) "
+            f"or ({b},); pass one advantage per response token or per row"
+        )
     mask = rollouts.response_mask
     if b == t and b > 1 and _transposed(adv, mask):
         raise ValueError(
-            f"advantages look transposed: ({b}, {t}) values that are 0 wherever response_mask.T "
+            f"PolicyTrainer.step: advantages look transposed: ({b}, {t}) values that are 0 "
+            "wherever response_mask.T "
             "is False but not wherever response_mask is; pass them as (b t), rows first, as "
             "the rb.advantage estimators return them"
         )
@@ -97,7 +101,10 @@ def micro_batch_pairs(
     if dp.size == 1:
         return [(p, True) for p in parts], order
     if len(rollouts) == 0:
-        raise ValueError("every data-parallel rank needs at least one row")
+        raise ValueError(
+            "PolicyTrainer.step: this data-parallel rank got no row; give every rank at least "
+            "one row (bigger batches or fewer workers)"
+        )
     return dp.aligned(parts, filler=rollouts.select([0])), order
 
 

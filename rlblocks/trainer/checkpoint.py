@@ -120,7 +120,10 @@ def load_weights(trainer: Any, folder: str | Path) -> None:
     folder = Path(folder)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors file in {folder}")
+        raise FileNotFoundError(
+            f"PolicyTrainer.load_checkpoint: no *.safetensors file in {folder}; pass a folder "
+            "that save_checkpoint wrote"
+        )
     saved: dict[str, Tensor] = {}
     for file in files:
         saved |= load_file(file)
@@ -130,7 +133,10 @@ def load_weights(trainer: Any, folder: str | Path) -> None:
         result = set_peft_model_state_dict(trainer.model, saved)
         unexpected = list(result.unexpected_keys)
         if unexpected:
-            raise KeyError(f"{folder}: adapter tensors the policy does not have: {unexpected}")
+            raise KeyError(
+                f"PolicyTrainer.load_checkpoint: {folder} has adapter tensors the policy does not "
+                f"have: {unexpected}; build the policy with the LoRA config of the saved run"
+            )
         return
     _load_full_weights(trainer, saved, folder)
 
@@ -143,7 +149,10 @@ def _load_full_weights(trainer: Any, saved: Mapping[str, Tensor], folder: Path) 
     extra = sorted(set(saved) - names)
     missing = sorted(names - set(saved) - set(tied_names(model)))  # tied: saved once
     if extra or missing:
-        raise KeyError(f"{folder} does not fit the policy: missing {missing}, extra {extra}")
+        raise KeyError(
+            f"PolicyTrainer.load_checkpoint: {folder} does not fit the policy: missing {missing}, "
+            f"extra {extra}; build the policy from the model of the saved run"
+        )
     if trainer.dp.sharded:
         options = StateDictOptions(full_state_dict=True, strict=False)
         set_model_state_dict(model, dict(saved), options=options)
@@ -176,17 +185,18 @@ def check_reference(
     """Raise if the reference differs from the one the checkpoint was taken with."""
     if set(saved) != set(now):
         raise ValueError(
-            f"{where}: the checkpoint was taken with a reference of {len(saved)} tensors, this "
-            f"policy's has {len(now)}: build the policy from the same initial model"
+            f"PolicyTrainer.load_checkpoint: {where} was taken with a reference of "
+            f"{len(saved)} tensors, this policy's has {len(now)}; build the policy from the "
+            "same initial model"
         )
     for name, (n, s, q) in saved.items():
         n2, s2, q2 = now[name]
         same = n == n2 and math.isclose(s, s2, rel_tol=1e-6, abs_tol=1e-6)
         if not (same and math.isclose(q, q2, rel_tol=1e-6, abs_tol=1e-6)):
             raise ValueError(
-                f"{where}: the reference differs from the checkpoint's at {name!r} (sum "
-                f"{s2:.6g} instead of {s:.6g}): a resumed run must keep the initial policy as "
-                f"its reference; build the policy from the same initial model"
+                f"PolicyTrainer.load_checkpoint: the reference differs from {where}'s at "
+                f"{name!r} (sum {s2:.6g} instead of {s:.6g}), and a resumed run must keep the "
+                "initial policy as its reference; build the policy from the same initial model"
             )
 
 

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 
 from rlblocks.interfaces import Aggregation
 from rlblocks.losses.aggregate import token_mean
 from rlblocks.losses.entropy import DEFAULT_CHUNK_SIZE
 from rlblocks.trainer.fsdp import FSDP
+from rlblocks.trainer.schedules import constant
 
 
 @dataclass(frozen=True)
@@ -75,13 +77,22 @@ class TrainConfig:
         }
         for name, value in positive.items():
             if value is not None and value < 1:
-                raise ValueError(f"TrainConfig.{name} must be >= 1 (or None), got {value}")
+                raise ValueError(
+                    f"TrainConfig.{name}: must be >= 1 or None, got {value}; pass a positive count"
+                )
         if self.temperature <= 0:
-            raise ValueError(f"TrainConfig.temperature must be > 0, got {self.temperature}")
+            raise ValueError(
+                f"TrainConfig.temperature: must be > 0, got {self.temperature}; pass a positive value"
+            )
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
-            raise ValueError(f"TrainConfig.max_grad_norm must be > 0, got {self.max_grad_norm}")
+            raise ValueError(
+                f"TrainConfig.max_grad_norm: must be > 0, got {self.max_grad_norm}; "
+                "pass a positive norm, or None for no clipping"
+            )
         if self.lr < 0:
-            raise ValueError(f"TrainConfig.lr must be >= 0, got {self.lr}")
+            raise ValueError(
+                f"TrainConfig.lr: must be >= 0, got {self.lr}; pass a non-negative rate"
+            )
 
 
 def adamw(params: list[nn.Parameter], config: TrainConfig) -> torch.optim.AdamW:
@@ -101,3 +112,19 @@ def adamw(params: list[nn.Parameter], config: TrainConfig) -> torch.optim.AdamW:
         weight_decay=config.weight_decay,
         fused=fused or None,
     )
+
+
+def optimizer_and_schedule(
+    model: nn.Module, config: TrainConfig, *, owner: str
+) -> tuple[torch.optim.AdamW, LambdaLR]:
+    """A fresh :func:`adamw` on ``model``'s trainable parameters and its ``LambdaLR`` with
+    ``config.schedule`` (constant when None): what a trainer builds at first and again after
+    sharding. ``owner`` names the trainer in the error raised when nothing is trainable."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise ValueError(
+            f"{owner}: the model has no parameter with requires_grad; unfreeze the parameters "
+            "to train (or attach a LoRA adapter)"
+        )
+    optimizer = adamw(trainable, config)
+    return optimizer, LambdaLR(optimizer, config.schedule or constant())

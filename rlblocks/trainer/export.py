@@ -169,8 +169,8 @@ def _gathered_weights(trainer: Exportable, *, keep: bool) -> dict[str, Tensor]:
             # LoRA on a tied embedding or head: merged, the two differ, and a checkpoint
             # that says tie_word_embeddings cannot hold both.
             raise NotImplementedError(
-                f"{name} is tied to {tied[name]} but differs from it after merging LoRA: "
-                "export with merge_lora=False, or do not adapt tied embeddings"
+                f"save_pretrained: {name} is tied to {tied[name]} but differs from it after "
+                "merging LoRA; export with merge_lora=False, or do not adapt tied embeddings"
             )
     return weights
 
@@ -291,8 +291,8 @@ def _replacing(folder: Path) -> Iterator[Path]:
     removed on error. An existing ``folder`` must be empty or an earlier export."""
     if folder.exists() and not _replaceable(folder):
         raise FileExistsError(
-            f"{folder} exists and is not an exported model (no {' or '.join(EXPORT_MARKERS)}): "
-            "refusing to replace it; choose another folder"
+            f"save_pretrained: {folder} exists and is not an exported model (no "
+            f"{' or '.join(EXPORT_MARKERS)}), so it is not replaced; choose another folder"
         )
     folder.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))

@@ -45,6 +45,18 @@ def position_ids(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def check_scorable(model: nn.Module, rollouts: Rollouts, *, owner: str) -> None:
+    """Refuse rollouts a forward over prompt + response cannot score, naming ``owner``: rows
+    without a prompt column (``tp = 0``: the first response token is predicted from the last
+    prompt token), or rows longer than ``model``'s context (:func:`check_rows`)."""
+    if rollouts.prompt_ids.shape[1] == 0:
+        raise ValueError(
+            f"{owner}: rollouts have no prompt column (tp = 0); give every row at least one "
+            "prompt token"
+        )
+    check_rows(model, rollouts.attention_mask, owner=owner)
+
+
 def response_logits(
     model: nn.Module, rollouts: Rollouts, *, temperature: float = 1.0, bf16: bool = False
 ) -> Tensor:
@@ -56,11 +68,8 @@ def response_logits(
     gradient of the model's parameters when grad mode is on. Rows need at least one prompt
     column (``tp >= 1``): the first response token is predicted from the last prompt token.
     """
-    tp, t = rollouts.prompt_ids.shape[1], rollouts.response_ids.shape[1]
-    if tp == 0:
-        raise ValueError("response_logits: rollouts have no prompt column (tp = 0)")
-    mask = rollouts.attention_mask
-    check_rows(model, mask, owner="the trainer's forward")
+    check_scorable(model, rollouts, owner="response_logits")
+    t, mask = rollouts.response_ids.shape[1], rollouts.attention_mask
     kwargs = {
         "input_ids": rollouts.input_ids,
         "attention_mask": mask.long(),

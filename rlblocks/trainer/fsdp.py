@@ -88,8 +88,9 @@ def shard_module(model: nn.Module, dp: DataParallel, config: FSDP, *, trainable:
     layers = set(_layer_classes(model))
     if not layers:
         raise ValueError(
-            f"shard: {type(model).__name__} names no decoder-layer class in _no_split_modules; "
-            "FSDP needs to know which modules to shard"
+            f"shard_modules: {type(model).__name__} names no decoder-layer class in "
+            "_no_split_modules, so FSDP cannot tell which modules to shard; set the model "
+            "class's _no_split_modules to its decoder-layer class names"
         )
     for module in list(model.modules()):
         if type(module).__name__ in layers:
@@ -242,7 +243,10 @@ def load_full_state(
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     if set(weights) != trainable:
         missing, extra = sorted(trainable - set(weights)), sorted(set(weights) - trainable)
-        raise KeyError(f"state dict mismatch: missing {missing}, extra {extra}")
+        raise KeyError(
+            f"load_state_dict: state dict mismatch: missing {missing}, extra {extra}; load "
+            "a state_dict of a trainer built on the same model"
+        )
     set_model_state_dict(model, weights, options=options)
     set_optimizer_state_dict(model, optimizer, optim, options=options)
 

@@ -44,9 +44,15 @@ def wrap_lora(model: nn.Module, config: LoraConfig) -> nn.Module:
     from peft import get_peft_model
 
     if getattr(config, "use_dora", False):
-        raise NotImplementedError("PolicyTrainer supports plain LoRA, not DoRA (use_dora=True)")
+        raise NotImplementedError(
+            "PolicyTrainer: LoraConfig(use_dora=True) asks for DoRA, which is not supported; "
+            "use plain LoRA (use_dora=False)"
+        )
     if getattr(config, "modules_to_save", None):
-        raise NotImplementedError("PolicyTrainer does not support LoraConfig.modules_to_save")
+        raise NotImplementedError(
+            f"PolicyTrainer: LoraConfig.modules_to_save={config.modules_to_save!r} is not "
+            "supported; leave it None (only the adapter trains)"
+        )
     return get_peft_model(model, config)
 
 
@@ -70,7 +76,9 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
         if not isinstance(module, LoraLayer):
             continue
         if any(getattr(module, "use_dora", {}).get(a, False) for a in module.active_adapters):
-            raise NotImplementedError(f"{name}: DoRA adapters cannot be merged here")
+            raise NotImplementedError(
+                f"merged_weights: {name} is a DoRA adapter, which cannot be merged here; use plain LoRA"
+            )
         weight = module.get_base_layer().weight
         if not module.merged:
             for adapter in module.active_adapters:

@@ -144,8 +144,9 @@ def share(batch: Rollouts, plan: Sequence[Tensor], *, rank: int, size: int) -> S
             split = balanced_partition([lengths[r] for r in rows], size)
         if size > 1 and any(not part for part in split):
             raise ValueError(
-                f"a mini-batch of {len(rows)} rows cannot feed {size} data-parallel ranks (each "
-                "needs at least one row); use bigger mini-batches or fewer workers"
+                f"PolicyTrainer.step: a mini-batch of {len(rows)} rows cannot feed {size} "
+                "data-parallel ranks (each needs at least one row); use bigger mini-batches or "
+                "fewer workers"
             )
         for r, part in enumerate(split):
             for k in part:

@@ -51,7 +51,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.optim.lr_scheduler import LambdaLR
 
 from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, dispatch
 from rlblocks.renamed import moved_keywords
@@ -60,14 +59,13 @@ from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.allocator import keep_freed_memory
 from rlblocks.trainer.batches import scored_in_pieces, token_advantages
 from rlblocks.trainer.checkpoint import load_trainer, load_weights, save_trainer, save_weights
-from rlblocks.trainer.config import TrainConfig, adamw
+from rlblocks.trainer.config import TrainConfig, optimizer_and_schedule
 from rlblocks.trainer.export import DEFAULT_COMMIT_MESSAGE, push_to_hub, save_pretrained
 from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
 from rlblocks.trainer.lora import is_peft_model, wrap_lora
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.policy_loss import PreparedUpdate, prepare_update
-from rlblocks.trainer.schedules import constant
 from rlblocks.trainer.update import Accumulation, assign, run_update, timing
 from rlblocks.trainer.weights import (
     frozen_reference,
@@ -132,11 +130,9 @@ class PolicyTrainer:
 
     def rebuild_optimizer(self) -> None:
         """A fresh AdamW and schedule on the current trainable parameters (after sharding)."""
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        if not trainable:
-            raise ValueError("PolicyTrainer: the model has no parameter with requires_grad")
-        self.optimizer = adamw(trainable, self.config)
-        self.scheduler = LambdaLR(self.optimizer, self.config.schedule or constant())
+        self.optimizer, self.scheduler = optimizer_and_schedule(
+            self.model, self.config, owner="PolicyTrainer"
+        )
 
     @classmethod
     def from_pretrained(
@@ -171,14 +167,20 @@ class PolicyTrainer:
         in a larger group it is refused (FSDP does not take peft models here yet).
         """
         if self.optimizer_steps:
-            raise RuntimeError("shard: the trainer has already taken optimizer steps")
+            raise RuntimeError(
+                f"PolicyTrainer.shard: the trainer has already taken {self.optimizer_steps} "
+                "optimizer steps; shard a trainer right after building it"
+            )
         if self.dp.sharded:
-            raise RuntimeError("shard: the trainer is already sharded")
+            raise RuntimeError(
+                "PolicyTrainer.shard: the trainer is already sharded; call shard once"
+            )
         if self.has_adapter:
             if dist.get_world_size(group) == 1:
                 return
             raise NotImplementedError(
-                "LoRA policies are not sharded with FSDP yet: give a LoRA policy a pool of one "
+                "PolicyTrainer.shard: LoRA policies are not sharded with FSDP yet; give a LoRA "
+                "policy a pool of one "
                 "worker (it then trains unsharded), or fine-tune all weights with several workers"
             )
         self.dp = shard_modules(
@@ -214,7 +216,10 @@ class PolicyTrainer:
             with self.model.disable_adapter():
                 return self._score_no_grad(self.model, rollouts)[0]
         if self.reference is None:
-            raise ValueError("PolicyTrainer has no reference model (reference=None)")
+            raise ValueError(
+                "PolicyTrainer.ref_logprobs: the trainer has no reference model "
+                "(reference=None); build it with reference='copy' or a module"
+            )
         return self._score_no_grad(self.reference, rollouts)[0]
 
     @torch.no_grad()
@@ -331,7 +336,10 @@ class PolicyTrainer:
         """
         norm = None if normalizer is None else torch.as_tensor(normalizer, dtype=torch.float64)
         if norm is not None and norm.ndim != 0:
-            raise ValueError(f"normalizer must be a scalar, got shape {tuple(norm.shape)}")
+            raise ValueError(
+                f"PolicyTrainer.forward_backward: normalizer must be a scalar, got shape "
+                f"{tuple(norm.shape)}; pass a float or a 0-d tensor (PolicyTrainer.normalizer)"
+            )
         everything = [torch.arange(len(rollouts))]
         method = "forward_backward"
         update = self._update(rollouts, advantages, loss_fn, everything, method)
@@ -396,7 +404,10 @@ class PolicyTrainer:
         """Write the LoRA adapter (peft's ``save_pretrained``: adapter weights and config, no
         base weights) into ``folder``, for an engine that serves adapters itself."""
         if not self.has_adapter:
-            raise ValueError("PolicyTrainer.save_adapter: the policy has no LoRA adapter")
+            raise ValueError(
+                "PolicyTrainer.save_adapter: the policy has no LoRA adapter; build it with "
+                "lora=LoraConfig(...), or save the full model with save_pretrained"
+            )
         self.model.save_pretrained(folder)
 
     @dispatch(Dispatch.ALL)

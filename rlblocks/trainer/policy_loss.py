@@ -97,7 +97,10 @@ def prepare(
     from the update's own forward instead; the rows get their index (an extra) so that it can
     be put back in place."""
     if "rollout_logprobs" in wants.required and batch.rollout_logprobs is None:
-        raise ValueError("the loss needs rollout_logprobs but the rollouts carry none")
+        raise ValueError(
+            "PolicyTrainer.step: the loss needs rollout_logprobs but the rollouts carry none; "
+            "generate with an engine that records them, or use a loss without them"
+        )
     if in_update:
         batch = numbered(batch)
     else:
@@ -109,7 +112,10 @@ def prepare(
         if score_ref is not None:
             batch = batch.replace(ref_logprobs=score_ref(batch).detach())
         elif "ref_logprobs" in wants.required:
-            raise ValueError("the loss needs ref_logprobs but the trainer has no reference")
+            raise ValueError(
+                "PolicyTrainer.step: the loss needs ref_logprobs but the trainer has no reference; "
+                "build the trainer with reference='copy' or pass rollouts with ref_logprobs"
+            )
     return batch
 
 

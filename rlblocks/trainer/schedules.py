@@ -67,7 +67,7 @@ def warmup_constant(*, warmup: int) -> WarmupConstant:
     Input: step k (int, optimizer steps already applied); output: a float multiplier.
     """
     if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
+        raise ValueError(f"warmup_constant: warmup must be >= 0, got {warmup}; pass a step count")
     return WarmupConstant(warmup)
 
 
@@ -83,7 +83,12 @@ def cosine(*, warmup: int, total: int, min_ratio: float = 0.0) -> Cosine:
     Input: step k (int, optimizer steps already applied); output: a float multiplier.
     """
     if warmup < 0 or total < warmup:
-        raise ValueError(f"need 0 <= warmup <= total, got warmup={warmup}, total={total}")
+        raise ValueError(
+            f"cosine: need 0 <= warmup <= total, got warmup={warmup}, total={total}; pass a "
+            "warmup no longer than the run"
+        )
     if not 0.0 <= min_ratio <= 1.0:
-        raise ValueError(f"min_ratio must be in [0, 1], got {min_ratio}")
+        raise ValueError(
+            f"cosine: min_ratio must be in [0, 1], got {min_ratio}; pass a fraction of lr"
+        )
     return Cosine(warmup, total, min_ratio)

@@ -99,7 +99,7 @@ class Teacher:
         if b and int(rollouts.input_ids.max()) >= vocab:
             raise ValueError(
                 f"Teacher.logprobs: token id {int(rollouts.input_ids.max())} is outside the "
-                f"teacher's vocabulary of {vocab}: student and teacher need the same tokenizer"
+                f"teacher's vocabulary of {vocab}; give student and teacher the same tokenizer"
             )
         if b == 0:
             return torch.zeros(b, t, device=self.device)
@@ -125,7 +125,8 @@ def check_same_vocabulary(teacher: Any, student: Any) -> None:
     for token_id in sorted(set(mine) | set(theirs)):
         if mine.get(token_id) != theirs.get(token_id):
             raise ValueError(
-                f"teacher and student tokenizers differ at token id {token_id}: teacher "
+                f"check_same_vocabulary: teacher and student tokenizers differ at token id "
+                f"{token_id}: teacher "
                 f"{mine.get(token_id)!r}, student {theirs.get(token_id)!r} ({len(mine)} and "
                 f"{len(theirs)} tokens); on-policy distillation needs one tokenizer for both"
             )

@@ -84,7 +84,9 @@ def assign(
     """Steps 1 to 3 of the module docstring for ``batch`` (the whole batch, on every rank);
     ``method`` names the trainer's method in the error an empty batch raises."""
     if len(batch) == 0:
-        raise ValueError(f"{type(trainer).__name__}.{method}: empty batch")
+        raise ValueError(
+            f"{type(trainer).__name__}.{method}: empty batch (no row); pass at least one rollout"
+        )
     plan = draw_plan(len(batch), trainer.config, trainer.steps, minibatches)
     share = trainer.dp.share(batch, plan)
     norms = normalizers(batch, plan, trainer.config)

@@ -64,7 +64,10 @@ def load_trainable_state(model: nn.Module, values: Mapping[str, Tensor]) -> None
     params = dict(trainable_state(model))
     if set(params) != set(values):
         missing, extra = sorted(set(params) - set(values)), sorted(set(values) - set(params))
-        raise KeyError(f"state dict mismatch: missing {missing}, extra {extra}")
+        raise KeyError(
+            f"load_state_dict: state dict mismatch: missing {missing}, extra {extra}; load "
+            "a state_dict of a trainer built on the same model"
+        )
     for name, value in values.items():
         params[name].copy_(value)
 
@@ -77,5 +80,7 @@ def frozen_reference(model: nn.Module, reference: str | nn.Module | None) -> nn.
     if reference == "copy":
         reference = copy.deepcopy(model)
     elif not isinstance(reference, nn.Module):
-        raise ValueError(f"reference must be 'auto', 'copy', a module or None, got {reference!r}")
+        raise ValueError(
+            f"PolicyTrainer: reference is {reference!r}; pass 'auto', 'copy', a module or None"
+        )
     return reference.requires_grad_(False).eval()

@@ -44,7 +44,7 @@ def test_a_killed_worker_fails_fast_and_shutdown_leaves_no_process():
     assert "actor worker rank 1" in str(error) and "died during step" in str(error)
     assert (error.role, error.rank) == ("actor", 1)
     assert outcome["seconds"] < 60
-    with pytest.raises(PoolBroken, match="actor rank 1 died in step. Build its blocks again"):
+    with pytest.raises(PoolBroken, match="actor rank 1 died in step; build its blocks again"):
         policy.logprobs(ro.select([0]))
     rebuilt = placement.build("actor", policy_factory(torch.float32))  # a fresh pool
     assert rebuilt.logprobs(ro.select([0, 1])).shape == (2, ro.response_ids.shape[1])
