@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         seed=args.seed,
     )
     start = time.perf_counter()
-    ro = agent.generate(data.prompts, n=args.n, sampling=sampling, metadata=data.metadata)
+    ro = agent.generate(data.prompts, group_size=args.n, sampling=sampling, metadata=data.metadata)
     total = time.perf_counter() - start
     _, metrics = rb.envs.env_reward(ro)
     lengths = ro.prompt_mask.sum(-1)

@@ -232,7 +232,7 @@ def run_rlblocks(
     batches = list(setup.batches) + ([setup.batches[0]] if overlap else [])
     loss = partial(rb.losses.clipped_surrogate, clip=CLIP)
     if setup.beta:
-        loss = rb.losses.kl_regularized(loss, coef=setup.beta)  # k3, as TRL
+        loss = rb.losses.kl_regularized(loss, kl_coef=setup.beta)  # k3, as TRL
     n = setup.max_new_tokens
     sampling = rb.SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=1.0)
     counts: list[tuple[int, int, int]] = []  # tokens, response tokens, threads of each step

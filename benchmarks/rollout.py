@@ -128,7 +128,7 @@ def measure(
     seconds, tokens = [], []
     for run in range(args.repeats + 1):  # run 0 warms up: vLLM's first call, lazy allocations
         start = time.perf_counter()
-        rollouts = engine.generate(prompts, n=args.n, sampling=sampling)
+        rollouts = engine.generate(prompts, group_size=args.n, sampling=sampling)
         if run > 0:
             seconds.append(time.perf_counter() - start)
             tokens.append(int(rollouts.response_mask.sum()))

@@ -257,11 +257,11 @@ class RolloutEngine(Protocol):
         self,
         prompts: Sequence[Prompt],
         *,
-        n: int = 1,
+        group_size: int = 1,
         sampling: SamplingParams | None = None,
         metadata: Sequence[Mapping[str, Any]] | None = None,
     ) -> Rollouts:
-        """``n`` samples per prompt; rows of one prompt share a group id. ``metadata[i]`` is
+        """``group_size`` samples per prompt; rows of one prompt share a group id. ``metadata[i]`` is
         copied onto every row of prompt ``i``. Rollout log-probs are float32 (b t)."""
         ...
 

@@ -1,10 +1,10 @@
 """Keywords a function no longer takes, each failing with a message that names its new place.
 
-    @moved_keywords(samples_per_prompt="group_size=")
+    @moved_keywords(group_size="group_size=")
     def ppo(..., group_size: int = 1): ...
 
-    ppo(..., samples_per_prompt=4)
-    # TypeError: ppo: samples_per_prompt= is no longer a keyword; use group_size=
+    ppo(..., group_size=4)
+    # TypeError: ppo: group_size= is no longer a keyword; use group_size=
 
 A base helper (it imports nothing of rlblocks): every layer may use it, so that a user who
 meets an old name learns the new one instead of Python's bare "unexpected keyword argument".

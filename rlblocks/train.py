@@ -343,7 +343,7 @@ def build(config: Namespace) -> tuple[Callable[..., list[dict[str, Any]]], dict[
     if "loss_fn" in params:
         loss = _bound(LOSSES, config.loss, "loss")
         wrap = kl_coef and "kl_coef" not in params  # PPO applies its own kl_coef
-        arguments["loss_fn"] = kl_regularized(loss, coef=kl_coef) if wrap else loss
+        arguments["loss_fn"] = kl_regularized(loss, kl_coef=kl_coef) if wrap else loss
     own = set(params) - BUILT - NOT_CONFIGURABLE
     arguments |= {k: config[k] for k in own if k in config}
     return fn, arguments

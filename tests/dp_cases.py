@@ -248,7 +248,7 @@ def strict_sync_sharded(rank: int) -> dict:
 # step taken straight on (the uninterrupted run) and again by a fresh trainer of the same kind
 # that loads the checkpoint. float32, KL to the reference (its fingerprint is checked on load).
 CHECKPOINTED = {"reference": "copy", **SCHEDULE}
-KL_LOSS = rb.losses.kl_regularized(LOSS, coef=0.1)
+KL_LOSS = rb.losses.kl_regularized(LOSS, kl_coef=0.1)
 
 
 def make_critic(**overrides):

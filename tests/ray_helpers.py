@@ -31,7 +31,7 @@ def local_blocks():
 
 def grpo_batch(engine, step):
     sampling = rb.SamplingParams(max_new_tokens=8, seed=step)
-    ro = engine.generate(PROMPTS[:3], n=4, sampling=sampling)
+    ro = engine.generate(PROMPTS[:3], group_size=4, sampling=sampling)
     rewards, _ = rb.rewards.per_sample(digit_fraction)(ro)
     advantages, _ = rb.advantage.grpo(
         rewards + 0.1 * torch.arange(len(ro)), ro.response_mask, ro.group_ids

@@ -41,7 +41,7 @@ def test_the_engine_refuses_a_prompt_past_the_context_before_generating():
 def test_the_trainer_refuses_rows_past_the_context_before_its_forward():
     policy, engine = _blocks(context=64)
     ro = engine.generate(
-        ["Count: 1", "Count: 2"], n=2, sampling=rb.SamplingParams(max_new_tokens=8)
+        ["Count: 1", "Count: 2"], group_size=2, sampling=rb.SamplingParams(max_new_tokens=8)
     )
     policy.model.config.max_position_embeddings = int(ro.attention_mask.sum(-1).max()) - 1
     with pytest.raises(ValueError, match=r"row \d has \d+ tokens, past the model's context"):
@@ -54,7 +54,7 @@ def test_the_trainer_refuses_rows_past_the_context_before_its_forward():
 def test_the_critic_refuses_rows_past_the_context_before_its_forward():
     policy, engine = _blocks(context=64)
     critic = rb.critic.CriticTrainer(policy.model)
-    ro = engine.generate(["Count: 1"], n=2, sampling=rb.SamplingParams(max_new_tokens=8))
+    ro = engine.generate(["Count: 1"], group_size=2, sampling=rb.SamplingParams(max_new_tokens=8))
     critic.model.backbone.config.max_position_embeddings = int(ro.attention_mask.sum(-1).max()) - 1
     with pytest.raises(ValueError, match=r"ValueModel: row \d has \d+ tokens, past the model's"):
         critic.values(ro)

@@ -36,7 +36,10 @@ def blocks():
         [{"prompt": f"Count: {i}", "ground_truth": "0"} for i in range(2)]
     )
     ro = engine.generate(
-        prompts.prompts, n=4, sampling=rb.SamplingParams(max_new_tokens=4), metadata=[{}] * 2
+        prompts.prompts,
+        group_size=4,
+        sampling=rb.SamplingParams(max_new_tokens=4),
+        metadata=[{}] * 2,
     )
     return policy, ro
 
@@ -172,7 +175,9 @@ def test_any_prompt_row_is_trained_on_or_refused_by_rlblocks_naming_it(blocks, p
     engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, progress=False)
     try:
         rows = rb.data.load_prompts([{"prompt": p, "ground_truth": "0"} for p in prompts])
-        ro = engine.generate(rows.prompts, n=2, sampling=rb.SamplingParams(max_new_tokens=4))
+        ro = engine.generate(
+            rows.prompts, group_size=2, sampling=rb.SamplingParams(max_new_tokens=4)
+        )
         metrics = grpo_step(
             policy, ro, rb.rewards.per_sample(lambda c, **row: float(len(c)), timeout=None)
         )

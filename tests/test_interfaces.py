@@ -27,10 +27,10 @@ class EchoEngine:
     def __init__(self) -> None:
         self.version = 0
 
-    def generate(self, prompts, *, n=1, sampling=None, metadata=None):
+    def generate(self, prompts, *, group_size=1, sampling=None, metadata=None):
         ids = [[ord(c) for c in p] for p in prompts]
         ro = Rollouts.from_lists(ids, ids, prompts=list(prompts), completions=list(prompts))
-        return ro.repeat(n)
+        return ro.repeat(group_size)
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, version: int):
         self.version = version
@@ -51,7 +51,7 @@ class EchoEngine:
 def test_structural_blocks_are_recognised_without_inheritance():
     engine = EchoEngine()
     assert isinstance(engine, RolloutEngine)
-    ro = engine.generate(["ab", "c"], n=2)
+    ro = engine.generate(["ab", "c"], group_size=2)
     assert ro.group_ids.tolist() == [0, 0, 1, 1]
     assert ro.completions == ["ab", "ab", "c", "c"]
     # An engine is not a trainer, a resharder or stateful: the checks really discriminate.

@@ -41,7 +41,7 @@ def test_groups_of_one_are_reported_at_every_call(estimator, caplog):
 def test_square_advantages_passed_transposed_are_refused():
     engine, policy = _engine_and_policy()
     ro = engine.generate(
-        ["Count: 1", "Count: 2"], n=2, sampling=rb.SamplingParams(max_new_tokens=4)
+        ["Count: 1", "Count: 2"], group_size=2, sampling=rb.SamplingParams(max_new_tokens=4)
     )
     ro = ro.replace(
         response_mask=torch.arange(4)[None, :]
@@ -64,13 +64,13 @@ def test_a_model_broken_by_its_update_is_named_at_the_next_generate():
     # contains either inf, nan or element < 0") without a word about the cause.
     engine, policy = _engine_and_policy(lr=1e10)
     sampling = rb.SamplingParams(max_new_tokens=4)
-    ro = engine.generate(["Count: 1"], n=4, sampling=sampling)
+    ro = engine.generate(["Count: 1"], group_size=4, sampling=sampling)
     metrics = policy.step(
         ro, torch.tensor([1.0, -1.0, 1.0, -1.0]), loss_fn=rb.recipes.defaults.PPO_CLIP
     )
     assert metrics["optimizer_steps"] == 1.0 and metrics["skipped_steps"] == 0.0
     with pytest.raises(FloatingPointError, match="Lower lr, set max_grad_norm"):
-        engine.generate(["Count: 1"], n=4, sampling=sampling)
+        engine.generate(["Count: 1"], group_size=4, sampling=sampling)
     greedy = rb.SamplingParams(max_new_tokens=4, temperature=0.0)  # greedy would go on silently
     with pytest.raises(FloatingPointError, match="scores are not finite"):
-        engine.generate(["Count: 1"], n=1, sampling=greedy)
+        engine.generate(["Count: 1"], group_size=1, sampling=greedy)

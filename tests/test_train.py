@@ -118,7 +118,7 @@ def test_command_line_overrides_the_file(config_file):
     config, _, _ = train.parse([str(config_file), "--loss.name", "gspo", "--recipe", "remax"])
     assert config.recipe == "remax" and "loss" in config  # remax takes a loss_fn
     assert "advantage" not in config  # ... but no advantage estimator
-    with pytest.raises(SystemExit, match=r"line 3: .*'group_size'"):  # PPO: samples_per_prompt
+    with pytest.raises(SystemExit, match=r"line 3: .*'group_size'"):  # PPO: group_size
         train.parse([str(config_file), "--recipe", "ppo"])
 
 

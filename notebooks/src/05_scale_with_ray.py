@@ -131,7 +131,9 @@ dash = rb.notebook.Dashboard(
     total_steps=STEPS, metrics=[*rb.notebook.CURVES, ("sync/seconds", "weight sync (s)")]
 )
 for step, batch in zip(range(STEPS), batches):
-    ro = engine.generate(batch.prompts, n=GROUP_SIZE, sampling=sampling, metadata=batch.metadata)
+    ro = engine.generate(
+        batch.prompts, group_size=GROUP_SIZE, sampling=sampling, metadata=batch.metadata
+    )
     rewards, reward_metrics = reward(ro)
     adv, _ = advantage(rewards, ro.response_mask, ro.group_ids)
     metrics = policy.step(ro, adv, loss_fn=loss)
@@ -160,7 +162,9 @@ for h in dash.history:
 # rounding; a missed or partial sync would show up here as a gap of order 1e-3 or more.
 
 # %%
-ro = engine.generate(held_out.prompts[:4], n=2, sampling=sampling, metadata=held_out.metadata[:4])
+ro = engine.generate(
+    held_out.prompts[:4], group_size=2, sampling=sampling, metadata=held_out.metadata[:4]
+)
 gap = (ro.rollout_logprobs - policy.logprobs(ro))[ro.response_mask].abs().max().item()
 print(f"engine version {resharder.version}; max |engine - trainer| log-prob: {gap:.2e}")
 
@@ -230,7 +234,7 @@ print(split, [sum(lengths[i] for i in rows) for rows in split])
 
 # %%
 try:
-    engine.generate(["one prompt, so only rank 0 runs"], n=0)
+    engine.generate(["one prompt, so only rank 0 runs"], group_size=0)
 except rb.placement.WorkerError as error:
     print(f"role={error.role} rank={error.rank} node={error.node} call={error.call}")
     print(error.remote_traceback.strip().splitlines()[-1])

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from rlblocks.advantage.distill import reverse_kl
+from rlblocks.advantage.distill import teacher_kl
 from rlblocks.advantage.gae import gae
 from rlblocks.advantage.gpg import gpg
 from rlblocks.advantage.groups import (
@@ -69,8 +69,17 @@ __all__ = [
     "reinforce_pp",
     "reinforce_pp_baseline",
     "remax",
-    "reverse_kl",
     "rloo",
+    "teacher_kl",
     "token_rewards",
     "whiten",
 ]
+
+#: Names that changed, and what to use now (one name for one contract).
+_RENAMED = {"reverse_kl": "rb.advantage.teacher_kl (rb.losses.reverse_kl is the per-token loss)"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _RENAMED:
+        raise AttributeError(f"rlblocks.advantage.{name}: renamed; use {_RENAMED[name]}")
+    raise AttributeError(f"module 'rlblocks.advantage' has no attribute {name!r}")

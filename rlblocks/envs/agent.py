@@ -62,6 +62,7 @@ from rlblocks.interfaces import (
     dispatch,
 )
 from rlblocks.models.context import context_length
+from rlblocks.renamed import moved_keywords
 from rlblocks.rollout.prompts import check_metadata
 from rlblocks.rollouts import Rollouts
 
@@ -150,15 +151,16 @@ class AgentEngine:
 
     # ------------------------------------------------------------------ RolloutEngine
     @dispatch(Dispatch.PROMPTS)
+    @moved_keywords(n="group_size=")
     def generate(
         self,
         prompts: Sequence[Prompt],
         *,
-        n: int = 1,
+        group_size: int = 1,
         sampling: SamplingParams | None = None,
         metadata: Sequence[Mapping[str, Any]] | None = None,
     ) -> Rollouts:
-        """``n`` episodes per prompt: rows ``i·n … i·n+n−1`` are prompt ``i``'s (group id i).
+        """``group_size`` (g) episodes per prompt: rows ``i·g … i·g+g−1`` are prompt ``i``'s (group id i).
 
         ``prompt_ids``: the rendered first prompt; ``response_ids``: every later token, model
         turns and observations, ``response_mask`` True on the model's sampled tokens only,
@@ -170,13 +172,15 @@ class AgentEngine:
         ``extras["turn_rewards"]`` (b t) float32: each per-turn reward on its turn's last token.
         """
         params = sampling or self.sampling
-        if n < 1:
-            raise ValueError(f"AgentEngine.generate: n must be >= 1, got {n}")
+        if group_size < 1:
+            raise ValueError(f"AgentEngine.generate: group_size={group_size}; use group_size >= 1")
         if isinstance(prompts, (str, Mapping)) or not isinstance(prompts, Sequence) or not prompts:
             raise TypeError("AgentEngine.generate: prompts must be a non-empty list of prompts")
         meta = check_metadata(metadata, len(prompts), owner="AgentEngine")
         episodes = [
-            self._start(i, prompt, meta[i]) for i, prompt in enumerate(prompts) for _ in range(n)
+            self._start(i, prompt, meta[i])
+            for i, prompt in enumerate(prompts)
+            for _ in range(group_size)
         ]
         self._check_prompts(episodes, params)
         pad, have_logprobs = None, True
@@ -187,7 +191,7 @@ class AgentEngine:
             seed = None if params.seed is None else params.seed + turn * SEED_STRIDE
             out = self.engine.generate(
                 [e.prompt_ids + e.ids for e in active],
-                n=1,
+                group_size=1,
                 sampling=dataclasses.replace(params, seed=seed),
             )
             pad = out.pad_token_id if pad is None else pad

@@ -18,7 +18,7 @@ Minimizing it is a reinforcement-learning problem with the per-token reward −d
 with the samples drawn from π_θ, is E[Σ_t d_t ∇ log π_θ(y_t)] taking each token's own term
 (the future terms dropped, as in GKD's and Qwen3's per-token objective; Lu & Thinking Machines
 2025, "On-Policy Distillation", use the same per-token advantage, discount 0). So rlblocks
-trains it as RL: `rlblocks.advantage.reverse_kl` turns d into per-token advantages −β·d, which
+trains it as RL: `rlblocks.advantage.teacher_kl` turns d into per-token advantages −β·d, which
 add to a task reward's advantages, and any policy loss (the PPO clip, importance sampling)
 follows them. :func:`reverse_kl` is the quantity itself, per token, for metrics and tests.
 """

@@ -32,6 +32,7 @@ from torch import Tensor
 from rlblocks.interfaces import PolicyLoss
 from rlblocks.losses.inputs import loss_inputs
 from rlblocks.masked import masked_mean, masked_sum
+from rlblocks.renamed import moved_keywords
 
 KLEstimator = Callable[[Tensor, Tensor], Tensor]
 """``(logprobs, ref_logprobs) -> kl``, all ``(b t)``; the per-token estimate of KL(π_θ ‖ π_ref)."""
@@ -144,11 +145,14 @@ def kl_loss(
     return loss, metrics
 
 
-def kl_regularized(loss_fn: PolicyLoss, *, coef: float, estimator: KLEstimator = k3) -> PolicyLoss:
+@moved_keywords(coef="kl_coef=")
+def kl_regularized(
+    loss_fn: PolicyLoss, *, kl_coef: float, estimator: KLEstimator = k3
+) -> PolicyLoss:
     """``loss_fn`` plus a KL loss term: ℓ_t = ℓ^policy_t + β · k(log π_θ(y_t), log π_ref(y_t)).
 
     The KL-as-loss form of GRPO (Shao et al. 2024, arXiv 2402.03300, eq. 3) with the per-token
-    :func:`kl_loss` (see its docstring for what each estimator's gradient is). β = ``coef``.
+    :func:`kl_loss` (see its docstring for what each estimator's gradient is). β = ``kl_coef``.
     The returned loss follows the ``PolicyLoss`` protocol: ``(logprobs, old_logprobs,
     advantages, mask, /, *, ref_logprobs, ...) -> (loss (b t), metrics)``; it requires
     ``ref_logprobs`` ``(b t)`` (detached) and forwards ``entropy`` / ``rollout_logprobs`` /
@@ -173,7 +177,7 @@ def kl_regularized(loss_fn: PolicyLoss, *, coef: float, estimator: KLEstimator =
         kwargs = {k: v for k, v in inputs.items() if k in wanted}
         per_token, metrics = loss_fn(logprobs, old_logprobs, advantages, mask, **kwargs)
         kl, kl_metrics = kl_loss(logprobs, ref_logprobs, mask, estimator=estimator)
-        return per_token + coef * kl, {**metrics, "kl_loss": kl_metrics["kl"]}
+        return per_token + kl_coef * kl, {**metrics, "kl_loss": kl_metrics["kl"]}
 
     return loss
 
@@ -186,6 +190,7 @@ def _last_valid_index(mask: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
+@moved_keywords(coef="kl_coef=")
 def kl_penalty_rewards(
     rewards: Tensor,
     logprobs: Tensor,
@@ -193,7 +198,7 @@ def kl_penalty_rewards(
     mask: Tensor,
     /,
     *,
-    coef: float,
+    kl_coef: float,
     estimator: KLEstimator = k1,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-token rewards with a KL penalty: r_t = −β·k_t, plus the outcome reward at the end.
@@ -221,7 +226,7 @@ def kl_penalty_rewards(
     kl = estimator(torch.where(mask, logprobs, finite), torch.where(mask, ref_logprobs, finite))
     kl = kl.float()
     zero = torch.zeros((), dtype=kl.dtype, device=kl.device)
-    token_rewards = torch.where(mask, -coef * kl, zero)
+    token_rewards = torch.where(mask, -kl_coef * kl, zero)
     if rewards.dim() == 1:
         last, has_token = _last_valid_index(mask)
         outcome = torch.where(has_token, rewards.to(kl.dtype), zero)
@@ -233,7 +238,7 @@ def kl_penalty_rewards(
     metrics = {
         "kl": masked_mean(kl, mask),
         "kl_per_seq": masked_mean(kl_per_seq, rows),
-        "kl_penalty": masked_mean(-coef * kl_per_seq, rows),
+        "kl_penalty": masked_mean(-kl_coef * kl_per_seq, rows),
     }
     return token_rewards, metrics
 
@@ -244,8 +249,9 @@ class FixedKLController:
     ``value`` is β; ``update`` does nothing. State: ``{"value": β}``.
     """
 
-    def __init__(self, coef: float) -> None:
-        self.value = float(coef)
+    @moved_keywords(coef="kl_coef=")
+    def __init__(self, kl_coef: float) -> None:
+        self.value = float(kl_coef)
 
     def update(self, current_kl: float | Tensor, n_steps: int) -> float:
         """Leave β unchanged and return it (the arguments are accepted for interchangeability)."""
@@ -275,10 +281,11 @@ class AdaptiveKLController:
     of per-token KLs. State: ``{"value": β}``; ``target`` and ``horizon`` are configuration.
     """
 
-    def __init__(self, init_coef: float, *, target: float, horizon: float) -> None:
+    @moved_keywords(init_coef="init_kl_coef=")
+    def __init__(self, init_kl_coef: float, *, target: float, horizon: float) -> None:
         if target <= 0 or horizon <= 0:
             raise ValueError(f"target and horizon must be positive, got {target}, {horizon}")
-        self.value = float(init_coef)
+        self.value = float(init_kl_coef)
         self.target = float(target)
         self.horizon = float(horizon)
 

@@ -36,7 +36,7 @@ Choices made here:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -75,7 +75,7 @@ class InformativeGroups(NamedTuple):
 
 
 def sample_informative_groups(
-    draw: Callable[[], Rollouts | None],
+    rounds: Iterator[Rollouts],
     reward_fn: RewardFn,
     *,
     groups_needed: int | None = None,
@@ -88,14 +88,14 @@ def sample_informative_groups(
         keep group G  ⇔  0 < |{oᵢ ∈ G : oᵢ correct}| < |G|      (eq. 11, 0/1 accuracy)
                       ⇔  max_{i∈G} accᵢ − min_{i∈G} accᵢ > 1e-6   (any accuracy scale)
 
-    Each round calls ``draw()`` for the next generated batch (`rlblocks.run.RolloutSource.draw`
-    in the recipe; in a loop of one's own, ``engine.generate`` of the next prompt batch; None:
-    the prompts ran out), scores it with ``reward_fn`` (the training reward) and filters on
+    Each round takes the next generated batch from ``rounds`` (`rlblocks.run.RolloutSource.rounds`
+    in the recipe; in a loop of one's own, ``engine.generate`` of each prompt batch in turn, e.g.
+    a generator over the batches), scores it with ``reward_fn`` (the training reward) and filters on
     ``accuracy_fn`` (None: on ``reward_fn`` itself) with `rlblocks.rewards.keep_informative_groups`.
     Group ids are renumbered ``0, 1, 2, …`` in the order the groups were generated, so they stay
     unique after concatenating rounds (an engine may number every call from 0). Rounds stop
-    when enough groups are collected, after ``max_rounds`` rounds, or when ``draw`` returns
-    None; then exactly ``groups_needed`` whole groups are kept (the first collected), or all of
+    when enough groups are collected, after ``max_rounds`` rounds, or when ``rounds`` runs out;
+    then exactly ``groups_needed`` whole groups are kept (the first collected), or all of
     them with a ``RuntimeWarning`` saying how many were collected out of how many wanted after
     how many rounds.
 
@@ -117,7 +117,7 @@ def sample_informative_groups(
     rounds: list[dict[str, Any]] = []
     generated = collected = 0
     while len(rounds) < max_rounds and (groups_needed is None or collected < groups_needed):
-        rollouts = draw()
+        rollouts = next(rounds, None)
         if rollouts is None:
             break
         rollouts = _renumber_groups(rollouts, start=generated)  # unique across rounds
@@ -180,26 +180,19 @@ def dapo(
         raise ValueError(f"dapo: group_size={group_size}; dynamic sampling needs group_size >= 2")
     _warn_unless_token_mean(policy)
     config = run_config("dapo", locals())  # logged once, checked on resume
-    run = run or RunOptions()
     resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
     loss_fn = partial(clipped_surrogate, clip=clip)  # clip-higher, §3.1
     task = _scored_once(reward_fn)  # scored once, read by the shaped reward and the filter
     shaped = _shaped_reward(task, sampling, max_length, cache_length, overlong_factor)
     source = RolloutSource(
-        engine,
-        policy,
-        batches,
-        group_size=group_size,
-        sampling=sampling,
-        resharder=resharder,
-        run=run,
+        engine, policy, batches, run, group_size=group_size, sampling=sampling, resharder=resharder
     )
 
     def step(index: int, clock: Clock) -> Step | None:
         with clock("rollout"):  # 1.-2. dynamic sampling, shaped reward; scoring is "reward"
             sampled = sample_informative_groups(
-                partial(source.draw, clock),
+                source.rounds(clock),
                 clock.timed("reward", shaped),
                 groups_needed=groups_per_step,
                 max_rounds=max_rounds,

@@ -7,7 +7,7 @@ Thinking Machines 2025, "On-Policy Distillation"; the on-policy stage of Qwen3, 
 1. the student samples G responses for each of P prompts;
 2. the student's log-probs of them (π_old: the engine's, when it samples with the trainer's
    own module) and the teacher's (`rlblocks.trainer.Teacher.logprobs`);
-3. per-token advantage −β·(log π_θ − log π_T) (`rlblocks.advantage.reverse_kl`), plus the
+3. per-token advantage −β·(log π_θ − log π_T) (`rlblocks.advantage.teacher_kl`), plus the
    task reward's group-normalized advantage when a ``reward_fn`` is given;
 4. the usual policy update with the PPO clip; 5. push the new weights into the engine.
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from rlblocks import resharder as resharders
 from rlblocks.advantage import grpo as grpo_advantage
-from rlblocks.advantage import reverse_kl as reverse_kl_advantage
+from rlblocks.advantage import teacher_kl
 from rlblocks.interfaces import (
     AdvantageEstimator,
     PolicyLoss,
@@ -50,7 +50,7 @@ def distill(
     steps: int,
     group_size: int = 4,
     sampling: SamplingParams = DEFAULT_SAMPLING,
-    coef: float = 1.0,
+    kl_coef: float = 1.0,
     reward_fn: RewardFn | None = None,
     advantage: AdvantageEstimator = grpo_advantage,
     loss_fn: PolicyLoss = PPO_CLIP,
@@ -59,7 +59,7 @@ def distill(
 ) -> list[dict[str, Any]]:
     """Run ``steps`` steps of on-policy distillation from ``teacher`` into ``policy``.
 
-    ``coef``: β of the reverse-KL advantage. ``reward_fn`` (optional): a task reward whose
+    ``kl_coef``: β of the reverse-KL advantage (`rlblocks.advantage.teacher_kl`). ``reward_fn`` (optional): a task reward whose
     ``advantage(rewards, mask, group_ids)`` is added to it, distillation and RL in one update
     (``group_size`` > 1 then, for GRPO's groups). ``batches``: prompt batches (``.prompts``,
     ``.metadata``). ``run``: as in `rlblocks.recipes.grpo` (π_old is the engine's when it
@@ -70,29 +70,20 @@ def distill(
     resharder's and the loop's (the teacher's scoring is ``time/logprobs``).
     """
     config = run_config("distill", locals())
-    run = run or RunOptions()
     resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn) if reward_fn is not None else None
     source = RolloutSource(
-        engine,
-        policy,
-        batches,
-        group_size=group_size,
-        sampling=sampling,
-        resharder=resharder,
-        run=run,
+        engine, policy, batches, run, group_size=group_size, sampling=sampling, resharder=resharder
     )
 
     def step(index: int, clock: Clock) -> Step | None:
         rollouts = source.draw(clock)  # 1.
-        if rollouts is None:
-            return None  # the prompt batches ran out
         rollouts = source.with_old_logprobs(rollouts, clock)  # 2. π_old, then the teacher's
         with clock("logprobs"):
             teacher_lp = teacher.logprobs(rollouts)
         old, mask = rollouts.old_logprobs, rollouts.response_mask
         _, metrics = reverse_kl(old, teacher_lp, mask)  # 3.
-        advantages = reverse_kl_advantage(old, teacher_lp, mask, coef=coef).advantages
+        advantages = teacher_kl(old, teacher_lp, mask, kl_coef=kl_coef).advantages
         if reward_fn is not None:
             with clock("reward"):
                 rewards, reward_metrics = reward_fn(rollouts)

@@ -36,7 +36,7 @@ def evaluate(
     """Answer each prompt once (greedy by default) and score it: accuracy for 0/1 rewards."""
     if not prompts:
         raise ValueError("evaluate needs at least one prompt")
-    rollouts = engine.generate(list(prompts), n=1, sampling=sampling, metadata=metadata)
+    rollouts = engine.generate(list(prompts), group_size=1, sampling=sampling, metadata=metadata)
     rewards, _ = reward_fn(rollouts)
     values = rewards.tolist()
     return Evaluation(score=sum(values) / len(values), rewards=values, rollouts=rollouts)

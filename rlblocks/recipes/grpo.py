@@ -66,23 +66,14 @@ def grpo(
     ``kl/token`` when the loss has a KL term, and ``async/*`` with a background sampler.
     """
     config = run_config("grpo", locals())  # logged once, checked on resume
-    run = run or RunOptions()
     resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
     source = RolloutSource(
-        engine,
-        policy,
-        batches,
-        group_size=group_size,
-        sampling=sampling,
-        resharder=resharder,
-        run=run,
+        engine, policy, batches, run, group_size=group_size, sampling=sampling, resharder=resharder
     )
 
     def step(index: int, clock: Clock) -> Step | None:
         rollouts = source.draw(clock)  # 1. G samples per prompt, π_old as run= says
-        if rollouts is None:
-            return None  # the prompt batches ran out
         with clock("reward"):  # 2. one scalar per response
             rewards, metrics = reward_fn(rollouts)
         rollouts = rollouts.replace(rewards=rewards)  # kept with the rows (dashboards read it)

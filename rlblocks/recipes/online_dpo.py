@@ -31,34 +31,25 @@ def online_dpo(
     *,
     steps: int,
     preference: PreferenceLoss = dpo,
-    samples_per_prompt: int = 2,
+    group_size: int = 2,
     sampling: SamplingParams = defaults.DEFAULT_SAMPLING,
     loss_fn: PolicyLoss = defaults.PPO_CLIP,
     resharder: resharders.Resharder | None = None,
     run: RunOptions | None = None,
 ) -> list[dict[str, Any]]:
-    """Run ``steps`` online-DPO steps (``samples_per_prompt`` > 2: best against worst); one
+    """Run ``steps`` online-DPO steps (``group_size`` > 2: best against worst); one
     metrics dict per step: the reward's, ``preference/*`` (at π_old), ``dpo/pairs`` (untied
     pairs trained on), the trainer's and resharder's. ``run`` and the rest as in
     `rlblocks.recipes.grpo`."""
     config = run_config("online_dpo", locals())
-    run = run or RunOptions()
     resharder, reward_fn = resharder or resharders.Resharder(), checked(reward_fn)
     anchored = uses_reference(preference)  # SimPO needs no π_ref
     source = RolloutSource(
-        engine,
-        policy,
-        batches,
-        group_size=samples_per_prompt,
-        sampling=sampling,
-        resharder=resharder,
-        run=run,
+        engine, policy, batches, run, group_size=group_size, sampling=sampling, resharder=resharder
     )
 
     def step(index: int, clock: Clock) -> Step | None:
         rollouts = source.draw(clock)  # 1. responses from the current policy
-        if rollouts is None:
-            return None  # the prompt batches ran out
         with clock("reward"):  # 2. ranked: the best and the worst of each prompt
             rewards, metrics = reward_fn(rollouts)
         rollouts = rollouts.replace(rewards=rewards)

@@ -4,7 +4,7 @@ One step (Schulman et al. 2017, arXiv 1707.06347, Algorithm 1, as applied to lan
 Ziegler et al. 2019, arXiv 1909.08593, sec. 2.2, and InstructGPT, Ouyang et al. 2022, arXiv
 2203.02155, sec. 3.5):
 
-1. sample responses with the current policy (``samples_per_prompt`` per prompt);
+1. sample responses with the current policy (``group_size`` per prompt);
 2. score them with the reward function (one scalar per response);
 3. before any update: log π_old and log π_ref of every response token, and the critic's V;
 4. the KL to the reference, either as a per-token reward penalty r_t = −β·k_t (default,
@@ -65,7 +65,7 @@ def ppo(
     batches: Iterable[Any],
     *,
     steps: int,
-    samples_per_prompt: int = 1,
+    group_size: int = 1,
     sampling: SamplingParams = DEFAULT_SAMPLING,
     gamma: float = 1.0,
     lam: float = 0.95,
@@ -103,25 +103,16 @@ def ppo(
     π_old) work as in :func:`~rlblocks.recipes.grpo`.
     """
     config = run_config("ppo", locals())  # logged once, checked on resume
-    run = run or RunOptions()
     resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
     controller = kl_controller or FixedKLController(kl_coef)
     estimator = kl_estimator or (k1 if kl_in_reward else k3)
     source = RolloutSource(
-        engine,
-        policy,
-        batches,
-        group_size=samples_per_prompt,
-        sampling=sampling,
-        resharder=resharder,
-        run=run,
+        engine, policy, batches, run, group_size=group_size, sampling=sampling, resharder=resharder
     )
 
     def step(index: int, clock: Clock) -> Step | None:
         rollouts = source.draw(clock)  # 1.
-        if rollouts is None:
-            return None  # the prompt batches ran out
         with clock("reward"):  # 2. one scalar per response
             rewards, reward_metrics = reward_fn(rollouts)
         mask = rollouts.response_mask
@@ -132,7 +123,7 @@ def ppo(
         rollouts = rollouts.replace(rewards=rewards, ref_logprobs=ref_logprobs)
         beta = controller.value  # 4. KL penalty with the current β, then adapt β
         penalized, kl = kl_penalty_rewards(
-            rewards, rollouts.old_logprobs, ref_logprobs, mask, coef=beta, estimator=estimator
+            rewards, rollouts.old_logprobs, ref_logprobs, mask, kl_coef=beta, estimator=estimator
         )
         controller.update(kl["kl_per_seq"], n_steps=len(rollouts))
         token_rewards = penalized if kl_in_reward else rewards
@@ -152,7 +143,9 @@ def ppo(
         warmup = index < critic_warmup_steps
         if not warmup:  # 7. and 8.
             policy_loss = (
-                loss_fn if kl_in_reward else kl_regularized(loss_fn, coef=beta, estimator=estimator)
+                loss_fn
+                if kl_in_reward
+                else kl_regularized(loss_fn, kl_coef=beta, estimator=estimator)
             )
             with clock("update"):
                 metrics |= policy.step(rollouts, advantages, loss_fn=policy_loss)

@@ -46,13 +46,10 @@ def sft(
     usual likelihood.
     """
     config = run_config("sft", locals())
-    run = run or RunOptions()
     source = Batches(batches)
 
     def step(index: int, clock: Clock) -> Step | None:
-        batch = source.draw()
-        if batch is None:
-            return None  # the batches ran out
+        batch = source.draw()  # the run ends when the batches run out
         # No advantage, no π_old in maximum likelihood: zeros spare the trainer a scoring pass.
         zeros = torch.zeros(batch.response_ids.shape)
         with clock("update"):

@@ -53,10 +53,12 @@ def with_greedy_answers(
     same weights: ReMax's rows (Li et al. 2023, arXiv 2310.10505, Algorithm 1, lines 4-5).
     The greedy rows come last, marked True in ``extras["greedy"]`` (b) bool."""
     sampled = engine.generate(
-        batch.prompts, n=group_size, sampling=sampling, metadata=batch.metadata
+        batch.prompts, group_size=group_size, sampling=sampling, metadata=batch.metadata
     )
     greedy_sampling = dataclasses.replace(sampling, temperature=0.0)
-    greedy = engine.generate(batch.prompts, n=1, sampling=greedy_sampling, metadata=batch.metadata)
+    greedy = engine.generate(
+        batch.prompts, group_size=1, sampling=greedy_sampling, metadata=batch.metadata
+    )
     return Rollouts.concat(
         [
             sampled.with_extras(**{GREEDY: torch.zeros(len(sampled), dtype=torch.bool)}),
@@ -125,7 +127,6 @@ def remax(
     ``run``: as in `rlblocks.recipes.grpo`.
     """
     config = run_config("remax", locals())  # logged once, checked on resume
-    run = run or RunOptions()
     resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
 
@@ -136,17 +137,15 @@ def remax(
         engine,
         policy,
         batches,
+        run,
         group_size=group_size,
         sampling=sampling,
         resharder=resharder,
-        run=run,
         sample=sample,
     )
 
     def step(index: int, clock: Clock) -> Step | None:
         drawn = source.draw(clock)  # the samples, then the greedy answers
-        if drawn is None:
-            return None  # the prompt batches ran out
         greedy_rows = drawn.extras[GREEDY]
         rollouts, greedy = drawn.select(~greedy_rows), drawn.select(greedy_rows)
         with clock("reward"):

@@ -34,6 +34,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 
 from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, TensorSpec, dispatch
 from rlblocks.models.context import check_lengths, context_length
+from rlblocks.renamed import moved_keywords
 from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
 from rlblocks.rollout.sampling import generation_config, sampled_logprobs, seeded
 from rlblocks.rollout.stopping import FiniteLogits, ResponseEnds, valid_tokens
@@ -99,17 +100,18 @@ class HFEngine:
 
     # ------------------------------------------------------------------ RolloutEngine
     @dispatch(Dispatch.PROMPTS)
+    @moved_keywords(n="group_size=")
     def generate(
         self,
         prompts: Sequence[Prompt],
         *,
-        n: int = 1,
+        group_size: int = 1,
         sampling: SamplingParams | None = None,
         metadata: Sequence[Mapping[str, Any]] | None = None,
     ) -> Rollouts:
-        """``n`` samples for each prompt: a ``Rollouts`` of ``b = len(prompts) · n`` rows.
+        """``group_size`` (g) samples for each prompt: a ``Rollouts`` of ``b = len(prompts) · g`` rows.
 
-        Rows ``i·n … i·n+n−1`` belong to prompt ``i`` and carry group id ``i``; each gets a
+        Rows ``i·g … i·g+g−1`` belong to prompt ``i`` and carry group id ``i``; each gets a
         fresh (shallow) copy of ``metadata[i]`` and nothing else. ``prompts`` holds the rendered
         prompt text, ``completions`` the decoded response (special tokens skipped).
         ``rollout_logprobs`` (b t) float32 = log softmax(z_t / T)[y_t] at the raw logits z_t
@@ -117,14 +119,14 @@ class HFEngine:
         With ``sampling.seed`` set the result is reproducible and the global RNG untouched.
         """
         params = sampling or self.sampling
-        if n < 1:
-            raise ValueError(f"HFEngine.generate: n must be >= 1, got {n}")
+        if group_size < 1:
+            raise ValueError(f"HFEngine.generate: group_size={group_size}; use group_size >= 1")
         texts, ids = render_prompts(prompts, self.tokenizer, chat=self.chat)
         meta = check_metadata(metadata, len(ids), owner="HFEngine")
         limit = context_length(self.model)  # before any compute: a row past it is an error
         check_lengths([len(p) for p in ids], new_tokens=params.max_new_tokens, limit=limit,
                       owner="HFEngine.generate")  # fmt: skip
-        rows = torch.arange(len(ids)).repeat_interleave(n)  # (b) prompt index of each row
+        rows = torch.arange(len(ids)).repeat_interleave(group_size)  # (b) prompt index of each row
         size = self.max_batch_size or len(rows)
         chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
         pad, eos = _special_ids(self.model, self.tokenizer)  # before generation_config is swapped

@@ -47,6 +47,7 @@ from torch import Tensor
 
 from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, TensorSpec, dispatch
 from rlblocks.models.context import check_lengths
+from rlblocks.renamed import moved_keywords
 from rlblocks.rollout.prompts import check_metadata, render_prompts
 from rlblocks.rollouts import Rollouts
 
@@ -114,15 +115,16 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ RolloutEngine
     @dispatch(Dispatch.PROMPTS)
+    @moved_keywords(n="group_size=")
     def generate(
         self,
         prompts: Sequence[Prompt],
         *,
-        n: int = 1,
+        group_size: int = 1,
         sampling: SamplingParams | None = None,
         metadata: Sequence[Mapping[str, Any]] | None = None,
     ) -> Rollouts:
-        """``n`` samples for each prompt, rows ``i·n … i·n+n−1`` of prompt ``i`` (group id i).
+        """``group_size`` (g) samples for each prompt, rows ``i·g … i·g+g−1`` of prompt ``i`` (group id i).
 
         Same layout as ``HFEngine.generate``: left-padded prompts, right-padded responses,
         ``response_mask`` True on the sampled tokens, ``rollout_logprobs`` (b t) float32 with 0
@@ -131,8 +133,8 @@ class VLLMEngine:
         An engine built with ``enable_sleep_mode=True`` sleeps again before returning.
         """
         params = sampling or self.sampling
-        if n < 1:
-            raise ValueError(f"VLLMEngine.generate: n must be >= 1, got {n}")
+        if group_size < 1:
+            raise ValueError(f"VLLMEngine.generate: group_size={group_size}; use group_size >= 1")
         self.wake_up()  # a no-op unless asleep
         texts, ids = render_prompts(prompts, self.tokenizer, chat=self.chat)
         meta = check_metadata(metadata, len(ids), owner="VLLMEngine")
@@ -143,9 +145,9 @@ class VLLMEngine:
             raise ValueError("VLLMEngine.generate: no prompts")
         requests = [{"prompt_token_ids": list(p)} for p in ids]
         # One SamplingParams per prompt: with a seed, prompt i's samples use seeds
-        # seed + i·n … seed + i·n + n − 1 (vLLM adds the sample index), so no two rows of the
+        # seed + i·g … seed + i·g + g − 1 (vLLM adds the sample index), so no two rows of the
         # batch share a random stream.
-        per_prompt = [self._params(params, n, index=i) for i in range(len(ids))]
+        per_prompt = [self._params(params, group_size, index=i) for i in range(len(ids))]
         outputs = self.llm.generate(
             requests, per_prompt, use_tqdm=False, lora_request=self._lora_request
         )

@@ -11,7 +11,7 @@ Blocks never import this package, and it imports no recipe; checkpoints
 (`rlblocks.checkpoint`) and trackers (`rlblocks.tracking`) sit beside it. docs/run.md.
 """
 
-from rlblocks.run.loop import KL_LOSS_METRICS, PHASES, Clock, Source, Step, run_steps
+from rlblocks.run.loop import KL_LOSS_METRICS, PHASES, Clock, OutOfData, Source, Step, run_steps
 from rlblocks.run.options import RunOptions, StepCallback, Tracker, recipe
 from rlblocks.run.source import Batches, RolloutSource, samples_with_policy
 from rlblocks.run.state import Drawn, describe, run_config
@@ -22,6 +22,7 @@ __all__ = [
     "Batches",
     "Clock",
     "Drawn",
+    "OutOfData",
     "RolloutSource",
     "RunOptions",
     "Source",

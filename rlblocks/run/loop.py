@@ -135,6 +135,11 @@ class Step(NamedTuple):
 StepFn = Callable[[int, Clock], Step | None]
 
 
+class OutOfData(Exception):
+    """Raised by a source's ``draw`` when the batches ran out: the run ends there, and the
+    step that found no data is not recorded."""
+
+
 class Source(Protocol):
     """Where a run's steps get their data: what the loop asks of a source
     (`rlblocks.run.source.RolloutSource`, `rlblocks.run.source.Batches`)."""
@@ -161,7 +166,7 @@ def run_steps(
     source: Source,
     *,
     steps: int,
-    run: RunOptions,
+    run: RunOptions | None = None,
     config: Mapping[str, Any] | None = None,
     blocks: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
@@ -175,7 +180,8 @@ def run_steps(
     and ``run.on_step(index, metrics, rollouts)`` are called, and a checkpoint is saved when it
     is due. The run ends after ``steps`` steps, when ``step_fn`` returns None (the data ran
     out; that step is not recorded), or when ``on_step`` raises ``StopIteration`` (that step is
-    recorded). Returns one metrics dict per recorded step, the resumed ones included.
+    recorded; the step's source raises `OutOfData`). Returns one metrics dict per recorded
+    step, the resumed ones included. ``run`` None: ``RunOptions()``.
 
     Checkpoints: ``run.checkpoint`` (a `rlblocks.checkpoint.Checkpointer`, or a folder for one
     that saves every step) saves ``blocks`` (name -> block: the trainers, the KL controller,
@@ -186,6 +192,7 @@ def run_steps(
     there is one; a resumed source pushes the restored weights into its engine
     (``source.resync()``). ``run.tracker``: started with ``config`` (and the step resumed from).
     """
+    run = run or RunOptions()
     saver = (
         Checkpointer(run.checkpoint) if isinstance(run.checkpoint, str | Path) else run.checkpoint
     )
@@ -207,7 +214,10 @@ def run_steps(
                 source.begin(index, last=index + 1 == steps)
                 clock = Clock()
                 begin = time.perf_counter()
-                out = step_fn(index, clock)
+                try:
+                    out = step_fn(index, clock)
+                except OutOfData:
+                    out = None
                 if out is None:
                     break
                 metrics = shared_metrics(out, clock, step_seconds=time.perf_counter() - begin)
@@ -275,6 +285,7 @@ __all__ = [
     "KL_LOSS_METRICS",
     "PHASES",
     "Clock",
+    "OutOfData",
     "Source",
     "Step",
     "StepFn",

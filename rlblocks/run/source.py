@@ -41,7 +41,7 @@ A checkpoint holds the batch sampled ahead, so a resumed run trains on exactly t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -53,7 +53,7 @@ from rlblocks.interfaces import (
     Rollouts,
     SamplingParams,
 )
-from rlblocks.run.loop import Clock
+from rlblocks.run.loop import Clock, OutOfData
 from rlblocks.run.options import RunOptions
 from rlblocks.run.state import Drawn
 
@@ -94,9 +94,12 @@ class Batches:
     def __init__(self, batches: Iterable[Any]) -> None:
         self.data = Drawn(batches)
 
-    def draw(self) -> Any | None:
-        """The next batch; None when the data ran out."""
-        return next(self.data, None)
+    def draw(self) -> Any:
+        """The next batch; `OutOfData` when the data ran out (the loop ends the run)."""
+        batch = next(self.data, None)
+        if batch is None:
+            raise OutOfData
+        return batch
 
     def blocks(self) -> dict[str, Any]:
         """The data position, for the checkpoint."""
@@ -131,13 +134,14 @@ class RolloutSource:
         engine: RolloutEngine,
         policy: PolicyTrainer,
         batches: Iterable[Any],
+        run: RunOptions | None = None,
         *,
         group_size: int,
         sampling: SamplingParams,
         resharder: Resharder,
-        run: RunOptions,
         sample: Sample | None = None,
     ) -> None:
+        run = run or RunOptions()
         shares_weights = samples_with_policy(policy, engine, sampling)
         if run.staleness and shares_weights:
             raise ValueError(
@@ -193,10 +197,22 @@ class RolloutSource:
             self._thread.shutdown(wait=True)
 
     # ------------------------------------------------------------------ what a recipe calls
-    def draw(self, clock: Clock) -> Rollouts | None:
-        """The next batch's rollouts, π_old attached as ``run.old_logprobs`` says; None when the
-        batches ran out. Timed as ``rollout``. At staleness 1 the batch after it starts
-        sampling before this returns, unless this is the run's last step."""
+    def draw(self, clock: Clock) -> Rollouts:
+        """The next batch's rollouts, π_old attached as ``run.old_logprobs`` says; `OutOfData`
+        when the batches ran out (the loop ends the run there). Timed as ``rollout``. At
+        staleness 1 the batch after it starts sampling before this returns, unless this is the
+        run's last step."""
+        rollouts = self._draw(clock)
+        if rollouts is None:
+            raise OutOfData
+        return rollouts
+
+    def rounds(self, clock: Clock) -> Iterator[Rollouts]:
+        """One `draw` a round until the batches run out (DAPO's dynamic sampling)."""
+        while (rollouts := self._draw(clock)) is not None:
+            yield rollouts
+
+    def _draw(self, clock: Clock) -> Rollouts | None:
         with clock("rollout"):
             if self._ahead is None and not self._submit():
                 return None
@@ -270,7 +286,10 @@ class RolloutSource:
             rollouts = self._sample_fn(batch)
         else:
             rollouts = self.engine.generate(
-                batch.prompts, n=self.group_size, sampling=self.sampling, metadata=batch.metadata
+                batch.prompts,
+                group_size=self.group_size,
+                sampling=self.sampling,
+                metadata=batch.metadata,
             )
         return Batch(rollouts, version, time.perf_counter() - start)
 

@@ -4,7 +4,7 @@ On-policy distillation (Agarwal et al. 2024, GKD, arXiv 2306.13649; Qwen3 techni
 arXiv 2505.09388, sec. 4.5; Lu & Thinking Machines 2025, "On-Policy Distillation") lets the
 student sample, then asks the teacher how likely each sampled token is:
 ``teacher.logprobs(rollouts)`` is log π_T(y_t | x, y_<t) for every response token, the input of
-`rlblocks.losses.reverse_kl` and `rlblocks.advantage.reverse_kl`.
+`rlblocks.losses.reverse_kl` and `rlblocks.advantage.teacher_kl`.
 
 The teacher is scored exactly as the trainer scores the policy (`score_responses`: the same
 position ids, the same float32 log-softmax in chunks of ``chunk_size`` tokens), micro-batch by

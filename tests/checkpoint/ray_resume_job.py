@@ -75,7 +75,7 @@ def main() -> None:
             steps=args.steps,
             group_size=8,
             sampling=SAMPLING,
-            loss_fn=rb.losses.kl_regularized(rb.recipes.defaults.PPO_CLIP, coef=0.1),
+            loss_fn=rb.losses.kl_regularized(rb.recipes.defaults.PPO_CLIP, kl_coef=0.1),
             run=rb.run.RunOptions(
                 on_step=lambda index, metrics, rollouts: print(f"STEP {index}", flush=True),
                 progress=False,

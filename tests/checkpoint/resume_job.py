@@ -88,7 +88,7 @@ def main() -> None:
     shared = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
     if args.recipe == "grpo":
         engine = rb.rollout.HFEngine(copy.deepcopy(model), tokenizer, progress=False)
-        loss = rb.losses.kl_regularized(rb.recipes.defaults.PPO_CLIP, coef=0.1)
+        loss = rb.losses.kl_regularized(rb.recipes.defaults.PPO_CLIP, kl_coef=0.1)
         history = rb.recipes.grpo(
             policy, engine, reward, data, group_size=8, loss_fn=loss, **common
         )
@@ -100,7 +100,7 @@ def main() -> None:
             shared,
             reward,
             data,
-            samples_per_prompt=4,
+            group_size=4,
             kl_controller=rb.losses.AdaptiveKLController(0.05, target=0.01, horizon=100),
             **common,
         )

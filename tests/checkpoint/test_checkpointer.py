@@ -163,7 +163,7 @@ def test_a_restored_trainer_takes_the_same_next_step(tmp_path, lora):
     engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, progress=False)
     torch.manual_seed(0)
     ro = engine.generate(
-        ["Count: 1", "Count: 2"], n=4, sampling=rb.SamplingParams(max_new_tokens=6)
+        ["Count: 1", "Count: 2"], group_size=4, sampling=rb.SamplingParams(max_new_tokens=6)
     )
     adv, returns = torch.randn(8), torch.randn(ro.response_mask.shape)
     loss = rb.recipes.defaults.PPO_CLIP

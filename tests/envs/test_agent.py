@@ -39,7 +39,7 @@ def sampled():
     engine = RecordingHFEngine(policy.model, policy.tokenizer, chat=True, progress=False)
     agent = AgentEngine(engine, ScriptedEnv(turns=2), max_turns=3)
     metadata = [{"ground_truth": str(i)} for i in range(len(PROMPTS))]
-    ro = agent.generate(PROMPTS, n=2, sampling=SAMPLING, metadata=metadata)
+    ro = agent.generate(PROMPTS, group_size=2, sampling=SAMPLING, metadata=metadata)
     return policy, engine, agent, ro
 
 
@@ -223,7 +223,7 @@ def test_max_total_tokens_keeps_every_row_within_it():
     # Room for the first turn and 5 more tokens: no observation (> 10 ids) fits with a turn.
     limit = longest + SAMPLING.max_new_tokens + 5
     agent = AgentEngine(engine, ScriptedEnv(turns=3), max_turns=3, max_total_tokens=limit)
-    ro = agent.generate(PROMPTS, n=2, sampling=SAMPLING)
+    ro = agent.generate(PROMPTS, group_size=2, sampling=SAMPLING)
     assert int(ro.attention_mask.sum(-1).max()) <= limit
     ends = [m["agent"]["end"] for m in ro.metadata]
     assert set(ends) <= {"max_tokens", "truncated"} and "max_tokens" in ends
@@ -251,8 +251,8 @@ def test_seeded_calls_are_reproducible():
         rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True, progress=False),
         ScriptedEnv(turns=2),
     )
-    a = agent.generate(PROMPTS, n=2, sampling=SAMPLING)
-    b = agent.generate(PROMPTS, n=2, sampling=SAMPLING)
+    a = agent.generate(PROMPTS, group_size=2, sampling=SAMPLING)
+    b = agent.generate(PROMPTS, group_size=2, sampling=SAMPLING)
     assert torch.equal(a.response_ids, b.response_ids)
     assert torch.equal(a.response_mask, b.response_mask)
 
@@ -261,7 +261,7 @@ def test_weights_reach_the_wrapped_engine_through_the_resharder():
     policy = tiny_policy()
     separate = rb.rollout.HFEngine(*rb.models.tiny(seed=0), chat=True, progress=False)
     agent = AgentEngine(separate, ScriptedEnv())
-    ro = agent.generate(PROMPTS, n=2, sampling=SAMPLING)
+    ro = agent.generate(PROMPTS, group_size=2, sampling=SAMPLING)
     policy.step(ro, torch.linspace(-1, 1, len(ro)), loss_fn=LOSS)
     before = separate.model.model.embed_tokens.weight.clone()
     metrics = rb.resharder.Resharder().sync(policy, agent)

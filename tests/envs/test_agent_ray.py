@@ -21,12 +21,12 @@ def test_agent_engine_over_a_ray_placed_engine():
         )
         agent = AgentEngine(remote, ScriptedEnv(turns=2), max_total_tokens=256)
         assert agent.model is None  # nothing fetched from the worker
-        ro = agent.generate(PROMPTS, n=2, sampling=SAMPLING)
+        ro = agent.generate(PROMPTS, group_size=2, sampling=SAMPLING)
         # The same weights ("tiny") and seeds in this process give the same rows, bit for bit
         # (one worker: its rank adds 0 to the seed).
         local_engine = rb.rollout.HFEngine.from_pretrained("tiny", chat=True, progress=False)
         local = AgentEngine(local_engine, ScriptedEnv(turns=2), max_total_tokens=256)
-        expected = local.generate(PROMPTS, n=2, sampling=SAMPLING)
+        expected = local.generate(PROMPTS, group_size=2, sampling=SAMPLING)
         assert torch.equal(ro.response_ids, expected.response_ids)
         assert torch.equal(ro.response_mask, expected.response_mask)
         assert torch.equal(ro.rollout_logprobs, expected.rollout_logprobs)

@@ -40,7 +40,7 @@ def engine():
 def test_multi_turn_rows_on_vllm(engine):
     agent = AgentEngine(engine, ScriptedEnv(turns=2), max_total_tokens=256)
     engine.calls.clear()
-    ro = agent.generate(PROMPTS, n=2, sampling=SAMPLING)
+    ro = agent.generate(PROMPTS, group_size=2, sampling=SAMPLING)
     ends = [m["agent"]["end"] for m in ro.metadata]
     assert ends.count("done") >= 2, ends
     for r, row in enumerate(expected_rows(engine, ro, engine.tokenizer)):

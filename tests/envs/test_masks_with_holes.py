@@ -116,7 +116,7 @@ LOSSES = {
     "gspo": rb.losses.gspo,
     "cispo": rb.losses.cispo,
     "gpg_loss": rb.losses.gpg_loss,
-    "kl_regularized": rb.losses.kl_regularized(rb.losses.clipped_surrogate, coef=0.1),
+    "kl_regularized": rb.losses.kl_regularized(rb.losses.clipped_surrogate, kl_coef=0.1),
 }
 
 
@@ -170,10 +170,10 @@ def test_kl_penalty_rewards_put_the_outcome_on_the_last_model_token():
         with_garbage(d["old_logprobs"], HOLES),
         with_garbage(d["ref_logprobs"], HOLES),
         HOLES,
-        coef=0.1,
+        kl_coef=0.1,
     )
     packed_old, packed_mask = pack(d["old_logprobs"], HOLES)
     packed, _ = rb.losses.kl_penalty_rewards(
-        d["rewards"], packed_old, pack(d["ref_logprobs"], HOLES)[0], packed_mask, coef=0.1
+        d["rewards"], packed_old, pack(d["ref_logprobs"], HOLES)[0], packed_mask, kl_coef=0.1
     )
     assert_same_at_model_tokens(holed, packed)

@@ -58,7 +58,7 @@ def test_reverse_kl_is_zero_when_student_and_teacher_agree(batch):
     lp = logprobs_of(student, tokens)
     d, metrics = rb.losses.reverse_kl(lp, lp.clone(), mask)
     assert torch.equal(d, torch.zeros_like(d)) and metrics["distill/reverse_kl"] == 0
-    advantages, _ = rb.advantage.reverse_kl(lp, lp.clone(), mask)
+    advantages, _ = rb.advantage.teacher_kl(lp, lp.clone(), mask)
     assert torch.equal(advantages, torch.zeros_like(advantages))
 
 
@@ -80,12 +80,12 @@ def test_the_advantage_is_minus_coef_times_the_reverse_kl(batch):
     student, teacher, tokens, mask = batch
     s, t = logprobs_of(student, tokens), logprobs_of(teacher, tokens)
     d, _ = rb.losses.reverse_kl(s, t, mask)
-    advantages, returns = rb.advantage.reverse_kl(s, t, mask, coef=0.5)
+    advantages, returns = rb.advantage.teacher_kl(s, t, mask, kl_coef=0.5)
     torch.testing.assert_close(advantages, (-0.5 * d).float())
     assert advantages.dtype == torch.float32 and not advantages.requires_grad
     assert (advantages[~mask] == 0).all() and torch.equal(advantages, returns)
-    with pytest.raises(ValueError, match="coef must be >= 0"):
-        rb.advantage.reverse_kl(s, t, mask, coef=-1.0)
+    with pytest.raises(ValueError, match="kl_coef=-1.0 is negative; use kl_coef >= 0"):
+        rb.advantage.teacher_kl(s, t, mask, kl_coef=-1.0)
 
 
 def test_the_advantage_gives_the_reverse_kl_gradient():
@@ -101,7 +101,7 @@ def test_the_advantage_gives_the_reverse_kl_gradient():
     y = torch.arange(6)
     weights = ls.exp().detach()
     lp = torch.log_softmax(z, -1)[y]
-    adv, _ = rb.advantage.reverse_kl(lp.detach()[None], lt[y][None], torch.ones(1, 6).bool())
+    adv, _ = rb.advantage.teacher_kl(lp.detach()[None], lt[y][None], torch.ones(1, 6).bool())
     loss = -(weights * adv[0].double() * torch.exp(lp - lp.detach())).sum()
     (via_advantage,) = torch.autograd.grad(loss, z)
     torch.testing.assert_close(via_advantage, exact)

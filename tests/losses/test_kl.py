@@ -214,7 +214,7 @@ def test_kl_penalty_rewards_hand_worked():
         [[True, True, False, True], [True, False, False, False], [False] * 4]
     )  # row 0 has a hole, row 1 one token, row 2 none
     rewards = torch.tensor([1.0, -1.0, 5.0])
-    out, metrics = kl_penalty_rewards(rewards, logprobs, ref, mask, coef=0.1)
+    out, metrics = kl_penalty_rewards(rewards, logprobs, ref, mask, kl_coef=0.1)
     # row 0: k1 = [1, −1, ·, 0] -> −0.1·k1 = [−0.1, 0.1, 0, 0], reward 1 on the last valid t=3
     # row 1: k1 = [0.5] -> −0.05, plus the reward −1 on t=0 -> −1.05
     # row 2: nothing valid -> all zero, the reward 5 is dropped
@@ -247,7 +247,7 @@ def test_kl_penalty_rewards_matches_loop(seed, per_token):
     g = torch.Generator().manual_seed(100 + seed)
     shape = mask.shape if per_token else mask.shape[:1]
     rewards = torch.randn(shape, generator=g)
-    out, _ = kl_penalty_rewards(rewards, logprobs, ref, mask, coef=0.05)
+    out, _ = kl_penalty_rewards(rewards, logprobs, ref, mask, kl_coef=0.05)
     assert_close(out, _loop_penalty_rewards(rewards, logprobs, ref, mask, 0.05))
 
 
@@ -256,16 +256,16 @@ def test_kl_penalty_rewards_limits():
     logprobs.requires_grad_(True)
     rewards = torch.randn(mask.shape[0])
     # policies agree: only the outcome reward remains, and each row sums to its reward
-    out, metrics = kl_penalty_rewards(rewards, logprobs, logprobs.detach().clone(), mask, coef=1)
+    out, metrics = kl_penalty_rewards(rewards, logprobs, logprobs.detach().clone(), mask, kl_coef=1)
     has_token = mask.any(-1)
     assert_close(out.sum(-1), torch.where(has_token, rewards, 0.0))
     assert_close(metrics["kl"], torch.tensor(0.0))
     # coef 0: the same, whatever the KL; the result is detached
-    out0, _ = kl_penalty_rewards(rewards, logprobs, ref, mask, coef=0.0)
+    out0, _ = kl_penalty_rewards(rewards, logprobs, ref, mask, kl_coef=0.0)
     assert_close(out0, out)
     assert not out0.requires_grad
     # with k1 the summed penalty is −coef·log(π_θ(y)/π_ref(y)) of the whole response
-    out2, _ = kl_penalty_rewards(torch.zeros_like(rewards), logprobs, ref, mask, coef=0.3)
+    out2, _ = kl_penalty_rewards(torch.zeros_like(rewards), logprobs, ref, mask, kl_coef=0.3)
     seq_log_ratio = ((logprobs.detach() - ref) * mask).sum(-1)
     assert_close(out2.sum(-1), -0.3 * seq_log_ratio)
 
@@ -336,8 +336,8 @@ def test_masked_out_nan_and_inf_never_leak():
         (clean_grad,) = torch.autograd.grad(clean.sum(), clean_lp)
         assert_close(grad, clean_grad)
     rewards = torch.randn(mask.shape[0])
-    out, metrics = kl_penalty_rewards(rewards, dirty_lp, dirty_ref, mask, coef=0.1)
-    clean_out, clean_metrics = kl_penalty_rewards(rewards, logprobs, ref, mask, coef=0.1)
+    out, metrics = kl_penalty_rewards(rewards, dirty_lp, dirty_ref, mask, kl_coef=0.1)
+    clean_out, clean_metrics = kl_penalty_rewards(rewards, logprobs, ref, mask, kl_coef=0.1)
     assert_close(out, clean_out)
     assert_close(metrics, clean_metrics)
 
@@ -351,7 +351,7 @@ def test_kl_regularized_hand_worked():
     ref = torch.tensor([[-2.0, -0.5, -1.0]])
     adv = torch.tensor([[1.0, 2.0, 0.0]])
     mask = torch.tensor([[True, True, False]])
-    loss_fn = kl_regularized(clipped_surrogate, coef=0.5, estimator=k1)
+    loss_fn = kl_regularized(clipped_surrogate, kl_coef=0.5, estimator=k1)
     loss, metrics = loss_fn(lp, lp, adv, mask, ref_logprobs=ref)
     assert_close(loss, torch.tensor([[-1.0 + 0.5, -2.0 - 0.25, 0.0]]))
     assert_close(metrics["kl_loss"], torch.tensor(0.25))  # (1 − 0.5) / 2
@@ -359,7 +359,8 @@ def test_kl_regularized_hand_worked():
     # Limit: β = 0 gives back the wrapped loss.
     plain, _ = clipped_surrogate(lp, lp, adv, mask)
     assert_close(
-        kl_regularized(clipped_surrogate, coef=0.0)(lp, lp, adv, mask, ref_logprobs=ref)[0], plain
+        kl_regularized(clipped_surrogate, kl_coef=0.0)(lp, lp, adv, mask, ref_logprobs=ref)[0],
+        plain,
     )
 
 
@@ -372,7 +373,7 @@ def test_kl_regularized_forwards_what_the_wrapped_loss_takes():
 
     x = torch.zeros(1, 2)
     mask = torch.ones(1, 2, dtype=torch.bool)
-    loss_fn = kl_regularized(wants_entropy, coef=1.0)
+    loss_fn = kl_regularized(wants_entropy, kl_coef=1.0)
     # The wrapped loss gets entropy; rollout_logprobs, which it does not take, is dropped.
     loss_fn(x, x, x, mask, ref_logprobs=x, entropy=x + 3, rollout_logprobs=x)
     assert_close(seen["entropy"], x + 3)

@@ -47,7 +47,7 @@ def test_the_trainer_logs_the_mismatch_and_takes_a_tis_loss():
     policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None)
     engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)  # shares the weights
     ro = engine.generate(
-        ["Count: 1", "Count: 2"], n=4, sampling=rb.SamplingParams(max_new_tokens=6, seed=0)
+        ["Count: 1", "Count: 2"], group_size=4, sampling=rb.SamplingParams(max_new_tokens=6, seed=0)
     )
     adv = torch.linspace(-1, 1, ro.batch_size)
     loss = TruncatedIS(partial(clipped_surrogate, clip=(0.2, 0.28)), cap=2.0)

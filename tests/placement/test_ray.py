@@ -72,15 +72,15 @@ def test_engine_and_trainer_agree_after_sync_and_not_before(placement):
     policy = placement.build("actor", policy_factory(torch.float32))
     engine = placement.build("rollout", rb.rollout.HFEngine.from_pretrained, "tiny", progress=False)
     sampling = rb.SamplingParams(max_new_tokens=8, seed=3)
-    ro = engine.generate(PROMPTS, n=2, sampling=sampling)
+    ro = engine.generate(PROMPTS, group_size=2, sampling=sampling)
     policy.step(ro, torch.linspace(-1, 1, len(ro)), loss_fn=LOSS)
-    stale = engine.generate(PROMPTS, n=2, sampling=sampling)
+    stale = engine.generate(PROMPTS, group_size=2, sampling=sampling)
     gap = (stale.rollout_logprobs - policy.logprobs(stale))[stale.response_mask].abs().max()
     assert gap > 1e-3  # the negative control: without a sync the engine is behind
     rb.resharder.Resharder().sync(policy, engine)
     engine_weights = engine.model.state_dict()  # rank 0's copy: every tensor, to the bit
     assert all(torch.equal(engine_weights[n], v) for n, v in policy.named_weights())
-    fresh = engine.generate(PROMPTS, n=2, sampling=sampling)
+    fresh = engine.generate(PROMPTS, group_size=2, sampling=sampling)
     gap = (fresh.rollout_logprobs - policy.logprobs(fresh))[fresh.response_mask].abs().max()
     # Identical weights; what is left is float32 rounding between the engine's cached
     # (incremental) attention and the trainer's one uncached forward: 4.8e-7 to 9.5e-7
@@ -110,7 +110,7 @@ def test_generate_keeps_prompt_order_groups_and_metadata(ray_blocks):
     _, engine = ray_blocks
     metadata = [{"i": i} for i in range(len(PROMPTS))]
     ro = engine.generate(
-        PROMPTS, n=3, metadata=metadata, sampling=rb.SamplingParams(max_new_tokens=4)
+        PROMPTS, group_size=3, metadata=metadata, sampling=rb.SamplingParams(max_new_tokens=4)
     )
     assert ro.prompts == [p for p in PROMPTS for _ in range(3)]  # 3 prompts on rank 0, 2 on rank 1
     assert ro.group_ids.tolist() == [i for i in range(5) for _ in range(3)]
@@ -119,7 +119,9 @@ def test_generate_keeps_prompt_order_groups_and_metadata(ray_blocks):
 
 def test_logprobs_come_back_in_row_order(ray_blocks):
     policy, engine = ray_blocks
-    ro = engine.generate(PROMPTS, n=2, sampling=rb.SamplingParams(max_new_tokens=8, seed=5))
+    ro = engine.generate(
+        PROMPTS, group_size=2, sampling=rb.SamplingParams(max_new_tokens=8, seed=5)
+    )
     lengths = ro.attention_mask.sum(-1).tolist()
     assert len(set(lengths)) > 2  # rows of different lengths: the balanced split reorders them
     model, _ = rb.models.load("tiny", dtype=torch.float64)
@@ -137,12 +139,14 @@ def test_logprobs_come_back_in_row_order(ray_blocks):
 def test_an_error_in_a_worker_names_role_rank_and_traceback(ray_blocks):
     _, engine = ray_blocks
     with pytest.raises(WorkerError) as info:
-        engine.generate(["only one prompt: rank 0 gets it"], n=0)
+        engine.generate(["only one prompt: rank 0 gets it"], group_size=0)
     error = info.value
     assert (error.role, error.rank) == ("rollout", 0)
-    assert "n must be >= 1" in str(error)
+    assert "group_size=0; use group_size >= 1" in str(error)
     assert re.search(r"File \".*rollout/hf.py\", line \d+, in generate", error.remote_traceback)
-    assert engine.generate(["still usable"], n=1, sampling=rb.SamplingParams(max_new_tokens=2))
+    assert engine.generate(
+        ["still usable"], group_size=1, sampling=rb.SamplingParams(max_new_tokens=2)
+    )
 
 
 def test_state_dict_restores_the_next_step_exactly(ray_blocks):
@@ -268,7 +272,9 @@ def test_a_teacher_on_its_own_role_scores_rows_in_order_and_drives_distill(place
     teacher = placement.build("teacher", rb.trainer.Teacher.from_pretrained, "tiny")
     policy = placement.build("actor", policy_factory(torch.float32, mini_batch_size=None))
     engine = placement.build("rollout", rb.rollout.HFEngine.from_pretrained, "tiny", progress=False)
-    ro = engine.generate(PROMPTS, n=2, sampling=rb.SamplingParams(max_new_tokens=8, seed=5))
+    ro = engine.generate(
+        PROMPTS, group_size=2, sampling=rb.SamplingParams(max_new_tokens=8, seed=5)
+    )
     local = rb.trainer.Teacher.from_pretrained("tiny")
     torch.testing.assert_close(teacher.logprobs(ro), local.logprobs(ro), rtol=1e-6, atol=1e-6)
     history = rb.recipes.distill(

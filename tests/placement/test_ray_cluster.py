@@ -48,6 +48,8 @@ def test_a_pool_over_two_nodes_trains_like_one_process(cluster):
         assert metrics["sync/bytes"] == n_bytes
         for name, value in local_policy.named_weights():
             torch.testing.assert_close(engine_weights[name], value.float(), rtol=1e-6, atol=1e-7)
-        fresh = engine.generate(PROMPTS, n=2, sampling=rb.SamplingParams(max_new_tokens=6, seed=1))
+        fresh = engine.generate(
+            PROMPTS, group_size=2, sampling=rb.SamplingParams(max_new_tokens=6, seed=1)
+        )
         gap = (fresh.rollout_logprobs - policy.logprobs(fresh))[fresh.response_mask].abs().max()
         assert gap < 1e-5

@@ -42,6 +42,8 @@ def test_one_gpu_worker_trains_like_one_process_and_syncs():
         # float32 on a GPU against float64 on the CPU: TF32-free float32 matmuls, ~1e-6.
         assert remote["grad_norm"] == pytest.approx(local["grad_norm"], rel=1e-4)
         rb.resharder.Resharder().sync(policy, engine)
-        fresh = engine.generate(PROMPTS, n=2, sampling=rb.SamplingParams(max_new_tokens=6, seed=1))
+        fresh = engine.generate(
+            PROMPTS, group_size=2, sampling=rb.SamplingParams(max_new_tokens=6, seed=1)
+        )
         gap = (fresh.rollout_logprobs - policy.logprobs(fresh))[fresh.response_mask].abs().max()
         assert gap < 1e-4

@@ -45,14 +45,16 @@ class ScriptedEngine(Weightless):
         self,
         prompts: Sequence[str],
         *,
-        n: int = 1,
+        group_size: int = 1,
         sampling: SamplingParams | None = None,
         metadata: Sequence[Mapping[str, Any]] | None = None,
     ) -> Rollouts:
-        self.calls.append((list(prompts), n, sampling))
+        self.calls.append((list(prompts), group_size, sampling))
         meta = list(metadata) if metadata is not None else [{} for _ in prompts]
         rows = [
-            (i, p, p.split()[k % len(p.split())]) for i, p in enumerate(prompts) for k in range(n)
+            (i, p, p.split()[k % len(p.split())])
+            for i, p in enumerate(prompts)
+            for k in range(group_size)
         ]
         return Rollouts.from_lists(
             [[1, 2]] * len(rows),
@@ -82,15 +84,13 @@ class Accuracy:
 def sample(engine, reward, source, *, group_size=2, sampling=None, **kw):
     """Dynamic sampling over the rounds ``engine`` generates from the batches of ``source``."""
 
-    def draw():
-        batch = next(source, None)
-        if batch is None:
-            return None
-        return engine.generate(
-            batch.prompts, n=group_size, sampling=sampling, metadata=batch.metadata
+    rounds = (
+        engine.generate(
+            batch.prompts, group_size=group_size, sampling=sampling, metadata=batch.metadata
         )
-
-    return sample_informative_groups(draw, reward, **{"max_rounds": 8, **kw})
+        for batch in source
+    )
+    return sample_informative_groups(rounds, reward, **{"max_rounds": 8, **kw})
 
 
 # ---------------------------------------------------------------------- the sampling loop

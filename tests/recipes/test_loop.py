@@ -205,7 +205,7 @@ def run_recipe(name: str, loss_fn=None, steps: int = 2):
                 rb.rewards.per_sample(digit_fraction, timeout=None),
                 PromptBatches(count_prompts(), prompts_per_step=4, seed=0),
                 steps=steps,
-                samples_per_prompt=2,
+                group_size=2,
                 sampling=rb.SamplingParams(max_new_tokens=8),
                 run=rb.run.RunOptions(progress=False),
                 **kw,
@@ -269,7 +269,7 @@ def clip_plus_kl(logprobs, old_logprobs, advantages, mask, /, *, ref_logprobs):
 @pytest.mark.parametrize("source", ["kl_regularized", "kl_loss"])
 def test_the_grpo_family_reports_a_kl_term_as_kl_token(name, source):
     if source == "kl_regularized":
-        loss, key = rb.losses.kl_regularized(PPO_CLIP, coef=0.1), "kl_loss"
+        loss, key = rb.losses.kl_regularized(PPO_CLIP, kl_coef=0.1), "kl_loss"
     else:
         loss, key = clip_plus_kl, "kl"
     history, _ = run_recipe(name, loss_fn=loss)
@@ -294,7 +294,7 @@ def test_ppo_keeps_its_own_kl_token_beside_the_loss_term():
             rb.rewards.per_sample(digit_fraction, timeout=None),
             PromptBatches(count_prompts(), prompts_per_step=4, seed=0),
             steps=3,
-            samples_per_prompt=2,
+            group_size=2,
             sampling=rb.SamplingParams(max_new_tokens=8),
             kl_in_reward=False,
             run=rb.run.RunOptions(progress=False),

@@ -32,7 +32,7 @@ def run_ppo(blocks, steps: int, *, prompts: int = 8, run=None, **kw) -> list[dic
     """``ppo`` on 16 "Count: i" prompts; by default 4 samples of at most 8 tokens per prompt."""
     policy, critic, engine = blocks
     data = count_prompts()
-    kw = {"samples_per_prompt": 4, "sampling": rb.SamplingParams(max_new_tokens=8)} | kw
+    kw = {"group_size": 4, "sampling": rb.SamplingParams(max_new_tokens=8)} | kw
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return ppo(
@@ -149,7 +149,7 @@ def test_kl_in_reward_or_in_loss(kl_in_reward):
         (policy, recorder, engine),
         3,
         prompts=4,
-        samples_per_prompt=2,
+        group_size=2,
         kl_controller=FixedKLController(0.1),
         kl_in_reward=kl_in_reward,
         gamma=1.0,

@@ -31,7 +31,7 @@ def digit_reward(policy, tokenizer) -> float:
     engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
     prompts = count_prompts()
     rollouts = engine.generate(
-        prompts.prompts, n=4, sampling=rb.SamplingParams(max_new_tokens=8, seed=0)
+        prompts.prompts, group_size=4, sampling=rb.SamplingParams(max_new_tokens=8, seed=0)
     )
     rewards, _ = rb.rewards.per_sample(digit_fraction, timeout=None)(rollouts)
     return rewards.mean().item()

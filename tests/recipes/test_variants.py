@@ -87,16 +87,16 @@ class ScriptedEngine(Weightless):
         self,
         prompts: Sequence[str],
         *,
-        n: int = 1,
+        group_size: int = 1,
         sampling: SamplingParams | None = None,
         metadata: Sequence[Mapping[str, Any]] | None = None,
     ) -> Rollouts:
-        self.calls.append((n, sampling))
+        self.calls.append((group_size, sampling))
         greedy = sampling is not None and sampling.temperature == 0
         rows = [
             (i, p, p.split()[-1] if greedy else p.split()[k % len(p.split())])
             for i, p in enumerate(prompts)
-            for k in range(n)
+            for k in range(group_size)
         ][::-1]
         return Rollouts.from_lists(
             [[1, 2]] * len(rows),
@@ -171,8 +171,8 @@ def test_greedy_baseline_gives_each_row_its_prompts_greedy_reward():
 
 def test_greedy_baseline_needs_every_prompt():
     engine = ScriptedEngine()
-    rollouts = engine.generate(["1 0", "0 1"], n=1)
-    greedy = engine.generate(["0 1"], n=1, sampling=SamplingParams(temperature=0.0))
+    rollouts = engine.generate(["1 0", "0 1"], group_size=1)
+    greedy = engine.generate(["0 1"], group_size=1, sampling=SamplingParams(temperature=0.0))
     with pytest.raises(ValueError, match="no greedy answer for the prompt '1 0'"):
         greedy_baseline_rewards(accuracy, rollouts, greedy)
 

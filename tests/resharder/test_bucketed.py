@@ -21,7 +21,7 @@ def make_pair(shared: bool):
 
 def train_one_step(policy, engine):
     sampling = rb.SamplingParams(max_new_tokens=6, seed=1)
-    ro = engine.generate(PROMPTS, n=2, sampling=sampling)
+    ro = engine.generate(PROMPTS, group_size=2, sampling=sampling)
     advantages = torch.linspace(-1, 1, ro.batch_size)  # (b): any non-zero signal moves the weights
     policy.step(ro, advantages, loss_fn=clipped_surrogate)
 
@@ -34,7 +34,9 @@ def engine_vs_trainer(policy, engine):
     module and a synced copy, so assert_close's defaults (atol 1e-5) hold with 10x to spare. A
     stale copy is 0.45 to 0.57 away.
     """
-    ro = engine.generate(PROMPTS, n=2, sampling=rb.SamplingParams(max_new_tokens=6, seed=2))
+    ro = engine.generate(
+        PROMPTS, group_size=2, sampling=rb.SamplingParams(max_new_tokens=6, seed=2)
+    )
     return ro.rollout_logprobs, policy.logprobs(ro), ro.response_mask
 
 

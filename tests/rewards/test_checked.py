@@ -16,7 +16,9 @@ def _rollouts(n: int = 4) -> rb.Rollouts:
     model, tokenizer = rb.models.tiny(seed=0)
     engine = rb.rollout.HFEngine(model, tokenizer, progress=False)
     torch.manual_seed(0)
-    return engine.generate(["a", "b"], n=n // 2, sampling=rb.SamplingParams(max_new_tokens=3))
+    return engine.generate(
+        ["a", "b"], group_size=n // 2, sampling=rb.SamplingParams(max_new_tokens=3)
+    )
 
 
 def nan_for_row_one(rollouts):

@@ -45,7 +45,7 @@ def test_shapes_groups_and_metadata(peaky):
     tokenizer = peaky[1]
     metadata = [{"answer": "4", "tags": ["a"]}, {"answer": "?"}, {}]
     sampling = SamplingParams(max_new_tokens=6, seed=0)
-    ro = engine(peaky).generate(PROMPTS, n=3, sampling=sampling, metadata=metadata)
+    ro = engine(peaky).generate(PROMPTS, group_size=3, sampling=sampling, metadata=metadata)
     # b = p · n = 3 · 3 rows; rows of prompt i are consecutive and carry group id i.
     assert ro.batch_size == 9 and ro.response_ids.shape == (9, 6)
     assert ro.group_ids.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
@@ -69,7 +69,9 @@ def test_logprobs_equal_a_forward_pass(eos_biased, forward_logprobs, temperature
     # EOS-biased model: rows end at different steps, so padded responses are in the check.
     model, tokenizer = eos_biased(2.5)
     sampling = SamplingParams(max_new_tokens=10, temperature=temperature, seed=1)
-    ro = HFEngine(model, tokenizer, progress=False).generate(PROMPTS, n=4, sampling=sampling)
+    ro = HFEngine(model, tokenizer, progress=False).generate(
+        PROMPTS, group_size=4, sampling=sampling
+    )
     lengths = ro.response_mask.sum(-1)
     assert (lengths < ro.response_ids.shape[1]).any()  # some rows really ended early
     # Cached decoding vs one uncached pass differ by float32 rounding only: 4.8e-7 to 9.5e-7
@@ -87,7 +89,9 @@ def test_logprobs_are_before_top_k_top_p(peaky, forward_logprobs):
     # they agree to ~1e-14 and what is left is both sides' float32 log-softmax: ≤ 7.2e-7.
     model = copy.deepcopy(peaky[0]).double()
     sampling = SamplingParams(max_new_tokens=8, temperature=0.8, top_k=5, top_p=0.8, seed=2)
-    ro = HFEngine(model, peaky[1], progress=False).generate(PROMPTS, n=2, sampling=sampling)
+    ro = HFEngine(model, peaky[1], progress=False).generate(
+        PROMPTS, group_size=2, sampling=sampling
+    )
     torch.testing.assert_close(ro.rollout_logprobs, forward_logprobs(model, ro, 0.8))
 
 
@@ -104,7 +108,9 @@ def test_top_k_1_is_greedy_with_untruncated_logprobs(peaky):
 def test_bfloat16_model_gives_float32_logprobs(forward_logprobs):
     model, tokenizer = tiny(dtype=torch.bfloat16)
     sampling = SamplingParams(max_new_tokens=6, seed=0)
-    ro = HFEngine(model, tokenizer, progress=False).generate(PROMPTS, n=2, sampling=sampling)
+    ro = HFEngine(model, tokenizer, progress=False).generate(
+        PROMPTS, group_size=2, sampling=sampling
+    )
     assert ro.rollout_logprobs.dtype == torch.float32
     # bfloat16 keeps 8 significant bits (ε = 2⁻⁸ ≈ 4e-3): cached and uncached passes round
     # differently in every layer (2e-3 measured), so compare at 1e-2, not float32 tolerances.
@@ -143,10 +149,10 @@ def test_left_padding_matches_each_prompt_alone(peaky):
 
 def test_max_batch_size_chunks_like_one_batch(peaky):
     metadata = [{"i": 0}, {"i": 1}, {"i": 2}]
-    whole = engine(peaky).generate(PROMPTS, n=3, sampling=GREEDY, metadata=metadata)
+    whole = engine(peaky).generate(PROMPTS, group_size=3, sampling=GREEDY, metadata=metadata)
     # 9 rows in chunks of 2: groups are split across chunks, prompt widths differ per chunk.
     chunked = engine(peaky, max_batch_size=2).generate(
-        PROMPTS, n=3, sampling=GREEDY, metadata=metadata
+        PROMPTS, group_size=3, sampling=GREEDY, metadata=metadata
     )
     same_rollouts(whole, chunked, logprobs_exact=False)
 
@@ -155,11 +161,11 @@ def test_max_batch_size_chunks_like_one_batch(peaky):
 def test_same_seed_same_rollouts_and_global_rng_untouched(peaky):
     eng = engine(peaky)
     state = torch.get_rng_state()
-    a = eng.generate(PROMPTS, n=2, sampling=SamplingParams(max_new_tokens=8, seed=7))
-    b = eng.generate(PROMPTS, n=2, sampling=SamplingParams(max_new_tokens=8, seed=7))
+    a = eng.generate(PROMPTS, group_size=2, sampling=SamplingParams(max_new_tokens=8, seed=7))
+    b = eng.generate(PROMPTS, group_size=2, sampling=SamplingParams(max_new_tokens=8, seed=7))
     assert torch.equal(torch.get_rng_state(), state)
     same_rollouts(a, b)
-    c = eng.generate(PROMPTS, n=2, sampling=SamplingParams(max_new_tokens=8, seed=8))
+    c = eng.generate(PROMPTS, group_size=2, sampling=SamplingParams(max_new_tokens=8, seed=8))
     assert not torch.equal(a.response_ids, c.response_ids)
 
 
@@ -167,10 +173,10 @@ def test_without_seed_the_global_rng_is_used(peaky):
     eng = engine(peaky)
     sampling = SamplingParams(max_new_tokens=8)
     torch.manual_seed(11)
-    a = eng.generate(PROMPTS, n=2, sampling=sampling)
+    a = eng.generate(PROMPTS, group_size=2, sampling=sampling)
     after = torch.get_rng_state()
     torch.manual_seed(11)
-    b = eng.generate(PROMPTS, n=2, sampling=sampling)
+    b = eng.generate(PROMPTS, group_size=2, sampling=sampling)
     same_rollouts(a, b)
     torch.manual_seed(11)
     assert not torch.equal(torch.get_rng_state(), after)  # sampling advanced the global RNG
@@ -253,8 +259,8 @@ def test_update_weights_from_a_shared_model_is_a_no_op(peaky):
 # ---------------------------------------------------------------------- errors and progress
 def test_bad_arguments_raise_clear_errors(peaky):
     eng = engine(peaky)
-    with pytest.raises(ValueError, match="n must be >= 1"):
-        eng.generate(PROMPTS, n=0)
+    with pytest.raises(ValueError, match="group_size=0; use group_size >= 1"):
+        eng.generate(PROMPTS, group_size=0)
     with pytest.raises(ValueError, match="prompts is empty"):
         eng.generate([])
     with pytest.raises(TypeError, match="wrap a single prompt in a list"):

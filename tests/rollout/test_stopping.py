@@ -60,7 +60,9 @@ def test_eos_ends_a_row_and_later_tokens_are_padding(eos_biased, pad_is_eos):
         tokenizer.pad_token = tokenizer.eos_token
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     sampling = SamplingParams(max_new_tokens=10, seed=0)
-    ro = HFEngine(model, tokenizer, progress=False).generate(PROMPTS, n=4, sampling=sampling)
+    ro = HFEngine(model, tokenizer, progress=False).generate(
+        PROMPTS, group_size=4, sampling=sampling
+    )
     t = ro.response_ids.shape[1]
     lengths = ro.response_mask.sum(-1).tolist()
     assert min(lengths) < t and max(lengths) == t  # rows that ended and rows cut at the limit
@@ -83,7 +85,9 @@ def test_pad_token_value_does_not_change_the_samples(eos_biased):
         if pad_is_eos:
             tokenizer.pad_token = tokenizer.eos_token
         runs.append(
-            HFEngine(model, tokenizer, progress=False).generate(PROMPTS, n=4, sampling=sampling)
+            HFEngine(model, tokenizer, progress=False).generate(
+                PROMPTS, group_size=4, sampling=sampling
+            )
         )
     a, b = runs
     assert torch.equal(a.response_mask, b.response_mask)
@@ -99,7 +103,9 @@ def test_min_new_tokens_holds_eos_back(eos_biased, forward_logprobs, min_new_tok
     model, tokenizer = eos_biased(4.0)
     eos = tokenizer.eos_token_id
     sampling = SamplingParams(max_new_tokens=10, min_new_tokens=min_new_tokens, seed=0)
-    ro = HFEngine(model, tokenizer, progress=False).generate(PROMPTS, n=4, sampling=sampling)
+    ro = HFEngine(model, tokenizer, progress=False).generate(
+        PROMPTS, group_size=4, sampling=sampling
+    )
     lengths = ro.response_mask.sum(-1)
     assert ro.response_ids.shape == (12, 10) and (lengths >= min(min_new_tokens + 1, 10)).all()
     assert not (ro.response_ids[:, :min_new_tokens] == eos).any()
@@ -140,10 +146,10 @@ def stop_reference(tokenizer, prompt_ids: list[int], ids: list[int], stops: list
 def test_stop_string_ends_the_row_right_after_it(peaky, forward_logprobs):
     model, tokenizer = peaky
     eng = HFEngine(model, tokenizer, progress=False)
-    free = eng.generate(PROMPTS, n=2, sampling=SamplingParams(max_new_tokens=12, seed=4))
+    free = eng.generate(PROMPTS, group_size=2, sampling=SamplingParams(max_new_tokens=12, seed=4))
     row, stop = pick_stop_string(tokenizer, free.response_ids.tolist())
     sampling = SamplingParams(max_new_tokens=12, seed=4, stop=(stop, "zzzz"))
-    ro = eng.generate(PROMPTS, n=2, sampling=sampling)
+    ro = eng.generate(PROMPTS, group_size=2, sampling=sampling)
     t = ro.response_ids.shape[1]
     for i in range(ro.batch_size):
         prompt = ro.prompt_ids[i][ro.prompt_mask[i]].tolist()
@@ -169,8 +175,8 @@ def test_stop_strings_wait_for_min_new_tokens(peaky):
     model, tokenizer = peaky
     eng = HFEngine(model, tokenizer, progress=False)
     fixed = SamplingParams(max_new_tokens=12, min_new_tokens=12, seed=4)
-    free = eng.generate(PROMPTS, n=2, sampling=fixed)
+    free = eng.generate(PROMPTS, group_size=2, sampling=fixed)
     _, stop = pick_stop_string(tokenizer, free.response_ids.tolist())
-    ro = eng.generate(PROMPTS, n=2, sampling=dataclasses.replace(fixed, stop=(stop,)))
+    ro = eng.generate(PROMPTS, group_size=2, sampling=dataclasses.replace(fixed, stop=(stop,)))
     # A stop string before the floor ends nothing (vLLM's min_tokens): the rows without it.
     assert ro.response_mask.all() and torch.equal(ro.response_ids, free.response_ids)

@@ -35,7 +35,9 @@ def policy():
 
 def test_shapes_masks_groups_and_metadata(engine):
     sampling = rb.SamplingParams(max_new_tokens=6, seed=1)
-    ro = engine.generate(PROMPTS, n=3, sampling=sampling, metadata=[{"i": i} for i in range(3)])
+    ro = engine.generate(
+        PROMPTS, group_size=3, sampling=sampling, metadata=[{"i": i} for i in range(3)]
+    )
     assert ro.batch_size == 9 and ro.response_ids.shape[1] <= 6
     assert ro.group_ids.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert [m["i"] for m in ro.metadata] == ro.group_ids.tolist()
@@ -45,7 +47,7 @@ def test_shapes_masks_groups_and_metadata(engine):
     assert (lp[ro.response_mask] < 0).all() and (lp[~ro.response_mask] == 0).all()
     # Token in, token out: the prompt ids are the HF engine's rendering, left-padded.
     hf = rb.rollout.HFEngine(*rb.models.load("tiny"), progress=False)
-    hf_ro = hf.generate(PROMPTS, n=3, sampling=sampling)
+    hf_ro = hf.generate(PROMPTS, group_size=3, sampling=sampling)
     assert torch.equal(ro.prompt_ids, hf_ro.prompt_ids)
     assert ro.completions[0] == engine.tokenizer.decode(
         ro.response_ids[0][ro.response_mask[0]].tolist(), skip_special_tokens=True
@@ -69,8 +71,8 @@ def test_a_seed_reproduces_the_samples(engine):
     sampling = rb.SamplingParams(max_new_tokens=6, seed=7)
     prompts = [PROMPTS[0], PROMPTS[0]]  # the same prompt twice: its rows must still differ
     a, b = (
-        engine.generate(prompts, n=2, sampling=sampling),
-        engine.generate(prompts, n=2, sampling=sampling),
+        engine.generate(prompts, group_size=2, sampling=sampling),
+        engine.generate(prompts, group_size=2, sampling=sampling),
     )
     assert torch.equal(a.response_ids, b.response_ids)
     rows = {tuple(r.tolist()) for r in a.response_ids}
@@ -81,14 +83,16 @@ def test_a_seeded_batch_larger_than_one_scheduler_step(engine):
     # 64 prompts x 4 samples is more prompt tokens than vLLM batches in one step on a CPU;
     # with chunked prefill a seeded request would crash there (see VLLMEngine).
     prompts = rb.data.arithmetic_prompts(n=64, chat=True).prompts
-    ro = engine.generate(prompts, n=4, sampling=rb.SamplingParams(max_new_tokens=2, seed=0))
+    ro = engine.generate(
+        prompts, group_size=4, sampling=rb.SamplingParams(max_new_tokens=2, seed=0)
+    )
     # 256 rows of ~70 prompt tokens each: far more than the 4096 tokens of one step.
     assert ro.batch_size == 256 and int(ro.prompt_mask.sum()) > 4096
 
 
 def test_min_new_tokens_equal_to_max_gives_equal_lengths(engine):
     sampling = rb.SamplingParams(max_new_tokens=12, min_new_tokens=12, seed=2)  # min_tokens
-    ro = engine.generate(PROMPTS, n=4, sampling=sampling)
+    ro = engine.generate(PROMPTS, group_size=4, sampling=sampling)
     assert ro.response_ids.shape == (12, 12) and ro.response_mask.all()
 
 
@@ -105,16 +109,16 @@ def test_a_stop_string_ends_the_response_and_is_kept(engine):
 
 def test_engine_log_probs_match_the_trainer_and_follow_a_sync(engine, policy):
     sampling = rb.SamplingParams(max_new_tokens=8, seed=3)
-    ro = engine.generate(PROMPTS, n=2, sampling=sampling)
+    ro = engine.generate(PROMPTS, group_size=2, sampling=sampling)
     gap = (ro.rollout_logprobs - policy.logprobs(ro))[ro.response_mask].abs().max()
     assert gap < 1e-4  # float32 on both sides; vLLM's CPU kernels sum in another order
     policy.step(ro, torch.linspace(-1, 1, ro.batch_size), loss_fn=rb.losses.clipped_surrogate)
-    stale = engine.generate(PROMPTS, n=2, sampling=sampling)
+    stale = engine.generate(PROMPTS, group_size=2, sampling=sampling)
     gap = (stale.rollout_logprobs - policy.logprobs(stale))[stale.response_mask].abs().max()
     assert gap > 1e-2  # the negative control: no sync, the engine samples with old weights
     metrics = rb.resharder.Resharder(bucket_mb=0.05).sync(policy, engine)
     assert engine.weights_version == 1 and metrics["sync/buckets"] >= 3
-    fresh = engine.generate(PROMPTS, n=2, sampling=sampling)
+    fresh = engine.generate(PROMPTS, group_size=2, sampling=sampling)
     gap = (fresh.rollout_logprobs - policy.logprobs(fresh))[fresh.response_mask].abs().max()
     assert gap < 1e-4
     # Put the initial weights back for the other tests of the module.
@@ -162,14 +166,14 @@ def test_a_lora_adapter_sync_samples_like_the_merged_model():
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj"])
     policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=5e-2, lora=lora)
     sampling = rb.SamplingParams(max_new_tokens=6, seed=4)
-    ro = lora_engine.generate(PROMPTS, n=2, sampling=sampling)
+    ro = lora_engine.generate(PROMPTS, group_size=2, sampling=sampling)
     for _ in range(3):
         policy.step(ro, torch.linspace(-1, 1, ro.batch_size), loss_fn=rb.losses.clipped_surrogate)
     resharder = rb.resharder.Resharder()
     metrics = resharder.sync(policy, lora_engine)
     full = sum(t.numel() * t.element_size() for _, t in policy.named_weights())
     assert 0 < metrics["sync/bytes"] < full / 10  # the adapter, not the model
-    fresh = lora_engine.generate(PROMPTS, n=2, sampling=sampling)
+    fresh = lora_engine.generate(PROMPTS, group_size=2, sampling=sampling)
     trainer_lp = policy.logprobs(fresh)  # the adapted model = the merged model's log-probs
     gap = (fresh.rollout_logprobs - trainer_lp)[fresh.response_mask].abs().max()
     assert gap < 1e-4
@@ -177,7 +181,7 @@ def test_a_lora_adapter_sync_samples_like_the_merged_model():
     assert (fresh.rollout_logprobs - base)[fresh.response_mask].abs().max() > 1e-2
     resharder.sync(policy, lora_engine)  # a second version replaces the first
     assert lora_engine.weights_version == 2
-    again = lora_engine.generate(PROMPTS, n=2, sampling=sampling)
+    again = lora_engine.generate(PROMPTS, group_size=2, sampling=sampling)
     assert torch.equal(again.response_ids, fresh.response_ids)
 
 
@@ -189,12 +193,12 @@ def test_an_exported_policy_serves_with_the_trainers_log_probs(policy, tmp_path)
     # process-wide parallel state that engine relies on.)
     sampling = rb.SamplingParams(max_new_tokens=8, seed=5)
     hf = rb.rollout.HFEngine(policy.model, policy.tokenizer, progress=False)
-    ro = hf.generate(PROMPTS, n=2, sampling=sampling)
+    ro = hf.generate(PROMPTS, group_size=2, sampling=sampling)
     policy.step(ro, torch.linspace(-1, 1, ro.batch_size), loss_fn=rb.losses.clipped_surrogate)
     exported = VLLMEngine(
         policy.save_pretrained(tmp_path / "policy"), max_model_len=256, enforce_eager=True
     )
-    fresh = exported.generate(PROMPTS, n=2, sampling=sampling)
+    fresh = exported.generate(PROMPTS, group_size=2, sampling=sampling)
     assert torch.equal(fresh.prompt_ids, ro.prompt_ids)  # the exported tokenizer and template
     gap = (fresh.rollout_logprobs - policy.logprobs(fresh))[fresh.response_mask].abs().max()
     assert gap < 1e-4  # float32 on both sides, as in the tests above
@@ -223,16 +227,16 @@ def test_vllm_engines_in_ray_workers_follow_the_sharded_trainer(layout):
             "rollout", VLLMEngine, "tiny", max_model_len=256, enforce_eager=True
         )
         sampling = rb.SamplingParams(max_new_tokens=6, seed=1)
-        ro = engine.generate(PROMPTS, n=2, sampling=sampling)
+        ro = engine.generate(PROMPTS, group_size=2, sampling=sampling)
         assert (ro.rollout_logprobs - policy.logprobs(ro))[ro.response_mask].abs().max() < 1e-4
         policy.step(ro, torch.linspace(-1, 1, ro.batch_size), loss_fn=LOSS)
-        stale = engine.generate(PROMPTS, n=2, sampling=sampling)
+        stale = engine.generate(PROMPTS, group_size=2, sampling=sampling)
         assert (stale.rollout_logprobs - policy.logprobs(stale))[
             stale.response_mask
         ].abs().max() > 1e-3
         metrics = rb.resharder.Resharder().sync(policy, engine)
         assert metrics["sync/version"] == 1 and metrics["sync/bytes"] > 0
-        fresh = engine.generate(PROMPTS, n=2, sampling=sampling)
+        fresh = engine.generate(PROMPTS, group_size=2, sampling=sampling)
         assert (fresh.rollout_logprobs - policy.logprobs(fresh))[
             fresh.response_mask
         ].abs().max() < 1e-4

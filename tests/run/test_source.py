@@ -61,9 +61,7 @@ def _recipe(name: str, run: RunOptions, teacher=None, steps: int = 3) -> dict:
     common = {"steps": steps, "sampling": SAMPLING, "run": run}
     if name == "ppo":
         critic = rb.critic.CriticTrainer(copy.deepcopy(engine.model), lr=1e-3)
-        history = rb.recipes.ppo(
-            policy, critic, engine, REWARD, batches, samples_per_prompt=2, **common
-        )
+        history = rb.recipes.ppo(policy, critic, engine, REWARD, batches, group_size=2, **common)
     elif name == "distill":
         history = rb.recipes.distill(policy, engine, teacher, batches, group_size=2, **common)
     elif name == "online_dpo":

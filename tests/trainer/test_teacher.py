@@ -12,7 +12,7 @@ def rollouts():
     engine = rb.rollout.HFEngine(model, tokenizer, progress=False)
     return engine.generate(
         ["Count: 1", "Count: 22", "a longer prompt here"],
-        n=2,
+        group_size=2,
         sampling=rb.SamplingParams(max_new_tokens=6, seed=0),
     )
 

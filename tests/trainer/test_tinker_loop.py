@@ -19,7 +19,7 @@ from rlblocks.models import tiny
 from rlblocks.trainer import PolicyTrainer
 
 # PPO's clipped surrogate plus a k3 KL penalty: the reference path runs as in ``step``.
-LOSS = kl_regularized(partial(clipped_surrogate, clip=(0.2, 0.28)), coef=0.1)
+LOSS = kl_regularized(partial(clipped_surrogate, clip=(0.2, 0.28)), kl_coef=0.1)
 CHUNKS = [[0, 1, 2], [3, 4], [5, 6, 7]]  # of a batch of 8 rows
 
 
