@@ -195,13 +195,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     task = TASKS[args.task]
+    # Arguments that cannot run are refused before --out is looked at or made.
+    gpu = torch.device(args.device).type == "cuda"
+    if gpu and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: torch sees no CUDA device here")
+    if args.async_rollout and (args.workers or args.engine != "hf"):
+        raise SystemExit("--async runs with the in-process HF engine (no --workers, --engine hf)")
+    if args.engine == "vllm" and args.workers:
+        raise SystemExit("--engine vllm runs in this process; it does not combine with --workers")
     _check_out(args.out, resume=args.resume)
     args.out.mkdir(parents=True, exist_ok=True)
 
     # The blocks, one line each. With --workers the placement is the only thing that changes.
-    gpu = torch.device(args.device).type == "cuda"
-    if gpu and not torch.cuda.is_available():
-        raise SystemExit(f"--device {args.device}: torch sees no CUDA device here")
     trainer = partial(
         rb.trainer.PolicyTrainer.from_pretrained,
         args.model,
@@ -212,10 +217,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         reference="copy" if args.kl_coef else None,
         max_grad_norm=1.0,
     )
-    if args.async_rollout and (args.workers or args.engine != "hf"):
-        raise SystemExit("--async runs with the in-process HF engine (no --workers, --engine hf)")
-    if args.engine == "vllm" and args.workers:
-        raise SystemExit("--engine vllm runs in this process; it does not combine with --workers")
     placement = _placement(args.workers, gpu)
     with placement:  # Ray: the workers stop when the job ends, also on an error
         if args.workers:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from builders import ragged_rollouts, tiny_trainer
 
 import rlblocks as rb
 from rlblocks.rollouts import Rollouts
@@ -25,30 +26,17 @@ LOSS = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.2))
 
 
 def make_trainer(dtype=torch.float64, device="cpu", **overrides):
-    model, _ = rb.models.tiny(seed=0)
-    settings = {"lr": 1e-3, "reference": None, "log_entropy": True, **overrides}
-    return rb.trainer.PolicyTrainer(model.to(dtype=dtype, device=device), **settings)
+    """The cases' trainer: the tiny model (seed 0), lr 1e-3, entropy logged, no reference."""
+    return tiny_trainer(dtype, device=device, **{"lr": 1e-3, "log_entropy": True, **overrides})
 
 
 def make_batch(
     b: int = 8, nan_rows: tuple[int, ...] = (), seed: int = 1
 ) -> tuple[Rollouts, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    tp, t = 5, 7
-    lengths = torch.randint(1, t + 1, (b,), generator=g)
-    response_mask = torch.arange(t)[None] < lengths[:, None]
-    ro = Rollouts(
-        prompt_ids=torch.randint(0, 300, (b, tp), generator=g),
-        response_ids=torch.randint(0, 300, (b, t), generator=g),
-        attention_mask=torch.cat([torch.ones(b, tp, dtype=torch.bool), response_mask], 1),
-        response_mask=response_mask,
-        group_ids=torch.arange(b) // 4,
-        prompts=[""] * b,
-        completions=[""] * b,
-        metadata=[{} for _ in range(b)],
-        pad_token_id=0,
-    )
-    advantages = torch.randn(b, generator=g)
+    """The shared ragged batch in groups of 4 rows, and one advantage per row (NaN in
+    ``nan_rows``)."""
+    ro = ragged_rollouts(b, seed=seed, group_size=4)
+    advantages = torch.randn(b, generator=torch.Generator().manual_seed(seed))
     advantages[list(nan_rows)] = float("nan")
     return ro, advantages
 

@@ -166,14 +166,18 @@ def test_demo_runs_on_two_ray_workers(tmp_path):
     assert summary["steps"] == 2 and summary["held_out"] == 4
 
 
-def test_demo_device_defaults_to_cuda_only_where_there_is_one():
+def test_demo_device_defaults_to_cuda_only_where_there_is_one(tmp_path, monkeypatch):
     import torch
 
+    # The default --out (runs/demo) is relative: here it is this test's own folder, not the
+    # checkout's, where the main job may have left a run.
+    monkeypatch.chdir(tmp_path)
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert demo.parse_args([]).device == expected
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="--device cuda: torch sees no CUDA device"):
             demo.main(["--model", "tiny", "--device", "cuda", "--steps", "1"])
+        assert list(tmp_path.iterdir()) == []  # refused before --out was made
 
 
 @pytest.mark.gpu

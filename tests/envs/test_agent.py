@@ -19,6 +19,7 @@ from agent_cases import (
     model_segments,
     split_into_turns,
 )
+from builders import tiny_trainer
 
 import rlblocks as rb
 from rlblocks.envs import AgentEngine
@@ -26,16 +27,10 @@ from rlblocks.envs import AgentEngine
 LOSS = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))
 
 
-def tiny_policy(dtype: torch.dtype = torch.float32, **overrides) -> rb.trainer.PolicyTrainer:
-    model, tokenizer = rb.models.tiny(seed=0, dtype=dtype)
-    settings = {"lr": 1e-2, "reference": None, "max_grad_norm": None, **overrides}
-    return rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, **settings)
-
-
 @pytest.fixture
 def sampled():
     """Two-turn episodes of `ScriptedEnv` on a float64 tiny policy's own module."""
-    policy = tiny_policy(torch.float64)
+    policy = tiny_trainer(torch.float64, max_grad_norm=None)
     engine = RecordingHFEngine(policy.model, policy.tokenizer, chat=True, progress=False)
     agent = AgentEngine(engine, ScriptedEnv(turns=2), max_turns=3)
     metadata = [{"ground_truth": str(i)} for i in range(len(PROMPTS))]
@@ -203,7 +198,7 @@ def gradients_at_step(trainer: rb.trainer.PolicyTrainer) -> list[torch.Tensor]:
 
 
 def test_max_turns_ends_before_the_observation():
-    policy = tiny_policy()
+    policy = tiny_trainer(max_grad_norm=None)
     engine = RecordingHFEngine(policy.model, policy.tokenizer, chat=True, progress=False)
     ro = AgentEngine(engine, ScriptedEnv(turns=5), max_turns=1).generate(PROMPTS, sampling=SAMPLING)
     [(_, only)] = engine.calls
@@ -216,7 +211,7 @@ def test_max_turns_ends_before_the_observation():
 
 
 def test_max_total_tokens_keeps_every_row_within_it():
-    policy = tiny_policy()
+    policy = tiny_trainer(max_grad_norm=None)
     engine = RecordingHFEngine(policy.model, policy.tokenizer, chat=True, progress=False)
     probe = AgentEngine(engine, ScriptedEnv(turns=3))
     longest = max(len(probe.chat.prompt(ScriptedEnv().reset(p, {}))[1]) for p in PROMPTS)
@@ -233,7 +228,7 @@ def test_max_total_tokens_keeps_every_row_within_it():
 
 
 def test_a_cut_off_turn_ends_the_episode_without_asking_the_environment():
-    policy = tiny_policy()
+    policy = tiny_trainer(max_grad_norm=None)
     engine = RecordingHFEngine(policy.model, policy.tokenizer, chat=True, progress=False)
     # No stop string, and the tiny model almost never samples EOS (p ≈ 1/384 a token).
     sampling = rb.SamplingParams(max_new_tokens=4, seed=0)
@@ -246,7 +241,7 @@ def test_a_cut_off_turn_ends_the_episode_without_asking_the_environment():
 
 
 def test_seeded_calls_are_reproducible():
-    policy = tiny_policy()
+    policy = tiny_trainer(max_grad_norm=None)
     agent = AgentEngine(
         rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True, progress=False),
         ScriptedEnv(turns=2),
@@ -258,7 +253,7 @@ def test_seeded_calls_are_reproducible():
 
 
 def test_weights_reach_the_wrapped_engine_through_the_resharder():
-    policy = tiny_policy()
+    policy = tiny_trainer(max_grad_norm=None)
     separate = rb.rollout.HFEngine(*rb.models.tiny(seed=0), chat=True, progress=False)
     agent = AgentEngine(separate, ScriptedEnv())
     ro = agent.generate(PROMPTS, group_size=2, sampling=SAMPLING)
@@ -276,7 +271,7 @@ def test_weights_reach_the_wrapped_engine_through_the_resharder():
 
 
 def test_the_grpo_recipe_runs_on_the_agent_engine_unchanged():
-    policy = tiny_policy()
+    policy = tiny_trainer(max_grad_norm=None)
     engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True, progress=False)
     agent = AgentEngine(engine, ScriptedEnv(turns=2))
     data = rb.data.arithmetic_prompts(n=8, chat=True)

@@ -9,17 +9,13 @@ import re
 
 import pytest
 import torch
+from builders import tiny_trainer
 
 import rlblocks as rb
 from rlblocks.interfaces import TensorSpec
 from rlblocks.resharder import Resharder
 from rlblocks.resharder.strict import check_tokenizers
 from rlblocks.rollout.vllm import hf_weight_spec
-
-
-def make_policy(**train):
-    model, tokenizer = rb.models.tiny(seed=0)
-    return rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None, **train)
 
 
 def make_engine(tokenizer=None, dtype=torch.float32, **config):
@@ -53,7 +49,7 @@ def test_a_larger_engine_is_refused_before_any_write():
     # Each Qwen2 layer holds 12 tensors (q, k, v weights and biases, o, gate, up, down, two
     # norms): layer 2 of the 3-layer engine is 12 weights the trainer does not send. Before the
     # check this sync reported success and left layer 2 random.
-    message = refused(make_policy(), make_engine(num_hidden_layers=3), "12 missing")
+    message = refused(tiny_trainer(), make_engine(num_hidden_layers=3), "12 missing")
     assert message == (
         "Resharder: the trainer's weights do not fit the engine, nothing was copied "
         "(12 missing from the trainer):\n"
@@ -68,7 +64,7 @@ def test_a_larger_engine_is_refused_before_any_write():
 
 def test_a_smaller_engine_is_refused_with_layer_0_untouched():
     # Before the check, layer 0 was overwritten and the sync failed at layer 1.
-    message = refused(make_policy(), make_engine(num_hidden_layers=1), "12 unknown to the engine")
+    message = refused(tiny_trainer(), make_engine(num_hidden_layers=1), "12 unknown to the engine")
     assert (
         "  model.layers.1.self_attn.q_proj.weight (extra): trainer: (64, 64) float32, " in message
     )
@@ -77,7 +73,7 @@ def test_a_smaller_engine_is_refused_with_layer_0_untouched():
 
 def test_another_shape_is_refused():
     # intermediate_size 96 instead of 128: gate, up and down projections of both layers.
-    message = refused(make_policy(), make_engine(intermediate_size=96), "6 of another shape")
+    message = refused(tiny_trainer(), make_engine(intermediate_size=96), "6 of another shape")
     assert (
         "model.layers.0.mlp.gate_proj.weight (shape): trainer: (128, 64) float32, "
         "engine: (96, 64) float32" in message
@@ -86,7 +82,7 @@ def test_another_shape_is_refused():
 
 def test_a_float_cast_is_allowed():
     # float32 trainer -> bfloat16 engine: the engine rounds what it loads (its own precision).
-    policy, engine = make_policy(), make_engine(dtype=torch.bfloat16)
+    policy, engine = tiny_trainer(), make_engine(dtype=torch.bfloat16)
     metrics = Resharder().sync(policy, engine)
     assert metrics["sync/version"] == engine.weights_version == 1
     held = engine.model.state_dict()
@@ -97,7 +93,7 @@ def test_a_float_cast_is_allowed():
 def test_a_float_into_an_integer_tensor_is_refused():
     # A persistent integer buffer (a step counter) where the trainer holds a float one: not a
     # precision but another tensor.
-    policy, engine = make_policy(), make_engine()
+    policy, engine = tiny_trainer(), make_engine()
     policy.model.register_buffer("counter", torch.zeros(3))
     engine.model.register_buffer("counter", torch.zeros(3, dtype=torch.int64))
     message = refused(policy, engine, "1 of a dtype the engine cannot cast to")
@@ -108,7 +104,7 @@ def test_another_vocabulary_is_refused():
     # A tokenizer trained to 380 tokens: the weights fit (the model is the same size), the
     # ids do not mean the same text. Its first 380 merges are the 384-token one's.
     other = rb.models.tiny_tokenizer(vocab_size=380)
-    message = refused(make_policy(), make_engine(tokenizer=other), "different tokenizers")
+    message = refused(tiny_trainer(), make_engine(tokenizer=other), "different tokenizers")
     assert "vocabulary: trainer 384 tokens, sha256 " in message
     assert ", engine 380 tokens, sha256 " in message
     assert "is 380 for the trainer, None for the engine" in message
@@ -118,7 +114,7 @@ def test_another_eos_id_is_refused():
     _, tokenizer = rb.models.tiny()
     other = copy.deepcopy(tokenizer)
     other.eos_token = "<|im_start|>"  # id 1; the trainer's <|im_end|> is 2
-    message = refused(make_policy(), make_engine(tokenizer=other), "different tokenizers")
+    message = refused(tiny_trainer(), make_engine(tokenizer=other), "different tokenizers")
     assert message.endswith("eos_token_id: trainer 2, engine 1")
 
 
@@ -139,10 +135,10 @@ def test_the_trainer_declares_what_it_sends():
     # Plain, then LoRA (W + BA under the base names), which a plain engine takes as it is.
     from peft import LoraConfig
 
-    policy = make_policy()
+    policy = tiny_trainer()
     sent = {name: TensorSpec.of(t) for name, t in policy.named_weights()}
     assert list(policy.weight_spec().items()) == list(sent.items())
-    lora = make_policy(lora=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    lora = tiny_trainer(lora=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     sent = {name: TensorSpec.of(t) for name, t in lora.named_weights()}
     assert list(lora.weight_spec().items()) == list(sent.items())
     assert lora.weight_spec() == policy.weight_spec()
@@ -156,7 +152,7 @@ def test_a_shared_lora_module_needs_no_check():
     # HFEngine(policy.model) of a LoRA policy holds peft's names: nothing moves, nothing to check.
     from peft import LoraConfig
 
-    policy = make_policy(lora=LoraConfig(r=4, target_modules=["q_proj"]))
+    policy = tiny_trainer(lora=LoraConfig(r=4, target_modules=["q_proj"]))
     engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, progress=False)
     assert Resharder().sync(policy, engine)["sync/bytes"] == 0.0
 

@@ -4,8 +4,10 @@ no process and no file behind.
 Every test ends with the `no_leftovers` check: no process runs as one of this test process's
 sandbox uids, no descendant of the test process is alive (the test process is made a child
 subreaper, so an orphan would be re-parented to it rather than vanish from view), and no
-``rlblocks-sandbox-*`` folder is left in the temporary folder. Most cases assert the first
-two at the very moment `Sandbox.run` returns, without waiting.
+``rlblocks-sandbox-*`` folder is left in the test's own temporary root (`Sandbox.run` makes its
+folders with `tempfile.mkdtemp`, pointed there for the test, so that such folders made in /tmp
+by other processes on the machine are never counted). Most cases assert the first two at the
+very moment `Sandbox.run` returns, without waiting.
 
 The fork bomb runs only after `test_the_process_limit_binds` shows, with a bounded program,
 that the limit holds; these cases need root or user namespaces (Linux), and skip otherwise.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -61,8 +64,8 @@ def sandbox_processes() -> list[int]:
     return found
 
 
-def sandbox_folders() -> set[Path]:
-    return set(Path(tempfile.gettempdir()).glob("rlblocks-sandbox-*"))
+def sandbox_folders(root: Path) -> set[Path]:
+    return set(root.glob("rlblocks-sandbox-*"))
 
 
 _BASELINE: set[int] = set()  # our descendants before the test (e.g. a Ray started earlier)
@@ -75,16 +78,22 @@ def nothing_left() -> None:
 
 
 @pytest.fixture(autouse=True)
-def no_leftovers():
+def no_leftovers(monkeypatch):
+    # The test's own temporary root, in the system's (not pytest's tmp_path: its parent is 0700,
+    # and the sandbox uid must reach the folder it runs in without namespaces); searchable by
+    # all, listable by us only.
+    root = Path(tempfile.mkdtemp(prefix="rlblocks-test-tmp-"))
+    root.chmod(0o711)
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    folders, threads = sandbox_folders(), set(threading.enumerate())
+    threads = set(threading.enumerate())
     _BASELINE.clear()
     _BASELINE.update(live_descendants(os.getpid()))
     yield
     try:
         nothing_left()
-        assert sandbox_folders() <= folders, "sandbox folders were left behind"
+        assert sandbox_folders(root) == set(), "sandbox folders were left behind"
         assert set(threading.enumerate()) <= threads, "threads outlived the test"
     finally:
         while True:  # orphans re-parented to us (zombies by now): reap them
@@ -94,6 +103,7 @@ def no_leftovers():
             except ChildProcessError:
                 break
         libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

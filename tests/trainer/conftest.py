@@ -1,44 +1,17 @@
 """Shared helpers for the trainer tests: random ragged batches and a slow scoring reference.
 
-Helpers reach the tests as fixtures (``make_rollouts``, ``slow_logprobs``) rather than imports,
-so they work under pytest's importlib import mode.
+Helpers reach the tests as fixtures (``make_rollouts``, ``slow_logprobs``); ``make_rollouts``
+is `builders.ragged_rollouts`, the batch every test folder shares.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from builders import ragged_rollouts
 
 from rlblocks.models import tiny
 from rlblocks.rollouts import Rollouts
-
-VOCAB = 384  # the tiny tokenizer's vocabulary
-
-
-def ragged_batch(
-    b: int = 8, *, seed: int = 0, max_prompt: int = 6, max_response: int = 8
-) -> tuple[list[list[int]], list[list[int]], list[list[bool]]]:
-    """Prompt and response token lists of random lengths, and response masks.
-
-    Row 0 has a prompt of one token and a response of exactly one valid token; every other row
-    has some masked-out "observation" tokens in its response.
-    """
-    g = torch.Generator().manual_seed(seed)
-    prompts, responses, masks = [], [], []
-    for i in range(b):
-        n_prompt = 1 if i == 0 else int(torch.randint(1, max_prompt + 1, (), generator=g))
-        n_response = 1 if i == 0 else int(torch.randint(2, max_response + 1, (), generator=g))
-        prompts.append(torch.randint(3, VOCAB, (n_prompt,), generator=g).tolist())
-        responses.append(torch.randint(3, VOCAB, (n_response,), generator=g).tolist())
-        mask = (torch.rand(n_response, generator=g) > 0.25).tolist()
-        mask[0] = True
-        masks.append(mask)
-    return prompts, responses, masks
-
-
-def _make_rollouts(b: int = 8, *, seed: int = 0, **kw: int) -> Rollouts:
-    prompts, responses, masks = ragged_batch(b, seed=seed, **kw)
-    return Rollouts.from_lists(prompts, responses, response_masks=masks, pad_token_id=0)
 
 
 @torch.no_grad()
@@ -68,7 +41,7 @@ def model32():
 
 @pytest.fixture
 def make_rollouts():
-    return _make_rollouts
+    return ragged_rollouts
 
 
 @pytest.fixture

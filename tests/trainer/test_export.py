@@ -14,6 +14,7 @@ import os
 import huggingface_hub
 import pytest
 import torch
+from builders import tiny_trainer
 from huggingface_hub.errors import OfflineModeIsEnabled
 from peft import AutoPeftModelForCausalLM, LoraConfig
 from safetensors.torch import load_file
@@ -40,11 +41,6 @@ def trained(trainer: PolicyTrainer, make_rollouts, steps: int = 2) -> PolicyTrai
         ro = make_rollouts(seed=10 + step)
         trainer.step(ro, torch.linspace(-1, 1, len(ro)), loss_fn=rb.losses.clipped_surrogate)
     return trainer
-
-
-def tiny_trainer(dtype=torch.float32, **kwargs) -> PolicyTrainer:
-    model, tokenizer = rb.models.tiny(dtype=dtype)
-    return PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None, **kwargs)
 
 
 def scorer(model) -> PolicyTrainer:

@@ -7,6 +7,7 @@ of the trainer itself; tests/placement/test_ray_gpu.py adds Ray where both exist
 
 import pytest
 import torch
+from builders import tiny_trainer
 from dp_cases import LOSS, make_batch, make_trainer, run
 
 pytestmark = [
@@ -81,14 +82,11 @@ def test_the_tinker_loop_is_one_step_on_a_gpu(make_rollouts):
     from functools import partial
 
     from rlblocks.losses import clipped_surrogate
-    from rlblocks.models import tiny
-    from rlblocks.trainer import PolicyTrainer
 
     loss = partial(clipped_surrogate, clip=(0.2, 0.28))
     lr = 1e-5
-    settings = {"lr": lr, "micro_batch_size": 2, "reference": None}
-    stepped = PolicyTrainer(tiny(dtype=torch.float32)[0].cuda(), **settings)
-    tinker = PolicyTrainer(tiny(dtype=torch.float32)[0].cuda(), **settings)
+    stepped = tiny_trainer(device="cuda", lr=lr, micro_batch_size=2)
+    tinker = tiny_trainer(device="cuda", lr=lr, micro_batch_size=2)
     ro = make_rollouts(seed=0)
     advantages = torch.randn(len(ro), generator=torch.Generator().manual_seed(0))
     logs = stepped.step(ro, advantages, loss_fn=loss)

@@ -12,21 +12,22 @@ from functools import partial
 
 import pytest
 import torch
+from builders import tiny_trainer
 from torch.testing import assert_close
 
 from rlblocks.losses import clipped_surrogate, kl_regularized
-from rlblocks.models import tiny
-from rlblocks.trainer import PolicyTrainer
 
 # PPO's clipped surrogate plus a k3 KL penalty: the reference path runs as in ``step``.
 LOSS = kl_regularized(partial(clipped_surrogate, clip=(0.2, 0.28)), kl_coef=0.1)
 CHUNKS = [[0, 1, 2], [3, 4], [5, 6, 7]]  # of a batch of 8 rows
 
 
-def _trainers(**overrides):
-    settings = {"lr": 1e-2, "log_entropy": True, "micro_batch_size": 2, **overrides}
-    model = tiny(dtype=torch.float64)[0]
-    return PolicyTrainer(copy.deepcopy(model), **settings), PolicyTrainer(model, **settings)
+SETTINGS = {"reference": "copy", "log_entropy": True, "micro_batch_size": 2}
+
+
+def _trainers():
+    """Two trainers with the same weights: one takes ``step``, one Tinker's primitives."""
+    return tiny_trainer(torch.float64, **SETTINGS), tiny_trainer(torch.float64, **SETTINGS)
 
 
 def _advantages(ro, seed):

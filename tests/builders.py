@@ -1,0 +1,78 @@
+"""The two things most tests build: a random ragged `Rollouts` batch and a tiny `PolicyTrainer`.
+
+A plain module, not a test file: ``pythonpath = ["tests"]`` in pyproject.toml puts ``tests`` on
+``sys.path``, so tests and the helper modules import it with ``from builders import ...``
+(spawned data-parallel workers too); the trainer and critic tests reach `ragged_rollouts`
+through their ``make_rollouts`` fixture.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlblocks.models import tiny
+from rlblocks.rollouts import Rollouts
+from rlblocks.trainer import PolicyTrainer
+
+VOCAB = 384  # the tiny tokenizer's vocabulary
+
+
+def ragged_rollouts(
+    b: int = 8,
+    *,
+    seed: int = 0,
+    max_prompt: int = 6,
+    max_response: int = 8,
+    group_size: int = 1,
+) -> Rollouts:
+    """``b`` rows of random token ids with random prompt and response lengths (left-padded
+    prompts of 1..``max_prompt`` tokens, right-padded responses of 2..``max_response``).
+
+    Row 0 has a prompt of one token and a response of exactly one valid token; every other row
+    has some masked-out "observation" tokens in its response (each kept with probability 0.75,
+    the first always). Rows form groups of ``group_size`` consecutive rows. The same arguments
+    give the same batch on every call.
+    """
+    g = torch.Generator().manual_seed(seed)
+    prompts, responses, masks = [], [], []
+    for i in range(b):
+        n_prompt = 1 if i == 0 else int(torch.randint(1, max_prompt + 1, (), generator=g))
+        n_response = 1 if i == 0 else int(torch.randint(2, max_response + 1, (), generator=g))
+        prompts.append(torch.randint(3, VOCAB, (n_prompt,), generator=g).tolist())
+        responses.append(torch.randint(3, VOCAB, (n_response,), generator=g).tolist())
+        mask = (torch.rand(n_response, generator=g) > 0.25).tolist()
+        mask[0] = True
+        masks.append(mask)
+    return Rollouts.from_lists(
+        prompts,
+        responses,
+        response_masks=masks,
+        group_ids=torch.arange(b) // group_size,
+        pad_token_id=0,
+    )
+
+
+def tiny_trainer(
+    dtype: torch.dtype = torch.float32,
+    *,
+    seed: int = 0,
+    device: str = "cpu",
+    reference: Any = None,
+    lr: float = 1e-2,
+    **settings: Any,
+) -> PolicyTrainer:
+    """A `PolicyTrainer` around a fresh tiny model (``rb.models.tiny(seed=seed)``, weights in
+    ``dtype``, on ``device``) with its tokenizer.
+
+    No reference unless asked (``reference="copy"``, or ``"auto"`` for the library's default):
+    most tests score none, and a frozen copy doubles the memory. ``settings`` go to
+    `PolicyTrainer` as given: ``lora``, ``config``, or any `TrainConfig` field
+    (``micro_batch_size=2``, ``log_entropy=True``, ...). Two calls with the same arguments give
+    two trainers with the same weights.
+    """
+    model, tokenizer = tiny(seed=seed, dtype=dtype)
+    return PolicyTrainer(
+        model.to(device), tokenizer=tokenizer, reference=reference, lr=lr, **settings
+    )
