@@ -114,9 +114,9 @@ def sample_informative_groups(
             f"need max_rounds >= 1 and groups_needed >= 1 (or None)"
         )
     parts: list[tuple[Rollouts, Tensor]] = []
-    rounds: list[dict[str, Any]] = []
+    scored: list[dict[str, Any]] = []  # per round: reward metrics, accuracy
     generated = collected = 0
-    while len(rounds) < max_rounds and (groups_needed is None or collected < groups_needed):
+    while len(scored) < max_rounds and (groups_needed is None or collected < groups_needed):
         rollouts = next(rounds, None)
         if rollouts is None:
             break
@@ -127,10 +127,10 @@ def sample_informative_groups(
         keep, counts = keep_informative_groups(accuracy, rollouts.group_ids)  # eq. 11
         generated += int(counts["filter/groups_kept"] + counts["filter/groups_filtered"])
         collected += int(counts["filter/groups_kept"])
-        rounds.append({"metrics": reward_metrics, "accuracy": accuracy.float()})
+        scored.append({"metrics": reward_metrics, "accuracy": accuracy.float()})
         if keep.any():
             parts.append((rollouts.select(keep), rewards[keep].float()))
-    return _first_groups(parts, rounds, groups_needed or 0, generated, collected, max_rounds)
+    return _first_groups(parts, scored, groups_needed or 0, generated, collected, max_rounds)
 
 
 @recipe

@@ -77,11 +77,14 @@ def main() -> None:
     common = {
         "steps": args.steps,
         "sampling": rb.SamplingParams(max_new_tokens=8),
-        "on_step": on_step,
-        "progress": False,
-        "checkpoint": ckpt,
-        "resume": args.resume,
-        "tracker": rb.tracking.Tracker(args.out, samples_every=2),  # metrics.jsonl, samples.jsonl
+        "run": rb.run.RunOptions(
+            on_step=on_step,
+            progress=False,
+            checkpoint=ckpt,
+            resume=args.resume,
+            # metrics.jsonl, samples.jsonl
+            tracker=rb.tracking.Tracker(args.out, samples_every=2),
+        ),
     }
     reward = rb.rewards.per_sample(digit_fraction, timeout=None)
     data = HangingBatches(count_prompts(), prompts_per_step=4, seed=0, hang_at=args.hang_in_save)
