@@ -1,8 +1,8 @@
 """A live training dashboard: a progress bar with ETA, the curves, a few sample completions.
 
     dash = rb.notebook.Dashboard(total_steps=30)
-    history = rb.recipes.grpo(policy, engine, reward, batches, steps=30, on_step=dash,
-                              progress=False)
+    history = rb.recipes.grpo(policy, engine, reward, batches, steps=30,
+                              run=rb.run.RunOptions(on_step=dash, progress=False))
 
 In a Jupyter kernel with ipywidgets it shows widgets that update in place; elsewhere a tqdm bar
 and one printed line per step. The dashboard closes itself after ``total_steps`` updates (call
@@ -10,7 +10,8 @@ and one printed line per step. The dashboard closes itself after ``total_steps``
 final figure and samples as static outputs, so an executed notebook keeps them even where widget
 state is not saved. An update after closing raises ``RuntimeError``.
 
-With a dashboard, pass ``progress=False`` to the recipe: its own tqdm bar would show twice.
+With a dashboard, pass ``RunOptions(progress=False)`` to the recipe: its own tqdm bar would
+show twice.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`Tracker`: one run's metrics, configuration and sample completions, sent to every backend.
 
     tracker = rb.tracking.Tracker("runs/grpo", report_to=("tensorboard", "wandb"))
-    rb.recipes.grpo(..., tracker=tracker)   # starts it with the run's configuration, logs each step
+    rb.recipes.grpo(..., run=rb.run.RunOptions(tracker=tracker))  # starts it, logs each step
     tracker.close()
 
 ``metrics.jsonl`` is always written when there is a folder (`rlblocks.tracking.jsonl`); the
