@@ -121,7 +121,7 @@ with rb.tracking.Tracker(RUN, report_to=[dash]) as tracker:
         sampling=rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0),
         gamma=1.0, lam=0.95, critic_warmup_steps=1,
         kl_controller=rb.losses.AdaptiveKLController(0.05, target=1.0, horizon=1000),
-        checkpoint=ckpt, resume="auto", tracker=tracker, progress=False,
+        run=rb.run.RunOptions(checkpoint=ckpt, resume="auto", tracker=tracker, progress=False),
     )
 dash.close()
 print("β per step:", [round(h["kl/coef"], 4) for h in history])

@@ -84,7 +84,8 @@ dash = rb.notebook.Dashboard(total_steps=STEPS)
 grpo_history = rb.recipes.grpo(
     policy, engine, rb.rewards.math_answer, PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0),
     steps=STEPS, group_size=GROUP_SIZE, sampling=sampling,
-    loss_fn=partial(rb.losses.clipped_surrogate, clip=(0.2, 0.2)), on_step=dash.update, progress=False,
+    loss_fn=partial(rb.losses.clipped_surrogate, clip=(0.2, 0.2)),
+    run=rb.run.RunOptions(on_step=dash.update, progress=False),
 )
 dash.close()
 grpo_after = accuracy(engine)
@@ -101,7 +102,7 @@ dash = rb.notebook.Dashboard(total_steps=STEPS)
 dapo_history = rb.recipes.dapo(
     policy, engine, rb.rewards.math_answer, PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0),
     steps=STEPS, group_size=GROUP_SIZE, sampling=sampling, clip=(0.2, 0.28), max_rounds=4,
-    on_step=dash.update, progress=False,
+    run=rb.run.RunOptions(on_step=dash.update, progress=False),
 )
 dash.close()
 dapo_after = accuracy(engine)

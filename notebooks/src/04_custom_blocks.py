@@ -122,7 +122,7 @@ dash = rb.notebook.Dashboard(total_steps=STEPS)
 history = rb.recipes.grpo(
     policy, engine, reward, PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0),
     steps=STEPS, group_size=GROUP_SIZE, sampling=sampling, loss_fn=my_loss,
-    on_step=dash.update, progress=False,
+    run=rb.run.RunOptions(on_step=dash.update, progress=False),
 )
 dash.close()
 print(f"reward: {history[0]['reward/mean']:.3f} -> {history[-1]['reward/mean']:.3f}")
