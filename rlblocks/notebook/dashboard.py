@@ -52,8 +52,8 @@ def in_notebook() -> bool:
 
 
 class Dashboard:
-    """Shows training progress live; pass it (or its :meth:`update`) as a recipe's ``on_step``,
-    or put it in a tracker's ``report_to``: it then follows the tracking backend contract
+    """Shows training progress live; pass it (or its :meth:`update`) as ``on_step`` of a
+    recipe's ``run=rb.run.RunOptions(...)``, or put it in a tracker's ``report_to``: it then follows the tracking backend contract
     (:meth:`start`, :meth:`log_metrics`, :meth:`log_samples`, :meth:`close`) and shows exactly
     what the tracker logs, samples at the tracker's samples steps.
 
@@ -115,7 +115,7 @@ class Dashboard:
         rollouts: Rollouts | None = None,
         rewards: Any = None,
     ) -> None:
-        """Record one step and redraw; the signature of the recipes' ``on_step`` callback.
+        """Record one step and redraw; the signature of ``RunOptions.on_step``.
 
         ``metrics``: the step's metrics; scalars (numbers, one-element tensors) enter the
         history, anything else is ignored. ``rollouts``: the step's batch, for sample

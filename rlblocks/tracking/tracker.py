@@ -131,7 +131,7 @@ class Tracker:
     def __call__(
         self, step: int, metrics: Mapping[str, Any], rollouts: Rollouts | None = None
     ) -> None:
-        """:meth:`log`, with the signature of a recipe's ``on_step``."""
+        """:meth:`log`, with the signature of ``RunOptions.on_step``."""
         self.log(step, metrics, rollouts)
 
     def close(self) -> None:
