@@ -92,9 +92,7 @@ def main() -> None:
         group_size=6,
         sampling=rb.SamplingParams(max_new_tokens=32),
         resharder=resharder,
-        on_step=on_step,
-        reuse_rollout_logprobs=True,
-        progress=False,
+        run=rb.run.RunOptions(on_step=on_step, progress=False, old_logprobs="rollout"),
     )
     path = root / f"step-{args.steps:08d}"
     start = time.perf_counter()

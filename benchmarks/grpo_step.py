@@ -17,7 +17,7 @@ index and the same shapes:
   loss_fn=partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28)))`` with its defaults: the
   engine samples with the trainer's own module, so its log-probs are π_old and nothing is
   scored before the update (``rlblocks-recompute`` scores π_old anyway, one forward more).
-- **rlblocks-async**: the same recipe one step off (``async_rollout=rb.recipes.OneStepOff(
+- **rlblocks-async**: the same recipe one step off (``run=rb.run.RunOptions(staleness=1,
   old_logprobs="rollout")``): the engine, on its own copy of the weights, samples the next
   batch in a thread while the trainer updates; π_old is the engine's log-probs
   (``rlblocks-async-recompute`` scores it with the trainer). With ``--threads 1`` the two
@@ -64,8 +64,8 @@ trackio: ``ProfilingContext._log_metrics`` is wrapped here to record them. A TRL
 by a ``TrainerCallback`` from ``on_step_begin`` to ``on_step_end``.
 
 **Adding a system** is a function ``(Setup) -> list[StepTime] | None`` and an entry in
-``SYSTEMS``; a variant of the recipe is a ``partial`` of ``run_rlblocks`` with recipe keywords,
-as ``rlblocks-recompute`` and ``rlblocks-async`` are. ``torch.set_num_threads(--threads)`` is called before every run and the count
+``SYSTEMS``; a variant of the recipe is a ``partial`` of ``run_rlblocks`` with
+`rlblocks.run.RunOptions` keywords, as ``rlblocks-recompute`` and ``rlblocks-async`` are. ``torch.set_num_threads(--threads)`` is called before every run and the count
 seen during the steps printed. ``--model tiny`` runs it all in seconds (the test suite does).
 """
 
@@ -216,14 +216,14 @@ def run_floor(setup: Setup) -> list[StepTime]:
 
 
 # ---------------------------------------------------------------------- rlblocks
-def run_rlblocks(
-    setup: Setup, *, overlap: rb.recipes.OneStepOff | None = None, **recipe_kwargs
-) -> list[StepTime]:
-    """``rb.recipes.grpo`` as a user calls it; ``recipe_kwargs`` make variants of it.
+def run_rlblocks(setup: Setup, **run_options) -> list[StepTime]:
+    """``rb.recipes.grpo`` as a user calls it; ``run_options`` (`rlblocks.run.RunOptions`
+    keywords: ``staleness``, ``old_logprobs``) make variants of it.
 
-    ``overlap``: one-step-off rollouts; the engine then samples with its own copy of the
+    ``staleness=1``: one-step-off rollouts; the engine then samples with its own copy of the
     weights (synced after every update), and the run takes one more step at the end, left out
     like the warm-up: a run's last step has no next batch to sample during its update."""
+    overlap = run_options.get("staleness", 0) > 0
     policy = rb.trainer.PolicyTrainer.from_pretrained(
         setup.model, lr=setup.lr, reference="copy" if setup.beta else None
     )
@@ -250,10 +250,7 @@ def run_rlblocks(
         group_size=setup.group_size,
         sampling=sampling,
         loss_fn=loss,
-        on_step=on_step,
-        progress=False,
-        async_rollout=overlap,
-        **recipe_kwargs,
+        run=rb.run.RunOptions(on_step=on_step, progress=False, **run_options),
     )
     steps = [
         StepTime(m["step_seconds"], {p: m[f"time/{p}"] for p in PHASES}, *c)
@@ -386,9 +383,9 @@ SYSTEMS: dict[str, System] = {
     "floor": run_floor,
     "rlblocks": run_rlblocks,
     "trl": run_trl,
-    "rlblocks-async": partial(run_rlblocks, overlap=rb.recipes.OneStepOff(old_logprobs="rollout")),
-    "rlblocks-async-recompute": partial(run_rlblocks, overlap=rb.recipes.OneStepOff()),
-    "rlblocks-recompute": partial(run_rlblocks, reuse_rollout_logprobs=False),
+    "rlblocks-async": partial(run_rlblocks, staleness=1, old_logprobs="rollout"),
+    "rlblocks-async-recompute": partial(run_rlblocks, staleness=1, old_logprobs="recompute"),
+    "rlblocks-recompute": partial(run_rlblocks, old_logprobs="recompute"),
 }
 
 

@@ -65,24 +65,16 @@ torch.manual_seed(0)
 # a 135M model, so that GRPO has a learning signal from the first step.
 
 # %%
-policy = rb.trainer.PolicyTrainer.from_pretrained(
-    MODEL, lr=3e-5, micro_batch_size=8, reference=None
-)
-engine = rb.rollout.HFEngine(
-    policy.model, policy.tokenizer, chat=True
-)  # or: rb.rollout.VLLMEngine(MODEL, chat=True)
+policy = rb.trainer.PolicyTrainer.from_pretrained(MODEL, lr=3e-5, micro_batch_size=8, reference=None)
+engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)  # or: rb.rollout.VLLMEngine(MODEL, chat=True)
 resharder = rb.resharder.Resharder()
-reward = rb.rewards.math_answer  # 1 if the last number is right
-advantage = rb.advantage.grpo  # group-standardized reward
-loss = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))  # DAPO's clip-higher
+reward = rb.rewards.math_answer                                   # 1 if the last number is right
+advantage = rb.advantage.grpo                                     # group-standardized reward
+loss = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))    # DAPO's clip-higher
 sampling = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
 
-task = partial(
-    arithmetic_prompts,
-    difficulty=Difficulty(operands=2, max_operand=10, operators="+"),
-    chat=True,
-    instruction="Answer with just the number.",
-)
+task = partial(arithmetic_prompts, difficulty=Difficulty(operands=2, max_operand=10, operators="+"),
+               chat=True, instruction="Answer with just the number.")
 train, held_out = task(n=2000, split="train"), task(n=EVAL_SIZE, split="test")
 batches = PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0)
 
@@ -128,9 +120,7 @@ print(f"max |engine - trainer| log-prob over the batch: {gap:.2e}")
 
 # %%
 greedy = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=0.0)
-before = rb.recipes.evaluate(
-    engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy
-)
+before = rb.recipes.evaluate(engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy)
 print(f"held-out accuracy before: {before.score:.3f}")
 
 # %% [markdown]
@@ -141,17 +131,13 @@ print(f"held-out accuracy before: {before.score:.3f}")
 # %%
 dash = rb.notebook.Dashboard(total_steps=STEPS)
 for step, batch in zip(range(STEPS), batches):
-    ro = engine.generate(
-        batch.prompts, group_size=GROUP_SIZE, sampling=sampling, metadata=batch.metadata
-    )
+    ro = engine.generate(batch.prompts, group_size=GROUP_SIZE, sampling=sampling, metadata=batch.metadata)
     rewards, reward_metrics = reward(ro)
     adv, _ = advantage(rewards, ro.response_mask, ro.group_ids)
     metrics = policy.step(ro, adv, loss_fn=loss)
     metrics |= resharder.sync(policy, engine)
-    metrics |= reward_metrics | {
-        "accuracy": reward_metrics["reward/mean"],
-        "response_length": ro.response_lengths.float().mean().item(),
-    }
+    metrics |= reward_metrics | {"accuracy": reward_metrics["reward/mean"],
+                                 "response_length": ro.response_lengths.float().mean().item()}
     dash.update(step, metrics, ro.replace(rewards=rewards))
 dash.close()
 
@@ -159,9 +145,7 @@ dash.close()
 # ## Accuracy after training
 
 # %%
-after = rb.recipes.evaluate(
-    engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy
-)
+after = rb.recipes.evaluate(engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy)
 print(f"held-out accuracy: before {before.score:.3f} -> after {after.score:.3f}")
 for prompt, completion, score in after.samples(3):
     print(f"[{score:.0f}] {completion.strip()[:80]!r}")

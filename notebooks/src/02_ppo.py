@@ -89,17 +89,11 @@ policy = rb.trainer.PolicyTrainer.from_pretrained(MODEL, lr=2e-5, micro_batch_si
 critic = rb.critic.CriticTrainer(rb.critic.ValueModel(policy.model), lr=1e-4, micro_batch_size=8)
 engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)
 reward = rb.rewards.math_answer
-task = partial(
-    arithmetic_prompts,
-    difficulty=Difficulty(operands=2, max_operand=10, operators="+"),
-    chat=True,
-    instruction="Answer with just the number.",
-)
+task = partial(arithmetic_prompts, difficulty=Difficulty(operands=2, max_operand=10, operators="+"),
+               chat=True, instruction="Answer with just the number.")
 train, held_out = task(n=2000, split="train"), task(n=EVAL_SIZE, split="test")
 greedy = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=0.0)
-before = rb.recipes.evaluate(
-    engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy
-)
+before = rb.recipes.evaluate(engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy)
 print(f"held-out accuracy before: {before.score:.3f}")
 
 # %% [markdown]
@@ -122,31 +116,19 @@ ckpt = rb.checkpoint.Checkpointer(f"{RUN}/checkpoints", every=4, keep_last=1)
 dash = rb.notebook.Dashboard(total_steps=STEPS)
 with rb.tracking.Tracker(RUN, report_to=[dash]) as tracker:
     history = rb.recipes.ppo(
-        policy,
-        critic,
-        engine,
-        reward,
-        PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0),
-        steps=STEPS,
-        samples_per_prompt=SAMPLES,
+        policy, critic, engine, reward, PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0),
+        steps=STEPS, group_size=SAMPLES,
         sampling=rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0),
-        gamma=1.0,
-        lam=0.95,
-        critic_warmup_steps=1,
+        gamma=1.0, lam=0.95, critic_warmup_steps=1,
         kl_controller=rb.losses.AdaptiveKLController(0.05, target=1.0, horizon=1000),
-        checkpoint=ckpt,
-        resume="auto",
-        tracker=tracker,
-        progress=False,
+        run=rb.run.RunOptions(checkpoint=ckpt, resume="auto", tracker=tracker, progress=False),
     )
 dash.close()
 print("β per step:", [round(h["kl/coef"], 4) for h in history])
 print("explained variance:", [round(h["vf_explained_var"], 2) for h in history])
 
 # %%
-after = rb.recipes.evaluate(
-    engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy
-)
+after = rb.recipes.evaluate(engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy)
 print(f"held-out accuracy: before {before.score:.3f} -> after {after.score:.3f}")
 
 # %% [markdown]

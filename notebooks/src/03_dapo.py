@@ -54,12 +54,8 @@ import torch
 import rlblocks as rb
 from rlblocks.data import Difficulty, PromptBatches, arithmetic_prompts
 
-task = partial(
-    arithmetic_prompts,
-    difficulty=Difficulty(operands=2, max_operand=10, operators="+"),
-    chat=True,
-    instruction="Answer with just the number.",
-)
+task = partial(arithmetic_prompts, difficulty=Difficulty(operands=2, max_operand=10, operators="+"),
+               chat=True, instruction="Answer with just the number.")
 train, held_out = task(n=2000, split="train"), task(n=EVAL_SIZE, split="test")
 sampling = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
 greedy = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=0.0)
@@ -69,21 +65,14 @@ def fresh_blocks():
     torch.manual_seed(0)
     # Three optimizer steps per batch (mini-batches of 16 rows): after the first, the policy has
     # moved away from the one that sampled, the ratio leaves 1 and the clip bounds matter.
-    policy = rb.trainer.PolicyTrainer.from_pretrained(
-        MODEL, lr=3e-5, micro_batch_size=8, mini_batch_size=16, reference=None
-    )
+    policy = rb.trainer.PolicyTrainer.from_pretrained(MODEL, lr=3e-5, micro_batch_size=8,
+                                                      mini_batch_size=16, reference=None)
     return policy, rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True, progress=False)
 
 
 def accuracy(engine):
-    return rb.recipes.evaluate(
-        engine,
-        held_out.prompts,
-        rb.rewards.math_answer,
-        metadata=held_out.metadata,
-        sampling=greedy,
-    ).score
-
+    return rb.recipes.evaluate(engine, held_out.prompts, rb.rewards.math_answer,
+                               metadata=held_out.metadata, sampling=greedy).score
 
 # %% [markdown]
 # ## GRPO: symmetric clip (0.2, 0.2), every group kept
@@ -93,16 +82,10 @@ policy, engine = fresh_blocks()
 before = accuracy(engine)
 dash = rb.notebook.Dashboard(total_steps=STEPS)
 grpo_history = rb.recipes.grpo(
-    policy,
-    engine,
-    rb.rewards.math_answer,
-    PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0),
-    steps=STEPS,
-    group_size=GROUP_SIZE,
-    sampling=sampling,
+    policy, engine, rb.rewards.math_answer, PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0),
+    steps=STEPS, group_size=GROUP_SIZE, sampling=sampling,
     loss_fn=partial(rb.losses.clipped_surrogate, clip=(0.2, 0.2)),
-    on_step=dash.update,
-    progress=False,
+    run=rb.run.RunOptions(on_step=dash.update, progress=False),
 )
 dash.close()
 grpo_after = accuracy(engine)
@@ -117,25 +100,15 @@ grpo_after = accuracy(engine)
 policy, engine = fresh_blocks()
 dash = rb.notebook.Dashboard(total_steps=STEPS)
 dapo_history = rb.recipes.dapo(
-    policy,
-    engine,
-    rb.rewards.math_answer,
-    PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0),
-    steps=STEPS,
-    group_size=GROUP_SIZE,
-    sampling=sampling,
-    clip=(0.2, 0.28),
-    max_rounds=4,
-    on_step=dash.update,
-    progress=False,
+    policy, engine, rb.rewards.math_answer, PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0),
+    steps=STEPS, group_size=GROUP_SIZE, sampling=sampling, clip=(0.2, 0.28), max_rounds=4,
+    run=rb.run.RunOptions(on_step=dash.update, progress=False),
 )
 dash.close()
 dapo_after = accuracy(engine)
 for h in dapo_history:
-    print(
-        f"generated {h['sampling/groups_generated']:.0f} groups, filtered "
-        f"{h['sampling/groups_filtered']:.0f}, rounds {h['sampling/rounds']:.0f}"
-    )
+    print(f"generated {h['sampling/groups_generated']:.0f} groups, filtered "
+          f"{h['sampling/groups_filtered']:.0f}, rounds {h['sampling/rounds']:.0f}")
 
 # %% [markdown]
 # ## What changed
@@ -176,9 +149,7 @@ folder = policy.save_pretrained(RUN / "dapo_policy")
 records = [{"run": "grpo", "step": step, **h} for step, h in enumerate(grpo_history)]
 records += [{"run": "dapo", "step": step, **h} for step, h in enumerate(dapo_history)]
 (RUN / "metrics.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
-(RUN / "eval.json").write_text(
-    json.dumps({"before": before, "grpo": grpo_after, "dapo": dapo_after})
-)
+(RUN / "eval.json").write_text(json.dumps({"before": before, "grpo": grpo_after, "dapo": dapo_after}))
 print("wrote", folder, sorted(p.name for p in folder.iterdir()))
 print("wrote", RUN / "metrics.jsonl", f"({len(records)} records) and", RUN / "eval.json")
 print(f"load it back: transformers.AutoModelForCausalLM.from_pretrained('{folder}')")

@@ -48,16 +48,10 @@ import rlblocks as rb
 from rlblocks.data import Difficulty, PromptBatches, arithmetic_prompts
 
 torch.manual_seed(0)
-policy = rb.trainer.PolicyTrainer.from_pretrained(
-    MODEL, lr=3e-5, micro_batch_size=8, reference="copy"
-)
+policy = rb.trainer.PolicyTrainer.from_pretrained(MODEL, lr=3e-5, micro_batch_size=8, reference="copy")
 engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)
-train = arithmetic_prompts(
-    n=1000,
-    difficulty=Difficulty(operands=2, max_operand=10, operators="+"),
-    chat=True,
-    instruction="Answer with just the number.",
-)
+train = arithmetic_prompts(n=1000, difficulty=Difficulty(operands=2, max_operand=10, operators="+"),
+                           chat=True, instruction="Answer with just the number.")
 sampling = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS)
 
 # %% [markdown]
@@ -66,7 +60,6 @@ sampling = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS)
 # Correct answers score 1; a short answer earns a bonus of up to 0.2:
 # $r = \mathbb{1}[\text{correct}] + 0.2\,\max(0, 1 - |y|/32)$ with $|y|$ in characters.
 
-
 # %%
 def brevity(completion: str, **row) -> float:
     return max(0.0, 1.0 - len(completion) / 32)
@@ -74,9 +67,7 @@ def brevity(completion: str, **row) -> float:
 
 reward = rb.rewards.combine({rb.rewards.math_answer: 1.0, rb.rewards.per_sample(brevity): 0.2})
 
-ro = engine.generate(
-    train.prompts[:2], group_size=2, sampling=sampling, metadata=train.metadata[:2]
-)
+ro = engine.generate(train.prompts[:2], group_size=2, sampling=sampling, metadata=train.metadata[:2])
 rewards, metrics = reward(ro)
 print(rewards.tolist())
 print({k: round(v, 3) for k, v in metrics.items()})
@@ -85,10 +76,9 @@ print({k: round(v, 3) for k, v in metrics.items()})
 # A reward that crashes on some rows does not kill the batch: those rows get the fallback
 # score and are counted, so a bug shows up in the metrics instead of ending the run.
 
-
 # %%
 def fragile(completion: str, ground_truth: str, **row) -> float:
-    return float(int(completion.strip()) == int(ground_truth))  # raises on non-numbers
+    return float(int(completion.strip()) == int(ground_truth))   # raises on non-numbers
 
 
 rewards, metrics = rb.rewards.per_sample(fragile, fallback=0.0)(ro)
@@ -101,7 +91,6 @@ print(rewards.tolist(), "failures:", metrics["reward/failures"])
 # $\mathcal{L}_t = \ell^{\text{clip}}_t + \beta\,\big(\tfrac{\pi_{\text{ref}}}{\pi_\theta} - 1 - \log\tfrac{\pi_{\text{ref}}}{\pi_\theta}\big)$.
 # Asking for `ref_logprobs` by name is enough: the trainer sees the keyword in the signature and
 # passes the reference log-probs.
-
 
 # %%
 def clip_plus_kl(logprobs, old_logprobs, advantages, mask, /, *, ref_logprobs, beta=0.04):
@@ -131,16 +120,9 @@ print("gradient at ratio 1 == -advantage: OK")
 # %%
 dash = rb.notebook.Dashboard(total_steps=STEPS)
 history = rb.recipes.grpo(
-    policy,
-    engine,
-    reward,
-    PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0),
-    steps=STEPS,
-    group_size=GROUP_SIZE,
-    sampling=sampling,
-    loss_fn=my_loss,
-    on_step=dash.update,
-    progress=False,
+    policy, engine, reward, PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0),
+    steps=STEPS, group_size=GROUP_SIZE, sampling=sampling, loss_fn=my_loss,
+    run=rb.run.RunOptions(on_step=dash.update, progress=False),
 )
 dash.close()
 print(f"reward: {history[0]['reward/mean']:.3f} -> {history[-1]['reward/mean']:.3f}")

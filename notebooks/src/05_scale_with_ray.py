@@ -131,9 +131,7 @@ dash = rb.notebook.Dashboard(
     total_steps=STEPS, metrics=[*rb.notebook.CURVES, ("sync/seconds", "weight sync (s)")]
 )
 for step, batch in zip(range(STEPS), batches):
-    ro = engine.generate(
-        batch.prompts, group_size=GROUP_SIZE, sampling=sampling, metadata=batch.metadata
-    )
+    ro = engine.generate(batch.prompts, group_size=GROUP_SIZE, sampling=sampling, metadata=batch.metadata)
     rewards, reward_metrics = reward(ro)
     adv, _ = advantage(rewards, ro.response_mask, ro.group_ids)
     metrics = policy.step(ro, adv, loss_fn=loss)
@@ -162,9 +160,7 @@ for h in dash.history:
 # rounding; a missed or partial sync would show up here as a gap of order 1e-3 or more.
 
 # %%
-ro = engine.generate(
-    held_out.prompts[:4], group_size=2, sampling=sampling, metadata=held_out.metadata[:4]
-)
+ro = engine.generate(held_out.prompts[:4], group_size=2, sampling=sampling, metadata=held_out.metadata[:4])
 gap = (ro.rollout_logprobs - policy.logprobs(ro))[ro.response_mask].abs().max().item()
 print(f"engine version {resharder.version}; max |engine - trainer| log-prob: {gap:.2e}")
 

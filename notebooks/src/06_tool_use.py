@@ -60,9 +60,7 @@ import rlblocks as rb
 from rlblocks.data import Difficulty, PromptBatches, arithmetic_prompts
 
 torch.manual_seed(SEED)
-policy = rb.trainer.PolicyTrainer.from_pretrained(
-    MODEL, lr=5e-5, micro_batch_size=8, reference=None
-)
+policy = rb.trainer.PolicyTrainer.from_pretrained(MODEL, lr=5e-5, micro_batch_size=8, reference=None)
 engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)
 level = Difficulty(operands=3, max_operand=200, operators="+-*", max_factor=20, word_problems=0.0)
 task = partial(arithmetic_prompts, difficulty=level, instruction=None)
@@ -80,23 +78,17 @@ print(held_out.prompts[:3], held_out.metadata[0]["ground_truth"])
 # %%
 print(rb.envs.tool_schema(rb.envs.calculator)["function"]["description"])
 print(rb.envs.calculator("(49 + 160) * 9"))
-print(
-    rb.envs.call_tool(rb.envs.calculator, {"expression": "2 ** 1000 ** 10"}, timeout=1.0)
-)  # what the model reads
+print(rb.envs.call_tool(rb.envs.calculator, {"expression": "2 ** 1000 ** 10"}, timeout=1.0))  # what the model reads
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>'
 TOOLS_PROMPT = "You can use a calculator tool."
 EXAMPLES = []
-for question, expression, value in [
-    ("Compute 12 * 7 + 5.", "12 * 7 + 5", "89"),
-    ("What is (45 - 3) * 9?", "(45 - 3) * 9", "378"),
-]:
-    EXAMPLES += [
-        {"role": "user", "content": question},
-        {"role": "assistant", "content": CALL % expression},
-        {"role": "tool", "name": "calculator", "content": value},
-        {"role": "assistant", "content": f"The answer is {value}."},
-    ]
+for question, expression, value in [("Compute 12 * 7 + 5.", "12 * 7 + 5", "89"),
+                                    ("What is (45 - 3) * 9?", "(45 - 3) * 9", "378")]:
+    EXAMPLES += [{"role": "user", "content": question},
+                 {"role": "assistant", "content": CALL % expression},
+                 {"role": "tool", "name": "calculator", "content": value},
+                 {"role": "assistant", "content": f"The answer is {value}."}]
 
 
 def answer_is_right(completion: str, ground_truth: str, **row) -> float:
@@ -114,9 +106,7 @@ agent = rb.envs.AgentEngine(engine, env, max_turns=2, tools_prompt=TOOLS_PROMPT)
 sampling = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=TEMPERATURE)
 ro = agent.generate(train.prompts[:1], group_size=1, sampling=sampling, metadata=train.metadata[:1])
 info = ro.metadata[0]["agent"]
-print(
-    f"turns {info['turns']}, tool calls {info['tool_calls']}, reward {info['reward']}, end {info['end']}"
-)
+print(f"turns {info['turns']}, tool calls {info['tool_calls']}, reward {info['reward']}, end {info['end']}")
 ids, mask = ro.response_ids[0], ro.response_mask[0]
 valid = ro.response_attention_mask[0]
 for trained in (True, False):
@@ -134,22 +124,17 @@ greedy = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=0.0)
 
 
 def check(label: str) -> dict:
-    result = rb.recipes.evaluate(
-        agent, held_out.prompts, rb.envs.env_reward, metadata=held_out.metadata, sampling=greedy
-    )
+    result = rb.recipes.evaluate(agent, held_out.prompts, rb.envs.env_reward,
+                                 metadata=held_out.metadata, sampling=greedy)
     stats = rb.envs.agent_metrics(result.rollouts)
-    row = {
-        "accuracy": result.score,
-        "tool_call_rate": stats["agent/tool_call_rate"],
-        "tool_errors": stats["agent/tool_errors"],
-    }
+    row = {"accuracy": result.score, "tool_call_rate": stats["agent/tool_call_rate"],
+           "tool_errors": stats["agent/tool_errors"]}
     print(label, {k: round(v, 3) for k, v in row.items()})
     return row
 
 
-alone = rb.recipes.evaluate(
-    engine, held_out.prompts, rb.rewards.math_answer, metadata=held_out.metadata, sampling=greedy
-)
+alone = rb.recipes.evaluate(engine, held_out.prompts, rb.rewards.math_answer,
+                            metadata=held_out.metadata, sampling=greedy)
 print(f"without the tool: accuracy {alone.score:.3f}")
 before = check("with the tool, before:")
 
@@ -165,9 +150,7 @@ loss = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))
 batches = PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=SEED)
 dash = rb.notebook.Dashboard(total_steps=STEPS)
 for step, batch in zip(range(STEPS), batches):
-    ro = agent.generate(
-        batch.prompts, group_size=GROUP_SIZE, sampling=sampling, metadata=batch.metadata
-    )
+    ro = agent.generate(batch.prompts, group_size=GROUP_SIZE, sampling=sampling, metadata=batch.metadata)
     rewards, reward_metrics = rb.envs.env_reward(ro)
     adv, _ = advantage(rewards, ro.response_mask, ro.group_ids)
     metrics = policy.step(ro, adv, loss_fn=loss)  # the agent samples with policy.model: no sync
@@ -182,11 +165,10 @@ dash.close()
 after = check("with the tool, after: ")
 for key in before:
     print(f"{key:>15}: {before[key]:.3f} -> {after[key]:.3f}")
-result = rb.recipes.evaluate(
-    agent, held_out.prompts[:2], rb.envs.env_reward, metadata=held_out.metadata[:2], sampling=greedy
-)
+result = rb.recipes.evaluate(agent, held_out.prompts[:2], rb.envs.env_reward,
+                             metadata=held_out.metadata[:2], sampling=greedy)
 for messages in (r["agent"]["messages"] for r in result.rollouts.metadata):
-    print([(m["role"], m["content"][:60]) for m in messages[len(EXAMPLES) :]])
+    print([(m["role"], m["content"][:60]) for m in messages[len(EXAMPLES):]])
 
 # %% [markdown]
 # ## Save the policy and the metrics
@@ -203,9 +185,7 @@ from pathlib import Path
 RUN = Path("runs/06_tool_use")
 folder = policy.save_pretrained(RUN / "policy")
 (RUN / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in dash.history))
-(RUN / "eval.json").write_text(
-    json.dumps({"without_tool": alone.score, "before": before, "after": after})
-)
+(RUN / "eval.json").write_text(json.dumps({"without_tool": alone.score, "before": before, "after": after}))
 print("wrote", folder, sorted(p.name for p in folder.iterdir()))
 print("wrote", RUN / "metrics.jsonl", f"({len(dash.history)} steps) and", RUN / "eval.json")
 print(f"load it back: transformers.AutoModelForCausalLM.from_pretrained('{folder}')")

@@ -56,9 +56,7 @@ import rlblocks as rb
 from rlblocks.data import PromptBatches, arithmetic_prompts
 
 torch.manual_seed(0)
-task = partial(
-    arithmetic_prompts, difficulty=1, chat=True, instruction="Answer with just the number."
-)
+task = partial(arithmetic_prompts, difficulty=1, chat=True, instruction="Answer with just the number.")
 train, held_out = task(n=2000, split="train"), task(n=EVAL_SIZE, split="test", distinct=True)
 reward = rb.rewards.math_answer
 sampling = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
@@ -67,17 +65,13 @@ greedy = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=0.0)
 
 def accuracy(engine) -> float:
     """Greedy accuracy on the held-out problems: distinct sums, none of them in training."""
-    result = rb.recipes.evaluate(
-        engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy
-    )
+    result = rb.recipes.evaluate(engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy)
     return result.score
 
 
 def blocks(**trainer_options):
     """A fresh policy from the built-in model, and an engine sharing its weights."""
-    policy = rb.trainer.PolicyTrainer.from_pretrained(
-        MODEL, lr=3e-5, micro_batch_size=8, **trainer_options
-    )
+    policy = rb.trainer.PolicyTrainer.from_pretrained(MODEL, lr=3e-5, micro_batch_size=8, **trainer_options)
     return policy, rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)
 
 
@@ -94,32 +88,20 @@ print(scores)
 # (`response_mask`). (Trained on the bare number instead, the main job's SmolLM2 ends every
 # answer but gets no more of them right: docs/beyond-rl/sft.md.)
 
-
 # %%
 def worked(row) -> dict:
-    return {
-        "prompt": row.prompt,
-        "completion": f"{row.metadata['expression']} = {row.ground_truth}",
-    }
+    return {"prompt": row.prompt, "completion": f"{row.metadata['expression']} = {row.ground_truth}"}
 
 
 data = rb.data.sft_data([worked(row) for row in train], policy.tokenizer)
 example = data.rollouts([0])
 print(repr(example.prompts[0][-60:]), "->", repr(example.completions[0]))
-print(
-    "trained tokens:",
-    policy.tokenizer.convert_ids_to_tokens(example.response_ids[0][example.response_mask[0]]),
-)
+print("trained tokens:", policy.tokenizer.convert_ids_to_tokens(example.response_ids[0][example.response_mask[0]]))
 
 # %%
 held = rb.data.sft_data([worked(row) for row in held_out], policy.tokenizer)
-sft_history = rb.recipes.sft(
-    policy,
-    rb.data.SFTBatches(data, batch_size=16, seed=0),
-    steps=SFT_STEPS,
-    held_out=held.rollouts(),
-    eval_every=max(1, SFT_STEPS // 2),
-)
+sft_history = rb.recipes.sft(policy, rb.data.SFTBatches(data, batch_size=16, seed=0), steps=SFT_STEPS,
+                             held_out=held.rollouts(), eval_every=max(1, SFT_STEPS // 2))
 scores["after SFT"] = accuracy(engine)
 print({k: round(v, 3) for k, v in sft_history[-1].items() if k in ("loss", "eval/nll")}, scores)
 
@@ -128,16 +110,9 @@ print({k: round(v, 3) for k, v in sft_history[-1].items() if k in ("loss", "eval
 # SFT left them.
 
 # %%
-rb.recipes.grpo(
-    policy,
-    engine,
-    reward,
-    PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0),
-    steps=RL_STEPS,
-    group_size=GROUP_SIZE,
-    sampling=sampling,
-    loss_fn=partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28)),
-)
+rb.recipes.grpo(policy, engine, reward, PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0),
+                steps=RL_STEPS, group_size=GROUP_SIZE, sampling=sampling,
+                loss_fn=partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28)))
 scores["after SFT + GRPO"] = accuracy(engine)
 print(scores)
 
@@ -154,20 +129,12 @@ print(scores)
 teacher = rb.trainer.Teacher(copy.deepcopy(policy.model), tokenizer=policy.tokenizer)
 student, student_engine = blocks(reference=None)
 distill_history = rb.recipes.distill(
-    student,
-    student_engine,
-    teacher,
-    PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=1),
-    steps=RL_STEPS,
-    group_size=GROUP_SIZE,
-    sampling=sampling,
+    student, student_engine, teacher, PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=1),
+    steps=RL_STEPS, group_size=GROUP_SIZE, sampling=sampling,
     loss_fn=partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28)),
 )
 scores["student after distillation"] = accuracy(student_engine)
-print(
-    "reverse KL to the teacher per step:",
-    [round(h["distill/reverse_kl"], 3) for h in distill_history],
-)
+print("reverse KL to the teacher per step:", [round(h["distill/reverse_kl"], 3) for h in distill_history])
 print(scores)
 
 # %%
@@ -189,13 +156,8 @@ plt.show()
 # %%
 dpo_policy, dpo_engine = blocks()  # reference="auto": a frozen copy of the initial weights
 dpo_history = rb.recipes.online_dpo(
-    dpo_policy,
-    dpo_engine,
-    reward,
-    PromptBatches(train, prompts_per_step=2 * PROMPTS_PER_STEP, seed=2),
-    steps=RL_STEPS,
-    sampling=sampling,
-    preference=partial(rb.losses.dpo, beta=0.1),
+    dpo_policy, dpo_engine, reward, PromptBatches(train, prompts_per_step=2 * PROMPTS_PER_STEP, seed=2),
+    steps=RL_STEPS, sampling=sampling, preference=partial(rb.losses.dpo, beta=0.1),
 )
 scores["online DPO"] = accuracy(dpo_engine)
 print("untied pairs per step:", [int(h["dpo/pairs"]) for h in dpo_history])

@@ -2,7 +2,7 @@
 
     ckpt = rb.checkpoint.Checkpointer("runs/ppo/checkpoints", every=10, keep_last=2)
     rb.recipes.ppo(policy, critic, engine, reward, batches, steps=200,
-                   checkpoint=ckpt, resume="auto")
+                   run=rb.run.RunOptions(checkpoint=ckpt, resume="auto"))
 
 See `rlblocks.checkpoint.checkpointer` for what a checkpoint holds, `rlblocks.checkpoint.folders`
 for how it is written so that a kill or a full disk never leaves a half-written one selected.

@@ -1,9 +1,11 @@
 """`Checkpointer`: saves and restores everything a run needs, atomically, keeping the last few.
 
     ckpt = rb.checkpoint.Checkpointer("runs/grpo/checkpoints", every=10, keep_last=2)
-    history = rb.recipes.grpo(..., steps=200, checkpoint=ckpt, resume="auto")
+    history = rb.recipes.grpo(..., steps=200,
+                              run=rb.run.RunOptions(checkpoint=ckpt, resume="auto"))
 
-Every recipe takes ``checkpoint=`` and ``resume=`` and does the rest; by hand::
+Every recipe takes ``checkpoint=`` and ``resume=`` in its ``run=`` (`rlblocks.run.RunOptions`)
+and does the rest; by hand::
 
     ckpt.save(step, {"policy": policy, "data": batches, "kl": controller}, history=history)
     restored = ckpt.load({"policy": policy, "data": batches, "kl": controller})

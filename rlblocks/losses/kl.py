@@ -159,7 +159,7 @@ def kl_regularized(
     ``ref_logprobs`` to ``loss_fn`` when ``loss_fn`` takes them (read once from its signature,
     as the trainer reads a loss's, with :func:`rlblocks.losses.inputs.loss_inputs`). Metrics:
     those of ``loss_fn`` and ``kl_loss`` (the mean k over valid tokens, detached; the recipes
-    also report it as ``kl/token``, see `rlblocks.recipes.loop`).
+    also report it as ``kl/token``, see `rlblocks.run.loop`).
     """
     wanted = loss_inputs(loss_fn).accepted
 

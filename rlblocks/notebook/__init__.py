@@ -1,7 +1,7 @@
 """Watching a run: a live dashboard for notebooks (text in a terminal), and its curves as a PNG.
 
     dash = rb.notebook.Dashboard(total_steps=30)        # widgets in Jupyter, tqdm elsewhere
-    rb.recipes.grpo(..., steps=30, on_step=dash, progress=False)
+    rb.recipes.grpo(..., steps=30, run=rb.run.RunOptions(on_step=dash, progress=False))
     rb.notebook.plot("runs/demo/metrics.jsonl", "curves.png")
 
 matplotlib, ipywidgets and IPython are imported only when a dashboard or a plot is made.

@@ -1,8 +1,8 @@
 """A live training dashboard: a progress bar with ETA, the curves, a few sample completions.
 
     dash = rb.notebook.Dashboard(total_steps=30)
-    history = rb.recipes.grpo(policy, engine, reward, batches, steps=30, on_step=dash,
-                              progress=False)
+    history = rb.recipes.grpo(policy, engine, reward, batches, steps=30,
+                              run=rb.run.RunOptions(on_step=dash, progress=False))
 
 In a Jupyter kernel with ipywidgets it shows widgets that update in place; elsewhere a tqdm bar
 and one printed line per step. The dashboard closes itself after ``total_steps`` updates (call
@@ -10,7 +10,8 @@ and one printed line per step. The dashboard closes itself after ``total_steps``
 final figure and samples as static outputs, so an executed notebook keeps them even where widget
 state is not saved. An update after closing raises ``RuntimeError``.
 
-With a dashboard, pass ``progress=False`` to the recipe: its own tqdm bar would show twice.
+With a dashboard, pass ``RunOptions(progress=False)`` to the recipe: its own tqdm bar would
+show twice.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def in_notebook() -> bool:
 
 
 class Dashboard:
-    """Shows training progress live; pass it (or its :meth:`update`) as a recipe's ``on_step``,
-    or put it in a tracker's ``report_to``: it then follows the tracking backend contract
+    """Shows training progress live; pass it (or its :meth:`update`) as ``on_step`` of a
+    recipe's ``run=rb.run.RunOptions(...)``, or put it in a tracker's ``report_to``: it then follows the tracking backend contract
     (:meth:`start`, :meth:`log_metrics`, :meth:`log_samples`, :meth:`close`) and shows exactly
     what the tracker logs, samples at the tracker's samples steps.
 
@@ -114,7 +115,7 @@ class Dashboard:
         rollouts: Rollouts | None = None,
         rewards: Any = None,
     ) -> None:
-        """Record one step and redraw; the signature of the recipes' ``on_step`` callback.
+        """Record one step and redraw; the signature of ``RunOptions.on_step``.
 
         ``metrics``: the step's metrics; scalars (numbers, one-element tensors) enter the
         history, anything else is ignored. ``rollouts``: the step's batch, for sample

@@ -1,7 +1,7 @@
 """Tracking: one logger for every recipe and the dashboard, with the same metric names everywhere.
 
     tracker = rb.tracking.Tracker("runs/grpo", report_to=("tensorboard", "mlflow"))
-    rb.recipes.grpo(..., tracker=tracker)
+    rb.recipes.grpo(..., run=rb.run.RunOptions(tracker=tracker))
     tracker.close()
 
 ``metrics.jsonl`` is always written (when there is a folder); TensorBoard, Weights & Biases

@@ -1,7 +1,7 @@
 """`Tracker`: one run's metrics, configuration and sample completions, sent to every backend.
 
     tracker = rb.tracking.Tracker("runs/grpo", report_to=("tensorboard", "wandb"))
-    rb.recipes.grpo(..., tracker=tracker)   # starts it with the run's configuration, logs each step
+    rb.recipes.grpo(..., run=rb.run.RunOptions(tracker=tracker))  # starts it, logs each step
     tracker.close()
 
 ``metrics.jsonl`` is always written when there is a folder (`rlblocks.tracking.jsonl`); the
@@ -131,7 +131,7 @@ class Tracker:
     def __call__(
         self, step: int, metrics: Mapping[str, Any], rollouts: Rollouts | None = None
     ) -> None:
-        """:meth:`log`, with the signature of a recipe's ``on_step``."""
+        """:meth:`log`, with the signature of ``RunOptions.on_step``."""
         self.log(step, metrics, rollouts)
 
     def close(self) -> None:
