@@ -11,7 +11,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from rlblocks.recipes.run import Drawn
+from rlblocks.run import Drawn
 from tokenizers.processors import TemplateProcessing
 
 from rlblocks.data import SFTBatches, SFTData, SFTExample, prompt_token_ids, sft_data

@@ -1,4 +1,4 @@
-"""The loop every recipe shares (rlblocks/recipes/loop.py): the clock, early stop, the metrics
+"""The loop every recipe shares (rlblocks/run/loop.py): the clock, early stop, the metrics
 it adds; and, on the tiny model, that every recipe reports the same names for the same things."""
 
 from __future__ import annotations
