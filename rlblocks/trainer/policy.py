@@ -53,6 +53,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, dispatch
+from rlblocks.models import loading
 from rlblocks.renamed import moved_keywords
 from rlblocks.rng import rng_state, set_rng_state
 from rlblocks.rollouts import Rollouts
@@ -134,23 +135,9 @@ class PolicyTrainer:
             self.model, self.config, owner="PolicyTrainer"
         )
 
-    @classmethod
-    def from_pretrained(
-        cls,
-        name_or_path: str | Path,
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: str | torch.device = "cpu",
-        **kwargs: Any,
-    ) -> PolicyTrainer:
-        """Load with ``rlblocks.models.load`` (built-in name, folder or hub name) and wrap it.
-
-        The tokenizer is kept as ``trainer.tokenizer``; ``kwargs`` go to the constructor.
-        """
-        from rlblocks.models import load
-
-        model, tokenizer = load(name_or_path, dtype=dtype, device=device)
-        return cls(model, tokenizer=tokenizer, **kwargs)
+    # from_pretrained(name_or_path, *, dtype=float32, device="cpu", **kwargs): load, then
+    # cls(model, tokenizer=tokenizer, **kwargs); the tokenizer is kept as trainer.tokenizer.
+    from_pretrained = classmethod(loading.from_pretrained)
 
     @property
     def device(self) -> torch.device:
