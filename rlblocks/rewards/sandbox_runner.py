@@ -179,9 +179,9 @@ def _program(cfg: dict, source: str, verdict: int, *, audit: bool) -> None:
         _say(verdict, nonce, f"setup {type(e).__name__}: {e}")
         os._exit(112)
     sys.argv, sys.path[0:0] = ["program.py"], [os.getcwd()]
+    scope = {"__name__": "__main__", "__file__": "program.py", "__builtins__": __builtins__}
     try:
         code = compile(source, "program.py", "exec")  # a SyntaxError is the program's error
-        scope = {"__name__": "__main__", "__file__": "program.py", "__builtins__": __builtins__}
         exec(code, scope)  # noqa: S102
         line, exit_code = "done", 0
     except SystemExit as e:
@@ -189,6 +189,7 @@ def _program(cfg: dict, source: str, verdict: int, *, audit: bool) -> None:
         line = f"exit {exit_code}"
     except MemoryError:
         line, exit_code = "memory", 1
+        scope.clear()  # the program's objects go: memory back to report it
         _print_traceback()
     except AssertionError:
         _print_traceback()
@@ -212,7 +213,9 @@ def _print_traceback() -> None:
         import traceback
 
         traceback.print_exc()
-    except MemoryError:  # after a MemoryError there may be no memory to format it
+    except Exception:  # noqa: BLE001, S110 -- best effort: the verdict must still be said
+        # Short of memory, CPython may raise MemoryError here, or SystemError ("error return
+        # without exception set") from deep inside an import; neither may cost the verdict.
         pass
 
 
