@@ -7,9 +7,9 @@ a message that names its new place.
     ppo(..., group_size=4)
     # TypeError: ppo: group_size= is no longer a keyword; use group_size=
 
-    __getattr__ = gone_attributes(__name__, "renamed", {"reverse_kl": "rb.advantage.teacher_kl"})
+    __getattr__ = gone_attributes(__name__)  # rlblocks.advantage; its old names: GONE
     rb.advantage.reverse_kl
-    # AttributeError: rlblocks.advantage.reverse_kl: renamed; use rb.advantage.teacher_kl
+    # AttributeError: rlblocks.advantage.reverse_kl: renamed; use rb.advantage.teacher_kl (...)
 
 A base helper (it imports nothing of rlblocks): every layer may use it, so that a user who
 meets an old name learns the new one instead of Python's bare "unexpected keyword argument".
@@ -18,7 +18,7 @@ meets an old name learns the new one instead of Python's bare "unexpected keywor
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -44,17 +44,39 @@ def moved_keywords(**where: str) -> Callable[[F], F]:
     return decorate
 
 
-def gone_attributes(module: str, how: str, where: Mapping[str, str]) -> Callable[[str], Any]:
-    """A module ``__getattr__`` for ``module`` (its ``__name__``): each name of ``where`` (old
-    name -> what to use now) raises an ``AttributeError`` saying it was ``how`` ("renamed",
-    "moved") and naming its replacement; any other name, Python's usual ``AttributeError``."""
+#: Every attribute a module of rlblocks no longer has, in one table: module -> old name ->
+#: (what happened to it, what to use now).
+GONE: dict[str, dict[str, tuple[str, str]]] = {
+    "rlblocks.advantage": {
+        # one name for one contract
+        "reverse_kl": (
+            "renamed",
+            "rb.advantage.teacher_kl (rb.losses.reverse_kl is the per-token loss)",
+        ),
+    },
+    "rlblocks.recipes": {
+        # moved to the run floor
+        "OneStepOff": (
+            "moved",
+            "rb.run.RunOptions(staleness=1, old_logprobs=...), passed as run=",
+        ),
+    },
+}
+
+
+def gone_attributes(module: str) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for ``module`` (its ``__name__``): each old name that `GONE`
+    lists for it raises an ``AttributeError`` saying what happened to it ("renamed", "moved")
+    and naming its replacement; any other name, Python's usual ``AttributeError``."""
+    where = GONE.get(module, {})
 
     def __getattr__(name: str) -> Any:
         if name in where:
-            raise AttributeError(f"{module}.{name}: {how}; use {where[name]}")
+            how, new = where[name]
+            raise AttributeError(f"{module}.{name}: {how}; use {new}")
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
     return __getattr__
 
 
-__all__ = ["gone_attributes", "moved_keywords"]
+__all__ = ["GONE", "gone_attributes", "moved_keywords"]

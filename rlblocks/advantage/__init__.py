@@ -76,7 +76,4 @@ __all__ = [
     "whiten",
 ]
 
-#: Names that changed, and what to use now (one name for one contract).
-_RENAMED = {"reverse_kl": "rb.advantage.teacher_kl (rb.losses.reverse_kl is the per-token loss)"}
-
-__getattr__ = gone_attributes(__name__, "renamed", _RENAMED)
+__getattr__ = gone_attributes(__name__)  # renamed names: rlblocks.renamed.GONE

@@ -62,14 +62,8 @@ def reinforce_pp_baseline(rewards: Tensor, mask: Tensor, group_ids: Tensor, /) -
     it back into a non-zero advantage. (verl uses baseline 0 for such a group, i.e. the raw
     reward, and whitens it with the rest.)
 
-    Args:
-        rewards: ``(b)`` outcome rewards, or ``(b t)`` per-token rewards summed over ``mask``.
-        mask: ``(b t)`` bool, True on the response tokens to train on.
-        group_ids: ``(b)`` int64, arbitrary ids; equal id = same prompt.
-
-    Returns:
-        ``Advantages``: ``advantages`` (b t) float32 as above; ``returns`` (b t) float32, the
-        undiscounted reward-to-go. Both zero where ``mask`` is False, detached (``no_grad``).
+    Arguments and result as for :func:`rlblocks.advantage.rloo` (the outcome estimators'
+    signature, docs/conventions.md), with the whitened Aₜ above as ``advantages``.
     """
     scores = group_scores(rewards, mask, group_ids, estimator="rb.advantage.reinforce_pp_baseline")
     centered = scores - group_mean(scores, group_ids)

@@ -36,7 +36,4 @@ __all__ = [
     "with_greedy_answers",
 ]
 
-#: Names that moved to the run floor, and where.
-_MOVED = {"OneStepOff": "rb.run.RunOptions(staleness=1, old_logprobs=...), passed as run="}
-
-__getattr__ = gone_attributes(__name__, "moved", _MOVED)
+__getattr__ = gone_attributes(__name__)  # moved names: rlblocks.renamed.GONE

@@ -22,13 +22,12 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rlblocks.tracking.backend import require
-from rlblocks.tracking.samples import Sample
-from rlblocks.tracking.wandb import log_samples_table
+from rlblocks.tracking.wandb import Wandb
 
 
 class Trackio:
@@ -40,8 +39,8 @@ class Trackio:
         wanted = (Path(folder) / "trackio").resolve()
         if "trackio" not in sys.modules and "TRACKIO_DIR" not in os.environ:
             os.environ["TRACKIO_DIR"] = str(wanted)
-        self.trackio = require("trackio")
-        self.directory = Path(self.trackio.utils.TRACKIO_DIR).resolve()
+        self.library = require("trackio")
+        self.directory = Path(self.library.utils.TRACKIO_DIR).resolve()
         if self.directory != wanted:
             warnings.warn(
                 f"trackio writes to {self.directory}, not {wanted}: trackio reads TRACKIO_DIR "
@@ -56,7 +55,7 @@ class Trackio:
         """Open the Trackio run and record the configuration (a resumed run continues from
         ``resume_step``)."""
         name = self.run_name if resume_step is None else f"{self.run_name}-resume{resume_step}"
-        self.run = self.trackio.init(
+        self.run = self.library.init(
             project=self.project,
             name=name,
             config=dict(config),
@@ -66,16 +65,7 @@ class Trackio:
             auto_log_gpu=False,
         )
 
-    def log_metrics(self, step: int, scalars: Mapping[str, float]) -> None:
-        """Log one step's scalar metrics."""
-        self.run.log(dict(scalars), step=step)
-
-    def log_samples(self, step: int, rows: Sequence[Sample]) -> None:
-        """Log a table of sampled completions at ``step``."""
-        log_samples_table(self.trackio, self.run, step, rows)
-
-    def close(self) -> None:
-        """Flush and finish the run; a second call does nothing."""
-        if self.run is not None:
-            self.run.finish()
-            self.run = None
+    # trackio copies W&B's run API: logging a step, a samples table, and finishing are Wandb's.
+    log_metrics = Wandb.log_metrics
+    log_samples = Wandb.log_samples
+    close = Wandb.close

@@ -36,7 +36,7 @@ class Wandb:
     name = "wandb"
 
     def __init__(self, folder: str | Path, *, project: str, run_name: str, **_: Any) -> None:
-        self.wandb = require("wandb")
+        self.library = require("wandb")
         self.folder = Path(folder)
         self.project = project
         self.run_name = run_name
@@ -47,7 +47,7 @@ class Wandb:
         ``resume_step``)."""
         resumed = resume_step is not None
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.run = self.wandb.init(
+        self.run = self.library.init(
             project=self.project,
             name=f"{self.run_name}-resume{resume_step}" if resumed else self.run_name,
             dir=str(self.folder),
@@ -57,13 +57,16 @@ class Wandb:
             reinit="create_new",  # several trackers (or a notebook's reruns) may hold runs
         )
 
+    # W&B's run API, which trackio copies: `Trackio` takes these three methods as they are
+    # (they need only ``self.run`` and ``self.library``, the imported module).
+
     def log_metrics(self, step: int, scalars: Mapping[str, float]) -> None:
         """Log one step's scalar metrics."""
         self.run.log(dict(scalars), step=step)
 
     def log_samples(self, step: int, rows: Sequence[Sample]) -> None:
         """Log a table of sampled completions at ``step``."""
-        log_samples_table(self.wandb, self.run, step, rows)
+        log_samples_table(self.library, self.run, step, rows)
 
     def close(self) -> None:
         """Flush and finish the run; a second call does nothing."""
