@@ -1,4 +1,5 @@
-"""The two things most tests build: a random ragged `Rollouts` batch and a tiny `PolicyTrainer`.
+"""What most tests build: a random ragged `Rollouts` batch, a tiny `PolicyTrainer` and an
+`HFEngine` for it.
 
 A plain module, not a test file: ``pythonpath = ["tests"]`` in pyproject.toml puts ``tests`` on
 ``sys.path``, so tests and the helper modules import it with ``from builders import ...``
@@ -12,7 +13,8 @@ from typing import Any
 
 import torch
 
-from rlblocks.models import tiny
+from rlblocks.models import tiny, tiny_tokenizer
+from rlblocks.rollout import HFEngine
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer import PolicyTrainer
 
@@ -60,19 +62,37 @@ def tiny_trainer(
     seed: int = 0,
     device: str = "cpu",
     reference: Any = None,
-    lr: float = 1e-2,
+    tokenizer: bool = True,
+    model: dict[str, Any] | None = None,
     **settings: Any,
 ) -> PolicyTrainer:
-    """A `PolicyTrainer` around a fresh tiny model (``rb.models.tiny(seed=seed)``, weights in
-    ``dtype``, on ``device``) with its tokenizer.
+    """A `PolicyTrainer` around a fresh tiny model (``rb.models.tiny(seed=seed, **model)``,
+    weights in ``dtype``, on ``device``) with its tokenizer (none with ``tokenizer=False``).
 
     No reference unless asked (``reference="copy"``, or ``"auto"`` for the library's default):
     most tests score none, and a frozen copy doubles the memory. ``settings`` go to
     `PolicyTrainer` as given: ``lora``, ``config``, or any `TrainConfig` field
-    (``micro_batch_size=2``, ``log_entropy=True``, ...). Two calls with the same arguments give
-    two trainers with the same weights.
+    (``micro_batch_size=2``, ``log_entropy=True``, ...); ``lr`` is 1e-2 unless given or a
+    ``config`` is (then the config's). ``model`` holds `Qwen2Config` overrides
+    (``{"num_hidden_layers": 3}``). Two calls with the same arguments give two trainers with
+    the same weights. Building one draws nothing from the global RNG (``tiny`` forks it);
+    LoRA's initialisation does, as with `PolicyTrainer` itself.
     """
-    model, tokenizer = tiny(seed=seed, dtype=dtype)
+    if "config" not in settings:
+        settings.setdefault("lr", 1e-2)
+    net, tok = tiny(seed=seed, dtype=dtype, **(model or {}))
     return PolicyTrainer(
-        model.to(device), tokenizer=tokenizer, reference=reference, lr=lr, **settings
+        net.to(device), tokenizer=tok if tokenizer else None, reference=reference, **settings
     )
+
+
+def tiny_engine(
+    policy: PolicyTrainer, *, shared: bool = True, seed: int = 0, **kw: Any
+) -> HFEngine:
+    """An `HFEngine` with ``policy``'s tokenizer (the tiny one), progress bar off: around
+    ``policy.model`` itself (``shared=True``), or around its own fresh float32 tiny model of
+    ``seed`` (the weights a default `tiny_trainer` starts from, synced by the resharder).
+    ``kw`` go to `HFEngine` (``chat=True``, ...)."""
+    tokenizer = policy.tokenizer if policy.tokenizer is not None else tiny_tokenizer()
+    model = policy.model if shared else tiny(seed=seed)[0]
+    return HFEngine(model, tokenizer, **{"progress": False, **kw})

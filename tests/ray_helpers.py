@@ -2,10 +2,16 @@
 
 from functools import partial
 
+import builders
 import torch
+from builders import tiny_trainer
+from ray import cloudpickle
 from toy_tasks import digit_fraction
 
 import rlblocks as rb
+
+# The factories travel to the Ray workers, whose sys.path lacks tests/: builders goes by value.
+cloudpickle.register_pickle_by_value(builders)
 
 PROMPTS = ["What is 2 + 3?", "Say hi", "7 times 8", "Tom has 3 apples.", "one two"]
 LOSS = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))
@@ -20,7 +26,7 @@ TRAIN = {
 
 def policy_factory(dtype=torch.float64, **overrides):
     settings = {**TRAIN, **overrides}
-    return partial(rb.trainer.PolicyTrainer.from_pretrained, "tiny", dtype=dtype, **settings)
+    return partial(tiny_trainer, dtype, **settings)
 
 
 def local_blocks():

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 
 import rlblocks as rb
 from rlblocks.models import check_lengths, context_length
 
 
 def _blocks(context: int):
-    model, tokenizer = rb.models.tiny(seed=0)
-    model.config.max_position_embeddings = context  # a short context, for the test
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, reference=None)
-    return policy, rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+    policy = tiny_trainer(model={"max_position_embeddings": context})  # a short context
+    return policy, tiny_engine(policy)
 
 
 def test_context_length_reads_the_config():

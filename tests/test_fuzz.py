@@ -16,6 +16,7 @@ import traceback
 
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -29,9 +30,8 @@ B = 8  # rows of the step: 2 prompts x 4 samples
 @pytest.fixture(scope="module")
 def blocks():
     torch.manual_seed(0)
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-3, reference=None)
-    engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+    policy = tiny_trainer(lr=1e-3)
+    engine = tiny_engine(policy)
     prompts = rb.data.load_prompts(
         [{"prompt": f"Count: {i}", "ground_truth": "0"} for i in range(2)]
     )

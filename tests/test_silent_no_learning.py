@@ -7,15 +7,15 @@ import logging
 
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 
 import rlblocks as rb
 
 
 def _engine_and_policy(lr: float = 1e-2):
     torch.manual_seed(0)
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=lr, reference=None)
-    return rb.rollout.HFEngine(policy.model, tokenizer, progress=False), policy
+    policy = tiny_trainer(lr=lr)
+    return tiny_engine(policy), policy
 
 
 @pytest.mark.parametrize(

@@ -20,9 +20,12 @@ import copy
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: toy_tasks
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: builders, toy_tasks
 
+import builders
 import torch
+from builders import tiny_trainer
+from ray import cloudpickle
 from toy_tasks import count_prompts, digit_fraction
 
 import rlblocks as rb
@@ -31,14 +34,13 @@ from rlblocks.data import PromptBatches
 # The factories below travel to the workers by value (cloudpickle pickles functions of
 # __main__ so); the workers import rlblocks from the PYTHONPATH they inherit from this process
 # through the local Ray instance it starts (test_resume_ray.py sets it to the tested checkout).
+# Their sys.path lacks tests/: builders goes by value too.
+cloudpickle.register_pickle_by_value(builders)
 SAMPLING = rb.SamplingParams(max_new_tokens=8)
 
 
 def policy() -> rb.trainer.PolicyTrainer:
-    model, tokenizer = rb.models.tiny(seed=0)
-    return rb.trainer.PolicyTrainer(
-        model, tokenizer=tokenizer, lr=1e-2, reference="copy", mini_batch_size=16, epochs=2
-    )
+    return tiny_trainer(reference="copy", mini_batch_size=16, epochs=2)
 
 
 def colocated_engine() -> rb.rollout.HFEngine:

@@ -18,16 +18,16 @@ of STEP is being written (for a kill in the middle of a save).
 from __future__ import annotations
 
 import argparse
-import copy
 import resource
 import signal
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: toy_tasks
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: builders, toy_tasks
 
 import torch
+from builders import tiny_engine, tiny_trainer
 from toy_tasks import count_prompts, digit_fraction
 
 import rlblocks as rb
@@ -61,10 +61,7 @@ def main() -> None:
     p.add_argument("--hang-in-save", type=int)
     args = p.parse_args()
     torch.manual_seed(0)
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(
-        model, tokenizer=tokenizer, lr=1e-2, reference="copy", mini_batch_size=16, epochs=2
-    )
+    policy = tiny_trainer(reference="copy", mini_batch_size=16, epochs=2)
     critic = None
     ckpt = rb.checkpoint.Checkpointer(args.out / "checkpoints", every=args.every)
 
@@ -88,15 +85,15 @@ def main() -> None:
     }
     reward = rb.rewards.per_sample(digit_fraction, timeout=None)
     data = HangingBatches(count_prompts(), prompts_per_step=4, seed=0, hang_at=args.hang_in_save)
-    shared = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+    shared = tiny_engine(policy)
     if args.recipe == "grpo":
-        engine = rb.rollout.HFEngine(copy.deepcopy(model), tokenizer, progress=False)
+        engine = tiny_engine(policy, shared=False)  # its own copy of the weights
         loss = rb.losses.kl_regularized(rb.recipes.defaults.PPO_CLIP, kl_coef=0.1)
         history = rb.recipes.grpo(
             policy, engine, reward, data, group_size=8, loss_fn=loss, **common
         )
     elif args.recipe == "ppo":
-        critic = rb.critic.CriticTrainer(model, lr=1e-3)
+        critic = rb.critic.CriticTrainer(policy.model, lr=1e-3)
         history = rb.recipes.ppo(
             policy,
             critic,

@@ -9,6 +9,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from builders import tiny_trainer
 
 import rlblocks as rb
 from rlblocks.checkpoint import Checkpointer, CheckpointError
@@ -134,16 +135,15 @@ def test_a_changed_configuration_is_named_on_resume():
 
 
 def test_the_reference_must_be_the_initial_policy(tmp_path):
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, reference="copy")
+    policy = tiny_trainer(reference="copy")
     policy.save_checkpoint(tmp_path)
     trained, _ = rb.models.tiny(seed=0)
     with torch.no_grad():
         trained.model.norm.weight.add_(0.01)  # e.g. a reference built from a checkpoint
-    other = rb.trainer.PolicyTrainer(trained, tokenizer=tokenizer, reference="copy")
+    other = rb.trainer.PolicyTrainer(trained, tokenizer=policy.tokenizer, reference="copy")
     with pytest.raises(ValueError, match="must keep the initial policy as its reference"):
         other.load_checkpoint(tmp_path)
-    same = rb.trainer.PolicyTrainer(rb.models.tiny(seed=0)[0], reference="copy")
+    same = tiny_trainer(reference="copy")
     same.load_checkpoint(tmp_path)  # the same initial model: accepted
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 from resume_helpers import assert_identical
 from toy_tasks import run_group_recipe
 
@@ -14,9 +15,8 @@ import rlblocks as rb
 
 def _run(recipe, steps: int, folder, **kw) -> dict:
     torch.manual_seed(0)
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, mini_batch_size=16)
-    engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+    policy = tiny_trainer(reference="auto", mini_batch_size=16)
+    engine = tiny_engine(policy)
     history = run_group_recipe(
         recipe,
         policy,

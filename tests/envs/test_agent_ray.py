@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from agent_cases import PROMPTS, SAMPLING, ScriptedEnv
+from builders import tiny_trainer
 
 import rlblocks as rb
 from rlblocks.envs import AgentEngine
@@ -34,8 +35,7 @@ def test_agent_engine_over_a_ray_placed_engine():
             m["agent"]["end"] for m in expected.metadata
         ]
         # A sync through the wrapper reaches the worker's engine.
-        model, tokenizer = rb.models.load("tiny")
-        policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None)
+        policy = tiny_trainer()
         policy.step(ro, torch.linspace(-1, 1, len(ro)), loss_fn=rb.losses.clipped_surrogate)
         metrics = rb.resharder.Resharder().sync(policy, agent)
         assert metrics["sync/bytes"] > 0

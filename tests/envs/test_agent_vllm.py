@@ -8,10 +8,10 @@ import os
 
 import pytest
 from agent_cases import PROMPTS, SAMPLING, ScriptedEnv, expected_rows
+from builders import tiny_trainer
 
 pytest.importorskip("vllm")
 
-import rlblocks as rb
 from rlblocks.envs import AgentEngine
 from rlblocks.rollout.vllm import VLLMEngine
 
@@ -53,7 +53,6 @@ def test_multi_turn_rows_on_vllm(engine):
     # The trainer, with the weights vLLM serves, scores the model tokens as vLLM sampled them
     # (float32 on both sides; vLLM's CPU kernels sum in another order: the bound of
     # tests/rollout/test_vllm.py).
-    model, tokenizer = rb.models.load("tiny")
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, reference=None)
+    policy = tiny_trainer()
     gap = (ro.rollout_logprobs - policy.logprobs(ro))[ro.response_mask].abs().max()
     assert gap < 1e-4

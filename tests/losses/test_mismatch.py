@@ -5,6 +5,7 @@ from functools import partial
 
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 
 import rlblocks as rb
 from rlblocks.losses import TruncatedIS, clipped_surrogate, rollout_mismatch
@@ -43,9 +44,8 @@ def test_truncated_is_weights_the_inner_loss_by_hand():
 
 
 def test_the_trainer_logs_the_mismatch_and_takes_a_tis_loss():
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None)
-    engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)  # shares the weights
+    policy = tiny_trainer()
+    engine = tiny_engine(policy)  # shares the weights
     ro = engine.generate(
         ["Count: 1", "Count: 2"], group_size=4, sampling=rb.SamplingParams(max_new_tokens=6, seed=0)
     )

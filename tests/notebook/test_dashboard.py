@@ -9,6 +9,7 @@ import ipywidgets
 import matplotlib.pyplot as plt
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 from IPython.display import HTML, Image
 from toy_tasks import digit_fraction
 
@@ -196,11 +197,8 @@ def test_no_curves_yet_shows_no_image_and_no_pyplot_figures_leak(clock):
 @pytest.mark.parametrize("mode", ["terminal", "widgets"])
 def test_dashboard_as_the_grpo_on_step_callback(mode):
     torch.manual_seed(0)
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(
-        model, tokenizer=tokenizer, lr=1e-3, reference=None, log_entropy=True
-    )
-    engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+    policy = tiny_trainer(lr=1e-3, log_entropy=True)
+    engine = tiny_engine(policy)
     data = load_prompts([{"prompt": f"Count: {i}", "ground_truth": "0"} for i in range(4)])
     out, shown = io.StringIO(), []
     dash = Dashboard(2, mode=mode, file=out, display=shown.append, refresh_seconds=0)

@@ -9,6 +9,7 @@ from functools import partial
 
 import pytest
 import torch
+from builders import tiny_trainer
 from ray_helpers import LOSS, PROMPTS, grpo_batch, local_blocks, policy_factory
 from toy_tasks import run_group_recipe
 
@@ -124,9 +125,8 @@ def test_logprobs_come_back_in_row_order(ray_blocks):
     )
     lengths = ro.attention_mask.sum(-1).tolist()
     assert len(set(lengths)) > 2  # rows of different lengths: the balanced split reorders them
-    model, _ = rb.models.load("tiny", dtype=torch.float64)
-    model.load_state_dict(dict(policy.named_weights()))
-    local = rb.trainer.PolicyTrainer(model, reference=None)  # the same weights, in this process
+    local = tiny_trainer(torch.float64)
+    local.model.load_state_dict(dict(policy.named_weights()))  # the same weights, in this process
     # Public log-probs are float32: both sides round the same float64 numbers (up to padding
     # width), so they agree to an ulp; a row out of place would be off by ~1.
     torch.testing.assert_close(policy.logprobs(ro), local.logprobs(ro), rtol=1e-6, atol=1e-6)

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 from toy_tasks import run_group_recipe
 from weightless import Weightless
 
@@ -214,19 +215,14 @@ def test_overlong_shaping_does_not_change_which_groups_are_kept():
 def test_invalid_arguments():
     # The group size is the recipe's (the rounds carry their groups): dapo refuses 1.
     with pytest.raises(ValueError, match="group_size >= 2"):
-        dapo(tiny_policy(), ScriptedEngine(), Accuracy(), batches(["1 0"]), steps=1, group_size=1)
+        dapo(tiny_trainer(), ScriptedEngine(), Accuracy(), batches(["1 0"]), steps=1, group_size=1)
     with pytest.raises(ValueError, match="max_rounds >= 1"):
         sample(ScriptedEngine(), Accuracy(), batches(["1 0"]), max_rounds=0)
 
 
 # ---------------------------------------------------------------------- the recipe
-def tiny_policy(**overrides):
-    model, tokenizer = rb.models.tiny(seed=0)
-    return rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, reference=None, **overrides)
-
-
 def test_recipe_filters_on_accuracy_scores_once_and_skips_empty_steps():
-    policy, engine, accuracy = tiny_policy(lr=1e-3), ScriptedEngine(), Accuracy()
+    policy, engine, accuracy = tiny_trainer(lr=1e-3), ScriptedEngine(), Accuracy()
     seen = []
     # Step 0 (one group wanted): "1 11111111" is right at two lengths (shaped rewards differ,
     # accuracy does not), "1 0" is mixed: one round. Step 1: nothing informative in the two
@@ -264,7 +260,7 @@ def test_recipe_filters_on_accuracy_scores_once_and_skips_empty_steps():
 
 
 def test_recipe_warns_when_the_policy_does_not_aggregate_by_token_mean():
-    policy = tiny_policy(aggregation=rb.losses.seq_mean_token_mean)
+    policy = tiny_trainer(aggregation=rb.losses.seq_mean_token_mean)
     with pytest.warns(UserWarning, match="token-mean"):
         dapo(
             policy,
@@ -279,8 +275,8 @@ def test_recipe_warns_when_the_policy_does_not_aggregate_by_token_mean():
 def run_dapo(lr: float, steps: int) -> list[dict[str, float]]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        policy = tiny_policy(lr=lr)
-        engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, progress=False)
+        policy = tiny_trainer(lr=lr)
+        engine = tiny_engine(policy)
         return run_group_recipe(
             dapo,
             policy,

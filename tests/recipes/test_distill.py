@@ -3,6 +3,7 @@
 
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 from toy_tasks import count_prompts, digit_examples, digit_fraction
 
 import rlblocks as rb
@@ -13,8 +14,8 @@ from rlblocks.data import PromptBatches
 def teacher():
     """The tiny student's own initial weights taught by SFT to answer "Count: i" with digits:
     as in the SmolLM2 run (docs/distillation.md), the teacher is the student plus training."""
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None)
+    policy = tiny_trainer()
+    tokenizer = policy.tokenizer
     train = digit_examples(tokenizer, 0, 32)
     batches = (train.select(list(range(k % 4 * 8, k % 4 * 8 + 8))) for k in range(20))
     rb.recipes.sft(
@@ -29,9 +30,8 @@ def teacher():
 def run_distill(teacher, lr: float, steps: int = 60, on_step=None, **kw) -> list[dict]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model, tokenizer = rb.models.tiny(seed=0)
-        policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=lr, reference=None)
-        engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+        policy = tiny_trainer(lr=lr)
+        engine = tiny_engine(policy)
         return rb.recipes.distill(
             policy,
             engine,

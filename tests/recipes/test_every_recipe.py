@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 from toy_tasks import count_prompts, digit_fraction, run_group_recipe
 
 import rlblocks as rb
@@ -48,14 +49,13 @@ def run_recipe(name: str, loss_fn=None, steps: int = 2):
     with a reference copy; the history and the engine's calls."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model, tokenizer = rb.models.tiny(seed=0)
-        policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference="copy")
-        engine = CountingEngine(policy.model, tokenizer, progress=False)
+        policy = tiny_trainer(reference="copy")
+        engine = CountingEngine(policy.model, policy.tokenizer, progress=False)
         kw = {} if loss_fn is None else {"loss_fn": loss_fn}
         if name == "ppo":
             history = rb.recipes.ppo(
                 policy,
-                CriticTrainer(model, lr=1e-3),
+                CriticTrainer(policy.model, lr=1e-3),
                 engine,
                 rb.rewards.per_sample(digit_fraction, timeout=None),
                 PromptBatches(count_prompts(), prompts_per_step=4, seed=0),
@@ -137,14 +137,13 @@ def test_the_grpo_family_reports_a_kl_term_as_kl_token(name, source):
 
 
 def test_ppo_keeps_its_own_kl_token_beside_the_loss_term():
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, mini_batch_size=4)
-    engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+    policy = tiny_trainer(reference="auto", mini_batch_size=4)
+    engine = tiny_engine(policy)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         history = rb.recipes.ppo(
             policy,
-            CriticTrainer(model, lr=1e-3),
+            CriticTrainer(policy.model, lr=1e-3),
             engine,
             rb.rewards.per_sample(digit_fraction, timeout=None),
             PromptBatches(count_prompts(), prompts_per_step=4, seed=0),

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 from toy_tasks import digit_fraction, run_group_recipe
 
 import rlblocks as rb
@@ -11,9 +12,8 @@ from rlblocks.data import PromptBatches, load_prompts
 def run_grpo(lr: float, steps: int = 30) -> list[float]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model, tokenizer = rb.models.tiny(seed=0)
-        policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=lr, reference=None)
-        engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+        policy = tiny_trainer(lr=lr)
+        engine = tiny_engine(policy)
         history = run_group_recipe(rb.recipes.grpo, policy, engine, steps=steps)
     return [h["reward/mean"] for h in history]
 
@@ -42,9 +42,8 @@ def test_on_step_can_stop_early():
         if step == 1:
             raise StopIteration
 
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-3, reference=None)
-    engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+    policy = tiny_trainer(lr=1e-3)
+    engine = tiny_engine(policy)
     data = load_prompts([{"prompt": "Count:", "ground_truth": "0"}] * 4)
     history = rb.recipes.grpo(
         policy,
@@ -79,12 +78,9 @@ def test_evaluate_scores_greedy_answers(score):
 def _weights_after_grpo(engine_kind: str, reuse, steps: int = 2):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model, tokenizer = rb.models.tiny(seed=0)
-        policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None)
-        if engine_kind == "shared":
-            engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
-        else:  # its own copy of the same weights, synced by the resharder
-            engine = rb.rollout.HFEngine(rb.models.tiny(seed=0)[0], tokenizer, progress=False)
+        policy = tiny_trainer()
+        # "copy": its own copy of the same weights, synced by the resharder
+        engine = tiny_engine(policy, shared=engine_kind == "shared")
         old = {None: "auto", True: "rollout", False: "recompute"}[reuse]
         history = run_group_recipe(
             rb.recipes.grpo, policy, engine, steps=steps, run=rb.run.RunOptions(old_logprobs=old)
@@ -114,14 +110,12 @@ def test_a_separate_engine_copy_is_never_taken_for_pi_old():
 def test_samples_with_policy_needs_the_same_module_and_temperature():
     from rlblocks.run import samples_with_policy
 
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, reference=None)
-    shared = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
-    copy = rb.rollout.HFEngine(rb.models.tiny(seed=0)[0], tokenizer, progress=False)
+    policy = tiny_trainer()
+    shared, copy = tiny_engine(policy), tiny_engine(policy, shared=False)
     t1, t07 = rb.SamplingParams(temperature=1.0), rb.SamplingParams(temperature=0.7)
     assert samples_with_policy(policy, shared, t1)
     assert samples_with_policy(policy, shared, rb.SamplingParams(temperature=0.0))  # T=1 lps
     assert not samples_with_policy(policy, shared, t07)  # the trainer scores at T = 1
     assert not samples_with_policy(policy, copy, t1)
-    hot = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, reference=None, temperature=0.7)
-    assert samples_with_policy(hot, rb.rollout.HFEngine(hot.model, tokenizer), t07)
+    hot = tiny_trainer(temperature=0.7)
+    assert samples_with_policy(hot, tiny_engine(hot), t07)

@@ -2,6 +2,7 @@
 not. The pair loss itself is checked by hand in tests/losses/test_preference.py."""
 
 import torch
+from builders import tiny_engine, tiny_trainer
 from toy_tasks import count_prompts, digit_fraction
 
 import rlblocks as rb
@@ -11,9 +12,8 @@ from rlblocks.data import PromptBatches
 def run_online_dpo(lr: float, steps: int, **kw) -> list[dict]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model, tokenizer = rb.models.tiny(seed=0)
-        policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=lr)
-        engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+        policy = tiny_trainer(lr=lr, reference="auto")
+        engine = tiny_engine(policy)
         return rb.recipes.online_dpo(
             policy,
             engine,
@@ -43,10 +43,9 @@ def test_online_dpo_raises_the_toy_reward_and_lr0_does_not():
 def test_simpo_needs_no_reference_and_ties_skip_the_update():
     history = run_online_dpo(lr=1e-2, steps=2, preference=rb.losses.simpo)
     assert history[-1]["dpo/pairs"] > 0 and "preference/accuracy" in history[-1]
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None)
+    policy = tiny_trainer()
     before = [p.clone() for p in policy.model.parameters()]
-    engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+    engine = tiny_engine(policy)
     history = rb.recipes.online_dpo(
         policy,
         engine,

@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 from torch.testing import assert_close
 from toy_tasks import count_prompts, digit_fraction
 
@@ -21,10 +22,9 @@ REWARD = rb.rewards.per_sample(digit_fraction, timeout=None)
 
 
 def _blocks(lr: float, critic_lr: float):
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=lr)  # reference: a copy
-    critic = CriticTrainer(model, lr=critic_lr)  # backbone copied from the policy, zero head
-    engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+    policy = tiny_trainer(lr=lr, reference="auto")  # reference: a copy
+    critic = CriticTrainer(policy.model, lr=critic_lr)  # backbone copied from the policy, zero head
+    engine = tiny_engine(policy)
     return policy, critic, engine
 
 

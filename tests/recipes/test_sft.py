@@ -3,6 +3,7 @@ nothing. The data side (tokenizing chats, exact masks) is tests/data/test_sft.py
 
 import pytest
 import torch
+from builders import tiny_trainer
 from toy_tasks import count_prompts, digit_examples, digit_fraction
 
 import rlblocks as rb
@@ -10,8 +11,8 @@ import rlblocks as rb
 
 def fine_tune(lr: float, steps: int = 20):
     """SFT the tiny model on 32 digit examples, 8 a step; held-out: 16 other prompts."""
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=lr, reference=None)
+    policy = tiny_trainer(lr=lr)
+    tokenizer = policy.tokenizer
     train = digit_examples(tokenizer, 0, 32)
     held_out = digit_examples(tokenizer, 100, 16)
     batches = (train.select(list(range(k % 4 * 8, k % 4 * 8 + 8))) for k in range(steps))
@@ -86,8 +87,7 @@ def test_an_sft_step_does_not_depend_on_the_micro_batches(pieces):
     batch = rb.data.sft_data(chats, tokenizer).rollouts()
     weights = []
     for options in ({}, pieces):
-        model, _ = rb.models.tiny(seed=0, dtype=torch.float64)
-        policy = rb.trainer.PolicyTrainer(model, reference=None, lr=1e-3, **options)
+        policy = tiny_trainer(torch.float64, tokenizer=False, lr=1e-3, **options)
         rb.recipes.sft(
             policy,
             [batch],

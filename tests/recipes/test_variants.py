@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 from toy_tasks import run_group_recipe
 from weightless import Weightless
 
@@ -25,11 +26,8 @@ def tiny_run(recipe, *, lr: float = 1e-2, steps: int, aggregation=rb.losses.toke
     """``recipe`` on the tiny model and the digit-fraction task; the reward of every step."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model, tokenizer = rb.models.tiny(seed=0)
-        policy = rb.trainer.PolicyTrainer(
-            model, tokenizer=tokenizer, lr=lr, reference=None, aggregation=aggregation
-        )
-        engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+        policy = tiny_trainer(lr=lr, aggregation=aggregation)
+        engine = tiny_engine(policy)
         history = run_group_recipe(recipe, policy, engine, steps=steps, **kw)
     return [h["reward/mean"] for h in history]
 

@@ -1,8 +1,7 @@
 """After an update and a sync, the engine samples with exactly the trainer's weights."""
 
-import copy
-
 import torch
+from builders import tiny_engine, tiny_trainer
 
 import rlblocks as rb
 from rlblocks.losses import clipped_surrogate
@@ -12,11 +11,8 @@ PROMPTS = ["What is 2 + 3?", "Say hi", "7 times 8"]
 
 
 def make_pair(shared: bool):
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None)
-    engine_model = policy.model if shared else copy.deepcopy(policy.model)
-    engine = rb.rollout.HFEngine(engine_model, tokenizer, progress=False)
-    return policy, engine
+    policy = tiny_trainer()
+    return policy, tiny_engine(policy, shared=shared)  # or its own copy of the weights
 
 
 def train_one_step(policy, engine):

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 from toy_tasks import run_group_recipe
 
 import rlblocks as rb
@@ -66,9 +67,8 @@ def test_a_list_of_numbers_with_metrics_is_accepted():
 
 def test_one_nan_row_no_longer_costs_the_grpo_step():
     # Before: the NaN made its group's advantages NaN and the NaN guard skipped every update.
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2)
-    engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+    policy = tiny_trainer(reference="auto")
+    engine = tiny_engine(policy)
 
     def digits_but_row_0_nan(rollouts):
         scores = [sum(c.isdigit() for c in t) / max(len(t), 1) for t in rollouts.completions]

@@ -12,6 +12,7 @@ import re
 
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 from datasets import Dataset
 
 import rlblocks as rb
@@ -241,9 +242,8 @@ def test_trl_and_verl_functions_inside_a_grpo_step():
         {from_trl(trl_recorder): 1.0, from_verl(verl_recorder): 1.0, rb.rewards.math_answer: 1.0}
     )
     seen = []
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-3, reference=None)
-    engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
+    policy = tiny_trainer(lr=1e-3)
+    engine = tiny_engine(policy)
     history = rb.recipes.grpo(
         policy, engine, reward, PromptBatches(data, prompts_per_step=2, seed=0), steps=1,
         group_size=2, sampling=rb.SamplingParams(max_new_tokens=4, seed=0),

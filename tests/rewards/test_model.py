@@ -13,6 +13,7 @@ import re
 
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 from tokenizers import Tokenizer
 from transformers import (
     LlamaConfig,
@@ -320,9 +321,8 @@ def test_combined_with_a_rule_reward(make_rollouts):
 def test_one_grpo_step_with_the_reward_model():
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model, tokenizer = rb.models.tiny(seed=0)
-        policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None)
-        engine = rb.rollout.HFEngine(policy.model, tokenizer, chat=True, progress=False)
+        policy = tiny_trainer()
+        engine = tiny_engine(policy, chat=True)
         rm_tok = rm_tokenizer()
         rm = rb.rewards.RewardModel(qwen_rm(rm_tok), rm_tok)
         rows = [{"prompt": q, "ground_truth": "0"} for q in QUESTIONS[:2]]

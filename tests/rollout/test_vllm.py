@@ -10,6 +10,7 @@ import os
 
 import pytest
 import torch
+from builders import tiny_trainer
 
 pytest.importorskip("vllm")
 
@@ -29,8 +30,7 @@ def engine():
 
 @pytest.fixture
 def policy():
-    model, tokenizer = rb.models.load("tiny")  # the weights the engine starts from
-    return rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None)
+    return tiny_trainer()  # the weights the engine starts from (VLLMEngine("tiny") loads them)
 
 
 def test_shapes_masks_groups_and_metadata(engine):
@@ -123,7 +123,7 @@ def test_engine_log_probs_match_the_trainer_and_follow_a_sync(engine, policy):
     assert gap < 1e-4
     # Put the initial weights back for the other tests of the module.
     rb.resharder.copy_weights(
-        rb.trainer.PolicyTrainer(rb.models.load("tiny")[0], reference=None),
+        tiny_trainer(),
         engine,
         version=0,
         bucket_bytes=2**28,
@@ -139,8 +139,7 @@ def test_a_policy_of_another_shape_is_refused_and_the_engine_untouched(engine):
     greedy = rb.SamplingParams(max_new_tokens=8, temperature=0.0)
     before = engine.generate(PROMPTS, sampling=greedy)
     for layers, match in ((3, "12 unknown to the engine"), (1, "12 missing from the trainer")):
-        other = rb.models.tiny(seed=5, num_hidden_layers=layers)[0]
-        policy = rb.trainer.PolicyTrainer(other, tokenizer=tokenizer, reference=None)
+        policy = tiny_trainer(seed=5, model={"num_hidden_layers": layers})
         with pytest.raises(ValueError, match=match):
             rb.resharder.Resharder(bucket_mb=0.01).sync(policy, engine)
     after = engine.generate(PROMPTS, sampling=greedy)
@@ -162,9 +161,8 @@ def test_a_lora_adapter_sync_samples_like_the_merged_model():
     lora_engine = VLLMEngine(
         "tiny", max_model_len=256, enforce_eager=True, enable_lora=True, max_lora_rank=8
     )
-    model, tokenizer = rb.models.load("tiny")
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj"])
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=5e-2, lora=lora)
+    policy = tiny_trainer(reference="auto", lr=5e-2, lora=lora)
     sampling = rb.SamplingParams(max_new_tokens=6, seed=4)
     ro = lora_engine.generate(PROMPTS, group_size=2, sampling=sampling)
     for _ in range(3):
@@ -177,7 +175,7 @@ def test_a_lora_adapter_sync_samples_like_the_merged_model():
     trainer_lp = policy.logprobs(fresh)  # the adapted model = the merged model's log-probs
     gap = (fresh.rollout_logprobs - trainer_lp)[fresh.response_mask].abs().max()
     assert gap < 1e-4
-    base = rb.trainer.PolicyTrainer(rb.models.load("tiny")[0], reference=None).logprobs(fresh)
+    base = tiny_trainer().logprobs(fresh)
     assert (fresh.rollout_logprobs - base)[fresh.response_mask].abs().max() > 1e-2
     resharder.sync(policy, lora_engine)  # a second version replaces the first
     assert lora_engine.weights_version == 2
@@ -202,7 +200,7 @@ def test_an_exported_policy_serves_with_the_trainers_log_probs(policy, tmp_path)
     assert torch.equal(fresh.prompt_ids, ro.prompt_ids)  # the exported tokenizer and template
     gap = (fresh.rollout_logprobs - policy.logprobs(fresh))[fresh.response_mask].abs().max()
     assert gap < 1e-4  # float32 on both sides, as in the tests above
-    initial = rb.trainer.PolicyTrainer(rb.models.load("tiny")[0], reference=None)
+    initial = tiny_trainer()
     assert (fresh.rollout_logprobs - initial.logprobs(fresh))[
         fresh.response_mask
     ].abs().max() > 1e-2

@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 from resume_helpers import assert_identical, untimed
 from toy_tasks import count_prompts, digit_examples, digit_fraction, run_group_recipe
 
@@ -23,13 +24,9 @@ SAMPLING = rb.SamplingParams(max_new_tokens=8)
 
 def _blocks(engine_kind: str, lr: float = 1e-2, reference=None):
     torch.manual_seed(0)
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=lr, reference=reference)
-    if engine_kind == "shared":
-        engine = rb.rollout.HFEngine(policy.model, tokenizer, progress=False)
-    else:  # its own copy of the weights, synced by the resharder after every update
-        engine = rb.rollout.HFEngine(copy.deepcopy(model), tokenizer, progress=False)
-    return policy, engine
+    policy = tiny_trainer(lr=lr, reference=reference)
+    # "copy": its own copy of the weights, synced by the resharder after every update
+    return policy, tiny_engine(policy, shared=engine_kind == "shared")
 
 
 def _run(engine_kind: str, steps: int, *, lr: float = 1e-2, run=None, **kw) -> dict:
@@ -45,11 +42,10 @@ def _weights(policy_or_model):
 @pytest.fixture(scope="module")
 def teacher():
     """A teacher for distillation: the tiny model taught digits by a few SFT steps."""
-    model, tokenizer = rb.models.tiny(seed=0)
-    policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, reference=None)
-    train = digit_examples(tokenizer, 0, 8)
+    policy = tiny_trainer()
+    train = digit_examples(policy.tokenizer, 0, 8)
     rb.recipes.sft(policy, [train] * 5, steps=5, run=RunOptions(progress=False))
-    return rb.trainer.Teacher(policy.model, tokenizer=tokenizer)
+    return rb.trainer.Teacher(policy.model, tokenizer=policy.tokenizer)
 
 
 def _recipe(name: str, run: RunOptions, teacher=None, steps: int = 3) -> dict:

@@ -98,7 +98,7 @@ def test_a_generation_config_without_stop_tokens_takes_the_tokenizers():
 
 
 def test_no_tokenizer_writes_the_model_alone(tmp_path):
-    trainer = PolicyTrainer(rb.models.tiny()[0], reference=None)
+    trainer = tiny_trainer(tokenizer=False)
     folder = trainer.save_pretrained(tmp_path / "policy")
     assert {p.name for p in folder.iterdir()} == {
         "config.json",

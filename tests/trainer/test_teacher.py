@@ -2,14 +2,14 @@
 
 import pytest
 import torch
+from builders import tiny_engine, tiny_trainer
 
 import rlblocks as rb
 
 
 @pytest.fixture(scope="module")
 def rollouts():
-    model, tokenizer = rb.models.tiny(seed=0)
-    engine = rb.rollout.HFEngine(model, tokenizer, progress=False)
+    engine = tiny_engine(tiny_trainer())
     return engine.generate(
         ["Count: 1", "Count: 22", "a longer prompt here"],
         group_size=2,
@@ -18,9 +18,9 @@ def rollouts():
 
 
 def test_teacher_scores_as_the_trainer_does(rollouts):
-    model, tokenizer = rb.models.tiny(seed=3)
-    expected = rb.trainer.PolicyTrainer(model, reference=None).logprobs(rollouts)
-    teacher = rb.trainer.Teacher(model, tokenizer=tokenizer)
+    policy = tiny_trainer(seed=3)
+    expected = policy.logprobs(rollouts)
+    teacher = rb.trainer.Teacher(policy.model, tokenizer=policy.tokenizer)
     torch.testing.assert_close(teacher.logprobs(rollouts), expected, rtol=0, atol=0)
     assert isinstance(teacher, rb.interfaces.Teacher)  # the contract the distill recipe uses
     assert not any(p.requires_grad for p in teacher.model.parameters())
