@@ -1,10 +1,15 @@
-"""Keywords a function no longer takes, each failing with a message that names its new place.
+"""Keywords a function no longer takes, and attributes a module no longer has, each failing with
+a message that names its new place.
 
     @moved_keywords(group_size="group_size=")
     def ppo(..., group_size: int = 1): ...
 
     ppo(..., group_size=4)
     # TypeError: ppo: group_size= is no longer a keyword; use group_size=
+
+    __getattr__ = gone_attributes(__name__, "renamed", {"reverse_kl": "rb.advantage.teacher_kl"})
+    rb.advantage.reverse_kl
+    # AttributeError: rlblocks.advantage.reverse_kl: renamed; use rb.advantage.teacher_kl
 
 A base helper (it imports nothing of rlblocks): every layer may use it, so that a user who
 meets an old name learns the new one instead of Python's bare "unexpected keyword argument".
@@ -13,7 +18,7 @@ meets an old name learns the new one instead of Python's bare "unexpected keywor
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -39,4 +44,17 @@ def moved_keywords(**where: str) -> Callable[[F], F]:
     return decorate
 
 
-__all__ = ["moved_keywords"]
+def gone_attributes(module: str, how: str, where: Mapping[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for ``module`` (its ``__name__``): each name of ``where`` (old
+    name -> what to use now) raises an ``AttributeError`` saying it was ``how`` ("renamed",
+    "moved") and naming its replacement; any other name, Python's usual ``AttributeError``."""
+
+    def __getattr__(name: str) -> Any:
+        if name in where:
+            raise AttributeError(f"{module}.{name}: {how}; use {where[name]}")
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+__all__ = ["gone_attributes", "moved_keywords"]

@@ -29,6 +29,7 @@ key; `_where` adds it from PyYAML's node marks.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import inspect
 import re
@@ -116,6 +117,12 @@ RUN_KEYS = {
     "prompts_per_step": (int, 8, "prompts per step (PromptBatches)"),
     "checkpoint_every": (int, 1, "steps between checkpoints (the newest is kept)"),
     "tracking": (list[str], ["none"], "Tracker report_to: tensorboard, wandb, mlflow, trackio"),
+    "staleness": (Literal[0, 1], 0, "RunOptions.staleness: 1 samples one step off (docs/run.md)"),
+    "old_logprobs": (
+        Literal["auto", "recompute", "rollout"],
+        "auto",
+        "RunOptions.old_logprobs: where pi_old comes from (docs/run.md)",
+    ),
 }
 
 
@@ -290,7 +297,8 @@ def _where(message: str, key: str | None, file: Path | None, argv: list[str]) ->
 
 def build(config: Namespace) -> tuple[Callable[..., list[dict[str, Any]]], dict[str, Any]]:
     """The recipe and the arguments ``config`` stands for, blocks built (the model loaded):
-    ``fn(**arguments)`` is the run, without its checkpoint and tracker."""
+    ``fn(**arguments, run=run_options(config))`` is the run (add a checkpoint and a tracker to
+    those options to save and log it)."""
     fn = RECIPES[config.recipe]
     params = inspect.signature(fn).parameters
     torch.manual_seed(config.seed)
@@ -315,7 +323,9 @@ def build(config: Namespace) -> tuple[Callable[..., list[dict[str, Any]]], dict[
         reference="auto" if kl_coef or "critic" in params or anchored else None,
         lora=lora,
     )
-    engine = HFEngine(policy.model, policy.tokenizer, **vars(config.engine))  # shares the model
+    # The engine shares the trainer's model; one step off it samples with its own copy.
+    engine_model = copy.deepcopy(policy.model) if config.staleness else policy.model
+    engine = HFEngine(engine_model, policy.tokenizer, **vars(config.engine))
     data_kwargs = _kwargs(config.data)
     if data_kwargs.get("max_prompt_tokens") is not None:
         data_kwargs["tokenizer"] = policy.tokenizer
@@ -386,8 +396,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     (out / "config.yaml").write_text(dump(config, p))
     with Tracker(out, report_to=config.tracking) as tracker:
         checkpoint = Checkpointer(out / "checkpoints", every=config.checkpoint_every, keep_last=1)
-        run = RunOptions(progress=False, checkpoint=checkpoint, resume=resume, tracker=tracker)
+        run = run_options(config, checkpoint=checkpoint, resume=resume, tracker=tracker)
         return fn(**arguments, run=run)
+
+
+def run_options(config: Namespace, **loop: Any) -> RunOptions:
+    """The ``RunOptions`` of ``config`` (``staleness``, ``old_logprobs``), no progress bar,
+    with ``loop`` (checkpoint, resume, tracker) added."""
+    return RunOptions(
+        progress=False, staleness=config.staleness, old_logprobs=config.old_logprobs, **loop
+    )
 
 
 if __name__ == "__main__":

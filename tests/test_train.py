@@ -118,8 +118,13 @@ def test_command_line_overrides_the_file(config_file):
     config, _, _ = train.parse([str(config_file), "--loss.name", "gspo", "--recipe", "remax"])
     assert config.recipe == "remax" and "loss" in config  # remax takes a loss_fn
     assert "advantage" not in config  # ... but no advantage estimator
-    with pytest.raises(SystemExit, match=r"line 3: .*'group_size'"):  # PPO: group_size
-        train.parse([str(config_file), "--recipe", "ppo"])
+    # One vocabulary: PPO takes the file's group_size as GRPO does (it was samples_per_prompt,
+    # which this line checked was refused); a section a recipe does not take is still named
+    # with its file and line: DAPO has its own clip, no loss section.
+    config, _, _ = train.parse([str(config_file), "--recipe", "ppo"])
+    assert config.recipe == "ppo" and config.group_size == 4
+    with pytest.raises(SystemExit, match=r"line 24: Option 'loss.name' is not accepted"):
+        train.parse([str(config_file), "--recipe", "dapo"])
 
 
 @pytest.mark.parametrize(
@@ -158,6 +163,15 @@ def test_examples_parse_and_the_main_job_runs_on_the_tiny_model(tmp_path):
     quick += ["--sampling.max_new_tokens", "4", "--out", str(tmp_path / "run")]
     history = train.main([str(ROOT / "examples" / "grpo_arithmetic.yaml"), *quick])
     assert len(history) == 1 and "reward/mean" in history[0]
+
+
+def test_a_yaml_run_goes_one_step_off_with_its_own_engine_copy(tmp_path, config_file):
+    # staleness: 1 in the file is RunOptions(staleness=1): the engine gets its own copy of the
+    # weights (sharing the trainer's module is refused one step off) and batches 2.. are stale.
+    args = [str(config_file), "--staleness", "1", "--out", str(tmp_path / "run")]
+    history = train.main([*args, "--steps", "3"])
+    assert [h["async/staleness"] for h in history] == [0.0, 1.0, 1.0]
+    assert "staleness: 1" in (tmp_path / "run" / "config.yaml").read_text()
 
 
 @pytest.mark.parametrize(("name", "reference"), [("dpo", True), ("simpo", False)])

@@ -35,6 +35,7 @@ from rlblocks.advantage.returns import discounted_returns, outcome_scores, token
 from rlblocks.advantage.rloo import rloo
 from rlblocks.advantage.whiten import whiten
 from rlblocks.interfaces import Advantages
+from rlblocks.renamed import gone_attributes
 
 ESTIMATORS: dict[str, Callable[..., Advantages]] = {
     "gae": gae,
@@ -78,8 +79,4 @@ __all__ = [
 #: Names that changed, and what to use now (one name for one contract).
 _RENAMED = {"reverse_kl": "rb.advantage.teacher_kl (rb.losses.reverse_kl is the per-token loss)"}
 
-
-def __getattr__(name: str) -> object:
-    if name in _RENAMED:
-        raise AttributeError(f"rlblocks.advantage.{name}: renamed; use {_RENAMED[name]}")
-    raise AttributeError(f"module 'rlblocks.advantage' has no attribute {name!r}")
+__getattr__ = gone_attributes(__name__, "renamed", _RENAMED)

@@ -40,10 +40,10 @@ from rlblocks.losses.value import value_loss
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.batches import scored_in_pieces, token_advantages
 from rlblocks.trainer.checkpoint import load_trainer, save_trainer
-from rlblocks.trainer.config import TrainConfig, optimizer_and_schedule
+from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
-from rlblocks.trainer.update import assign, run_update
+from rlblocks.trainer.update import assign, rebuild_optimizer, run_update, start_training
 
 
 class CriticTrainer:
@@ -66,16 +66,9 @@ class CriticTrainer:
             )
         self.model = model.eval()
         self.dp: SingleProcess | DataParallel = SingleProcess()  # see shard()
-        self.steps = 0  # step() calls
-        self.optimizer_steps = 0  # applied updates
-        self.skipped_steps = 0  # updates refused by the NaN guard
-        self.rebuild_optimizer()
+        start_training(self)  # counters steps, optimizer_steps, skipped_steps; the optimizer
 
-    def rebuild_optimizer(self) -> None:
-        """A fresh AdamW and schedule on the current trainable parameters (after sharding)."""
-        self.optimizer, self.scheduler = optimizer_and_schedule(
-            self.model, self.config, owner="CriticTrainer"
-        )
+    rebuild_optimizer = rebuild_optimizer  # a fresh AdamW and schedule (trainer.update)
 
     @classmethod
     def from_pretrained(

@@ -20,7 +20,7 @@ so that every example is trained on once an epoch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,25 +47,26 @@ def _epoch_order(num_rows: int, *, seed: int, epoch: int, shuffle: bool = True) 
 class _EpochBatches:
     """The bookkeeping `PromptBatches` and `SFTBatches` share: epoch, position, the order of an
     epoch, the end of an epoch and of the iteration, and ``state_dict`` (module docstring).
-    A subclass sets ``seed``, ``shuffle``, ``drop_last``, ``epochs``, says what it batches
-    (`_items`, `_size`, `_size_key`) and turns the indices of `_next_indices` into a batch."""
+    A subclass says what it batches and its settings (`_start`), names its batch size
+    (`_size_key`) and turns the indices of `_next_indices` into a batch."""
 
     _size_key: str  # the name of the batch size in ``state_dict``
-    seed: int
-    shuffle: bool
-    drop_last: bool
-    epochs: int | None
 
-    def _items(self) -> int:
-        raise NotImplementedError
-
-    def _size(self) -> int:
-        raise NotImplementedError
-
-    def _start(self) -> None:
+    def _start(
+        self, items: Sized, size: int, seed: int, shuffle: bool, drop_last: bool, epochs: int | None
+    ) -> None:
+        """Batch ``size`` of ``items`` at a time with these settings, from the first epoch."""
+        self._source, self._batch_size = items, size
+        self.seed, self.shuffle, self.drop_last, self.epochs = seed, shuffle, drop_last, epochs
         self.epoch = 0
         self.position = 0  # index, in this epoch's order, of the next item to yield
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, permutation) cache
+
+    def _items(self) -> int:
+        return len(self._source)
+
+    def _size(self) -> int:
+        return self._batch_size
 
     @property
     def steps_per_epoch(self) -> int:
@@ -204,16 +205,9 @@ class PromptBatches(_EpochBatches):
             raise ValueError("PromptBatches: the dataset is empty; give it at least one row")
         self.dataset = dataset
         self.prompts_per_step = prompts_per_step
-        self.seed, self.shuffle, self.drop_last, self.epochs = seed, shuffle, drop_last, epochs
-        self._start()
+        self._start(dataset, prompts_per_step, seed, shuffle, drop_last, epochs)
 
     _size_key = "prompts_per_step"
-
-    def _items(self) -> int:
-        return len(self.dataset)
-
-    def _size(self) -> int:
-        return self.prompts_per_step
 
     def __next__(self) -> PromptBatch:
         indices, start = self._next_indices()
@@ -260,16 +254,9 @@ class SFTBatches(_EpochBatches):
                 "lower batch_size, or pass drop_last=False"
             )
         self.data, self.batch_size = data, batch_size
-        self.seed, self.epochs, self.shuffle, self.drop_last = seed, epochs, shuffle, drop_last
-        self._start()
+        self._start(data, batch_size, seed, shuffle, drop_last, epochs)
 
     _size_key = "batch_size"
-
-    def _items(self) -> int:
-        return len(self.data)
-
-    def _size(self) -> int:
-        return self.batch_size
 
     def __next__(self) -> Rollouts:
         indices, _ = self._next_indices()

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from rlblocks.models.builtin import BUILTINS, builtin_path
+
+T = TypeVar("T")
 
 
 def load(
@@ -42,6 +45,24 @@ def load(
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.to(device).eval(), tokenizer
+
+
+def from_pretrained(
+    cls: type[T],
+    name_or_path: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    **kwargs: Any,
+) -> T:
+    """``cls(model, tokenizer=tokenizer, **kwargs)`` on what :func:`load` returns (built-in
+    name, folder or hub name, in ``dtype`` on ``device``): the ``from_pretrained`` of the blocks
+    that wrap a causal LM and keep its tokenizer (``PolicyTrainer``, ``Teacher``, ``HFEngine``:
+    ``from_pretrained = classmethod(loading.from_pretrained)``, so that the bound method keeps
+    the name ``from_pretrained`` and pickles).
+    """
+    model, tokenizer = load(name_or_path, dtype=dtype, device=device)
+    return cls(model, tokenizer=tokenizer, **kwargs)
 
 
 def load_tokenizer(

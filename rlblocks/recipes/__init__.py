@@ -7,8 +7,6 @@ rollouts and π_old come from); `rlblocks.recipes.defaults` holds the defaults t
 ``kl_regularized`` lives in `rlblocks.losses` and is re-exported here.
 """
 
-from typing import Any
-
 from rlblocks.losses import kl_regularized
 from rlblocks.recipes.dapo import InformativeGroups, dapo, sample_informative_groups
 from rlblocks.recipes.distill import distill
@@ -18,6 +16,7 @@ from rlblocks.recipes.online_dpo import online_dpo
 from rlblocks.recipes.ppo import ppo
 from rlblocks.recipes.sft import held_out_nll, sft
 from rlblocks.recipes.variants import greedy_baseline_rewards, remax, with_greedy_answers
+from rlblocks.renamed import gone_attributes
 
 __all__ = [
     "Evaluation",
@@ -40,8 +39,4 @@ __all__ = [
 #: Names that moved to the run floor, and where.
 _MOVED = {"OneStepOff": "rb.run.RunOptions(staleness=1, old_logprobs=...), passed as run="}
 
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        raise AttributeError(f"rlblocks.recipes.{name}: moved; use {_MOVED[name]}")
-    raise AttributeError(f"module 'rlblocks.recipes' has no attribute {name!r}")
+__getattr__ = gone_attributes(__name__, "moved", _MOVED)

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, TensorSpec, dispatch
+from rlblocks.models import loading
 from rlblocks.models.context import check_lengths, context_length
 from rlblocks.renamed import moved_keywords
 from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
@@ -88,21 +89,9 @@ class HFEngine:
         self.progress = progress
         self.weights_version = 0
 
-    @classmethod
-    def from_pretrained(
-        cls,
-        name_or_path: str,
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: str | torch.device = "cpu",
-        **kwargs: Any,
-    ) -> HFEngine:
-        """Load with :func:`rlblocks.models.load` (a built-in such as ``"tiny"`` or a folder)
-        in ``dtype`` on ``device``; ``kwargs`` go to the constructor."""
-        from rlblocks.models import load
-
-        model, tokenizer = load(name_or_path, dtype=dtype, device=device)
-        return cls(model, tokenizer, **kwargs)
+    # from_pretrained(name_or_path, *, dtype=float32, device="cpu", **kwargs): load (a built-in
+    # such as "tiny" or a folder), then cls(model, tokenizer=tokenizer, **kwargs).
+    from_pretrained = classmethod(loading.from_pretrained)
 
     # ------------------------------------------------------------------ RolloutEngine
     @dispatch(Dispatch.PROMPTS)

@@ -53,20 +53,28 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, dispatch
+from rlblocks.models import loading
 from rlblocks.renamed import moved_keywords
 from rlblocks.rng import rng_state, set_rng_state
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.allocator import keep_freed_memory
 from rlblocks.trainer.batches import scored_in_pieces, token_advantages
 from rlblocks.trainer.checkpoint import load_trainer, load_weights, save_trainer, save_weights
-from rlblocks.trainer.config import TrainConfig, optimizer_and_schedule
+from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.export import DEFAULT_COMMIT_MESSAGE, push_to_hub, save_pretrained
 from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
 from rlblocks.trainer.lora import is_peft_model, wrap_lora
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.policy_loss import PreparedUpdate, prepare_update
-from rlblocks.trainer.update import Accumulation, assign, run_update, timing
+from rlblocks.trainer.update import (
+    Accumulation,
+    assign,
+    rebuild_optimizer,
+    run_update,
+    start_training,
+    timing,
+)
 from rlblocks.trainer.weights import (
     frozen_reference,
     full_weight_spec,
@@ -122,35 +130,14 @@ class PolicyTrainer:
         self.model = (wrap_lora(model, lora) if lora is not None else model).eval()
         self.has_adapter = is_peft_model(self.model)  # LoRA: only the adapter trains
         self.dp: SingleProcess | DataParallel = SingleProcess()  # see shard()
-        self.steps = 0  # step() calls
-        self.optimizer_steps = 0  # applied updates
-        self.skipped_steps = 0  # updates refused by the NaN guard
         self._accumulation = Accumulation()  # forward_backward's gradients until optim_step
-        self.rebuild_optimizer()
+        start_training(self)  # counters steps, optimizer_steps, skipped_steps; the optimizer
 
-    def rebuild_optimizer(self) -> None:
-        """A fresh AdamW and schedule on the current trainable parameters (after sharding)."""
-        self.optimizer, self.scheduler = optimizer_and_schedule(
-            self.model, self.config, owner="PolicyTrainer"
-        )
+    rebuild_optimizer = rebuild_optimizer  # a fresh AdamW and schedule (trainer.update)
 
-    @classmethod
-    def from_pretrained(
-        cls,
-        name_or_path: str | Path,
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: str | torch.device = "cpu",
-        **kwargs: Any,
-    ) -> PolicyTrainer:
-        """Load with ``rlblocks.models.load`` (built-in name, folder or hub name) and wrap it.
-
-        The tokenizer is kept as ``trainer.tokenizer``; ``kwargs`` go to the constructor.
-        """
-        from rlblocks.models import load
-
-        model, tokenizer = load(name_or_path, dtype=dtype, device=device)
-        return cls(model, tokenizer=tokenizer, **kwargs)
+    # from_pretrained(name_or_path, *, dtype=float32, device="cpu", **kwargs): load, then
+    # cls(model, tokenizer=tokenizer, **kwargs); the tokenizer is kept as trainer.tokenizer.
+    from_pretrained = classmethod(loading.from_pretrained)
 
     @property
     def device(self) -> torch.device:

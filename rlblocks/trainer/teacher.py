@@ -20,7 +20,6 @@ path)`` puts it on its own role; ``logprobs`` is split by rows over the role's w
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from torch import Tensor, nn
 
 from rlblocks.interfaces import Dispatch, dispatch
 from rlblocks.losses.entropy import DEFAULT_CHUNK_SIZE
+from rlblocks.models import loading
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.batches import scored_in_pieces
 from rlblocks.trainer.config import TrainConfig
@@ -68,21 +68,9 @@ class Teacher:
         if tokenizer is not None and student_tokenizer is not None:
             check_same_vocabulary(tokenizer, student_tokenizer)
 
-    @classmethod
-    def from_pretrained(
-        cls,
-        name_or_path: str | Path,
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: str | torch.device = "cpu",
-        **kwargs: Any,
-    ) -> Teacher:
-        """Load with ``rlblocks.models.load`` (built-in name, folder or hub name) and wrap it;
-        ``kwargs`` go to the constructor."""
-        from rlblocks.models import load
-
-        model, tokenizer = load(name_or_path, dtype=dtype, device=device)
-        return cls(model, tokenizer=tokenizer, **kwargs)
+    # from_pretrained(name_or_path, *, dtype=float32, device="cpu", **kwargs): load, then
+    # cls(model, tokenizer=tokenizer, **kwargs).
+    from_pretrained = classmethod(loading.from_pretrained)
 
     @property
     def device(self) -> torch.device:

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.batches import micro_batch_pairs, minibatch_rows
-from rlblocks.trainer.config import TrainConfig
+from rlblocks.trainer.config import TrainConfig, optimizer_and_schedule
 from rlblocks.trainer.guard import guarded_step
 from rlblocks.trainer.metrics import StepMetrics
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
@@ -58,6 +58,24 @@ class Trainable(Protocol):
     steps: int
     optimizer_steps: int
     skipped_steps: int
+
+
+def start_training(trainer: Trainable) -> None:
+    """The end of a trainer's ``__init__``: zero the counters the loop advances and build the
+    optimizer (:func:`rebuild_optimizer`)."""
+    trainer.steps = 0  # step() calls
+    trainer.optimizer_steps = 0  # applied updates
+    trainer.skipped_steps = 0  # updates refused by the NaN guard
+    rebuild_optimizer(trainer)
+
+
+def rebuild_optimizer(trainer: Trainable) -> None:
+    """A fresh AdamW and schedule on the current trainable parameters (after sharding).
+
+    The ``rebuild_optimizer`` method of ``PolicyTrainer`` and ``CriticTrainer``."""
+    trainer.optimizer, trainer.scheduler = optimizer_and_schedule(
+        trainer.model, trainer.config, owner=type(trainer).__name__
+    )
 
 
 @dataclass(frozen=True)
