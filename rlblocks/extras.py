@@ -37,7 +37,7 @@ def require(module: str, *, extra: str | None = None, needed_by: str = "this") -
         extra = extra or EXTRAS.get(top)
         how = f'pip install "rlblocks[{extra}]"' if extra else f"pip install {top}"
         raise ImportError(
-            f"{needed_by} needs {top!r}, which is not installed ({error}): {how}"
+            f"{needed_by}: needs {top!r}, which is not installed ({error}); {how}"
         ) from error
 
 

@@ -117,19 +117,28 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(
-                f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}"
+                f"SamplingParams.max_new_tokens: must be >= 1, got {self.max_new_tokens}; pass a "
+                "positive count"
             )
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             raise ValueError(
-                f"SamplingParams.min_new_tokens must be in [0, max_new_tokens = "
-                f"{self.max_new_tokens}], got {self.min_new_tokens}"
+                f"SamplingParams.min_new_tokens: must be in [0, max_new_tokens = "
+                f"{self.max_new_tokens}], got {self.min_new_tokens}; pass a count in that range"
             )
         if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+            raise ValueError(
+                f"SamplingParams.temperature: must be >= 0, got {self.temperature}; pass 0 for "
+                "greedy decoding or a positive value"
+            )
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+            raise ValueError(
+                f"SamplingParams.top_p: must be in (0, 1], got {self.top_p}; pass 1.0 to keep "
+                "every token"
+            )
         if self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k must be >= 0, got {self.top_k}")
+            raise ValueError(
+                f"SamplingParams.top_k: must be >= 0, got {self.top_k}; pass 0 to keep every token"
+            )
 
 
 class TensorSpec(NamedTuple):

@@ -39,8 +39,9 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     if cuda is not None and torch.cuda.is_available():
         if len(cuda) != torch.cuda.device_count():
             raise ValueError(
-                f"the checkpoint holds the random state of {len(cuda)} CUDA devices, this "
-                f"process sees {torch.cuda.device_count()}"
+                f"set_rng_state: the checkpoint holds the random state of {len(cuda)} CUDA "
+                f"devices, this process sees {torch.cuda.device_count()}; resume with "
+                f"{len(cuda)} visible devices (CUDA_VISIBLE_DEVICES)"
             )
         torch.cuda.set_rng_state_all(cuda)
 

@@ -123,8 +123,8 @@ class Rollouts:
         if self.rewards is not None:
             if not isinstance(self.rewards, Tensor) or self.rewards.shape not in ((b,), (b, t)):
                 raise ValueError(
-                    f"Rollouts.rewards has shape {shape_of(self.rewards)}, expected ({b},) or "
-                    f"({b}, {t})"
+                    f"Rollouts.rewards: has shape {shape_of(self.rewards)}, expected ({b},) or "
+                    f"({b}, {t}); pass one reward per row, or one per response token"
                 )
             expect_dtype("rewards", self.rewards, integer=False)
         counted_padding = self.response_mask & ~self.attention_mask[:, tp:]
@@ -132,13 +132,16 @@ class Rollouts:
         if counted_padding.device.type != "meta" and counted_padding.any():
             row = int(counted_padding.any(-1).nonzero()[0])
             raise ValueError(
-                f"Rollouts.response_mask is True on padding (attention_mask False) in row {row}: "
-                "a token that counts in the loss must be a real token"
+                f"Rollouts.response_mask: True on padding (attention_mask False) in row {row}; "
+                "set it False there (a token that counts in the loss must be a real token)"
             )
         for name in ("prompts", "completions", "metadata"):
             n = len(getattr(self, name))
             if n != b:
-                raise ValueError(f"Rollouts.{name} has {n} entries but the batch has {b} rows")
+                raise ValueError(
+                    f"Rollouts.{name}: has {n} entries but the batch has {b} rows; give one "
+                    "entry per row"
+                )
         for name, value in self.extras.items():
             if name in OPTIONAL_FIELDS:
                 raise ValueError(
@@ -236,7 +239,7 @@ class Rollouts:
         gives ``p`` groups of ``n``.
         """
         if n < 1:
-            raise ValueError(f"Rollouts.repeat: n must be >= 1, got {n}")
+            raise ValueError(f"Rollouts.repeat: n={n}; use n >= 1")
         return self.select(torch.arange(self.batch_size).repeat_interleave(n))
 
     def split(self, *, rows: int | None = None, token_budget: int | None = None) -> list[Rollouts]:
@@ -247,11 +250,11 @@ class Rollouts:
         Both may be given; each micro-batch then satisfies both.
         """
         if rows is None and token_budget is None:
-            raise ValueError("Rollouts.split needs rows=... or token_budget=...")
+            raise ValueError("Rollouts.split: neither rows nor token_budget given; pass one")
         if rows is not None and rows < 1:
-            raise ValueError(f"Rollouts.split: rows must be >= 1, got {rows}")
+            raise ValueError(f"Rollouts.split: rows={rows}; use rows >= 1")
         if token_budget is not None and token_budget < 1:
-            raise ValueError(f"Rollouts.split: token_budget must be >= 1, got {token_budget}")
+            raise ValueError(f"Rollouts.split: token_budget={token_budget}; use token_budget >= 1")
         lengths = self.attention_mask.sum(-1).tolist()
         bounds, start, used = [], 0, 0
         for i, length in enumerate(lengths):
@@ -302,20 +305,23 @@ class Rollouts:
     def concat(parts: Sequence[Rollouts]) -> Rollouts:
         """Rows of all parts, in order; prompts re-padded on the left, responses on the right."""
         if not parts:
-            raise ValueError("Rollouts.concat needs at least one Rollouts")
+            raise ValueError("Rollouts.concat: no parts; pass at least one Rollouts")
         first = parts[0]
         tp = max(p.prompt_ids.shape[1] for p in parts)
         t = max(p.response_ids.shape[1] for p in parts)
         present = [name for name in OPTIONAL_FIELDS if getattr(first, name) is not None]
         for name in OPTIONAL_FIELDS:
             if len({getattr(p, name) is not None for p in parts}) > 1:
-                raise ValueError(f"Rollouts.concat: some parts have {name} and some do not")
+                raise ValueError(
+                    f"Rollouts.concat: some parts have {name} and some do not; give it to "
+                    "every part or to none"
+                )
         keys = set(first.extras)
         for i, p in enumerate(parts):
             if set(p.extras) != keys:
                 raise ValueError(
                     f"Rollouts.concat: part {i} has extras {sorted(p.extras)}, "
-                    f"part 0 has {sorted(keys)}"
+                    f"part 0 has {sorted(keys)}; give every part the same extras"
                 )
 
         def cat(name: str, left: bool, width: int, value: float | bool = 0) -> Tensor:
@@ -368,7 +374,10 @@ class Rollouts:
         """
         b = len(prompt_ids)
         if len(response_ids) != b:
-            raise ValueError(f"from_lists: {b} prompts but {len(response_ids)} responses")
+            raise ValueError(
+                f"Rollouts.from_lists: {b} prompts but {len(response_ids)} responses; pass one response "
+                "per prompt"
+            )
         masks = response_masks or [[True] * len(r) for r in response_ids]
         for name, ragged in (("response_masks", masks), ("rollout_logprobs", rollout_logprobs)):
             if ragged is None:
@@ -376,8 +385,8 @@ class Rollouts:
             for i, (r, m) in enumerate(zip(response_ids, ragged, strict=True)):
                 if len(r) != len(m):
                     raise ValueError(
-                        f"from_lists: row {i} has {len(r)} response tokens but {name} "
-                        f"has {len(m)} entries"
+                        f"Rollouts.from_lists: row {i} has {len(r)} response tokens but {name} "
+                        f"has {len(m)} entries; give one entry per response token"
                     )
         tp = max((len(p) for p in prompt_ids), default=0)
         t = max((len(r) for r in response_ids), default=0)
@@ -419,7 +428,7 @@ def balanced_partition(lengths: Sequence[int], parts: int) -> list[list[int]]:
     worker and the earlier row, so the split is deterministic.
     """
     if parts < 1:
-        raise ValueError(f"balanced_partition: parts must be >= 1, got {parts}")
+        raise ValueError(f"balanced_partition: parts={parts}; use parts >= 1")
     loads = [(0, rank) for rank in range(parts)]  # (tokens so far, rank): a min-heap
     out: list[list[int]] = [[] for _ in range(parts)]
     for row in sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i)):
@@ -437,12 +446,16 @@ def _as_row_index(index: Index, b: int) -> Tensor:
     if rows.dtype == torch.bool:
         if rows.shape != (b,):
             raise ValueError(
-                f"Rollouts.select: bool mask has shape {shape_of(rows)}, expected ({b},)"
+                f"Rollouts.select: bool mask has shape {shape_of(rows)}, expected ({b},); pass "
+                "one bool per row"
             )
         return rows.nonzero().flatten()
     rows = rows.long().flatten()
     if len(rows) and (rows.min() < -b or rows.max() >= b):
-        raise IndexError(f"Rollouts.select: row index out of range for a batch of {b}")
+        raise IndexError(
+            f"Rollouts.select: row index out of range for a batch of {b}; pass indices in "
+            f"{-b}..{b - 1}"
+        )
     return rows % b if len(rows) else rows
 
 

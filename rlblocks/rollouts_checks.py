@@ -17,24 +17,34 @@ def shape_of(x: Tensor) -> str:
 def expect_dims(name: str, x: Any, dims: int) -> None:
     """Raise unless field ``name`` is a tensor with ``dims`` dimensions."""
     if not isinstance(x, Tensor):
-        raise TypeError(f"Rollouts.{name} must be a torch.Tensor, got {type(x).__name__}")
+        raise TypeError(
+            f"Rollouts.{name}: must be a torch.Tensor, got {type(x).__name__}; pass a tensor"
+        )
     if x.dim() != dims:
-        raise ValueError(f"Rollouts.{name} must have {dims} dimensions, got shape {shape_of(x)}")
+        raise ValueError(
+            f"Rollouts.{name}: must have {dims} dimensions, got shape {shape_of(x)}; pass a "
+            f"{dims}-D tensor"
+        )
 
 
 def expect_shape(name: str, x: Any, shape: tuple[int, ...], why: str) -> None:
     """Raise unless field ``name`` is a tensor of ``shape``; ``why`` explains it."""
     if not isinstance(x, Tensor):
-        raise TypeError(f"Rollouts.{name} must be a torch.Tensor, got {type(x).__name__}")
+        raise TypeError(
+            f"Rollouts.{name}: must be a torch.Tensor, got {type(x).__name__}; pass a tensor"
+        )
     if tuple(x.shape) != shape:
-        raise ValueError(f"Rollouts.{name} has shape {shape_of(x)}, expected {shape} ({why})")
+        raise ValueError(
+            f"Rollouts.{name}: has shape {shape_of(x)}, expected {shape} ({why}); pass a tensor "
+            "of that shape"
+        )
 
 
 def expect_bool(name: str, x: Tensor) -> None:
     """Raise unless field ``name`` is a bool tensor (masks: True = the token counts)."""
     if x.dtype != torch.bool:
         raise TypeError(
-            f"Rollouts.{name} must be torch.bool (True = the token counts), got {x.dtype}; "
+            f"Rollouts.{name}: must be torch.bool (True = the token counts), got {x.dtype}; "
             f"convert with .bool()"
         )
 
@@ -43,21 +53,30 @@ def expect_dtype(name: str, x: Tensor, *, integer: bool) -> None:
     """Raise unless field ``name`` has an integer (``integer``) or a floating dtype."""
     is_int = not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool
     if integer and not is_int:
-        raise TypeError(f"Rollouts.{name} must be an integer tensor, got {x.dtype}")
+        raise TypeError(
+            f"Rollouts.{name}: must be an integer tensor, got {x.dtype}; convert with .long()"
+        )
     if not integer and not x.dtype.is_floating_point:
-        raise TypeError(f"Rollouts.{name} must be a floating-point tensor, got {x.dtype}")
+        raise TypeError(
+            f"Rollouts.{name}: must be a floating-point tensor, got {x.dtype}; convert with "
+            ".float()"
+        )
 
 
 def check_extra(name: str, value: Any, b: int, t: int) -> None:
     """Raise unless extra ``name`` is a tensor of b rows, response-aligned (t) when per token."""
     if not isinstance(value, Tensor):
-        raise TypeError(f"Rollouts.extras[{name!r}] must be a Tensor, got {type(value).__name__}")
+        raise TypeError(
+            f"Rollouts.extras[{name!r}]: must be a Tensor, got {type(value).__name__}; store "
+            "tensors in extras"
+        )
     if value.dim() == 0 or value.shape[0] != b:
         raise ValueError(
-            f"Rollouts.extras[{name!r}] has shape {shape_of(value)}, expected (b=={b}, ...)"
+            f"Rollouts.extras[{name!r}]: has shape {shape_of(value)}, expected (b=={b}, ...); "
+            "give an extra one entry per row"
         )
     if value.dim() >= 2 and value.shape[1] != t:
         raise ValueError(
-            f"Rollouts.extras[{name!r}] has shape {shape_of(value)}: a per-token extra must be "
-            f"response-aligned, (b t ...) with t=={t}"
+            f"Rollouts.extras[{name!r}]: has shape {shape_of(value)}, but a per-token extra "
+            f"must be response-aligned; pass (b t ...) with t=={t}"
         )

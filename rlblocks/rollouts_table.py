@@ -80,6 +80,7 @@ def _rows(x: Tensor, b: int, name: str) -> Tensor:
     x = torch.as_tensor(x).detach().cpu()
     if x.dim() not in (1, 2) or x.shape[0] != b:
         raise ValueError(
-            f"to_records: {name} has shape {tuple(x.shape)}, expected ({b},) or ({b}, t)"
+            f"Rollouts.to_records: {name} has shape {tuple(x.shape)}, expected ({b},) or "
+            f"({b}, t); pass one value per row, or one per response token"
         )
     return x

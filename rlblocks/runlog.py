@@ -73,12 +73,13 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
                 )
                 break
             raise ValueError(
-                f"{path}, line {number}: not a metrics record ({error.msg} at column "
-                f"{error.colno}): {line!r:.80}"
+                f"read_metrics: {path}, line {number}: not a metrics record ({error.msg} at "
+                f"column {error.colno}): {line!r:.80}; pass a metrics.jsonl a run wrote"
             ) from None
         if not isinstance(record, dict):
             raise ValueError(  # noqa: TRY004 -- a bad line in a file is always a ValueError
-                f"{path}, line {number}: expected a JSON object, got {line!r:.80}"
+                f"read_metrics: {path}, line {number}: expected a JSON object, got "
+                f"{line!r:.80}; pass a metrics.jsonl a run wrote"
             )
         records.append(record)
     return records

@@ -90,16 +90,19 @@ def test_dispatch_is_declared_on_the_method():
 
 def test_sampling_params_validate():
     assert SamplingParams().temperature == 1.0
-    with pytest.raises(ValueError, match="top_p must be in"):
+    with pytest.raises(ValueError, match=r"^SamplingParams.top_p: must be in \(0, 1\], got 0.0; "):
         SamplingParams(top_p=0.0)
-    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+    with pytest.raises(ValueError, match="^SamplingParams.max_new_tokens: must be >= 1, got 0; "):
         SamplingParams(max_new_tokens=0)
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
+    with pytest.raises(ValueError, match="^SamplingParams.temperature: must be >= 0, got -1; "):
         SamplingParams(temperature=-1)
-    with pytest.raises(ValueError, match="top_k must be >= 0"):
+    with pytest.raises(ValueError, match="^SamplingParams.top_k: must be >= 0, got -1; "):
         SamplingParams(top_k=-1)
     assert SamplingParams(max_new_tokens=4, min_new_tokens=4).min_new_tokens == 4  # the limit
-    with pytest.raises(ValueError, match=r"min_new_tokens must be in \[0, max_new_tokens = 4\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"^SamplingParams.min_new_tokens: must be in \[0, max_new_tokens = 4\], got 5; ",
+    ):
         SamplingParams(max_new_tokens=4, min_new_tokens=5)
-    with pytest.raises(ValueError, match="min_new_tokens must be in"):
+    with pytest.raises(ValueError, match="^SamplingParams.min_new_tokens: must be in .*, got -1; "):
         SamplingParams(min_new_tokens=-1)

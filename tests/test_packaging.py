@@ -129,7 +129,7 @@ def test_optional_modules_are_imported_lazily():
 
 def test_require_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
-    expected = r'rb\.placement\.Ray needs .ray.*pip install "rlblocks\[ray\]"'
+    expected = r'^rb\.placement\.Ray: needs .ray.*; pip install "rlblocks\[ray\]"'
     with pytest.raises(ImportError, match=expected):
         require("ray", needed_by="rb.placement.Ray")
     with pytest.raises(ImportError, match="pip install no_such_module_here"):

@@ -105,9 +105,9 @@ def test_split_token_budget_uneven_lengths():
 
 def test_split_rejects_bad_arguments():
     ro = make()
-    with pytest.raises(ValueError, match="needs rows"):
+    with pytest.raises(ValueError, match="^Rollouts.split: neither rows nor token_budget given"):
         ro.split()
-    with pytest.raises(ValueError, match="rows must be >= 1"):
+    with pytest.raises(ValueError, match="^Rollouts.split: rows=0; use rows >= 1"):
         ro.split(rows=0)
 
 
@@ -139,7 +139,7 @@ def test_repeat_keeps_group_ids_and_order():
     assert rep.prompts == ["a", "a", "a", "b", "b", "b"]
     assert rep.group_ids.tolist() == [5, 5, 5, 9, 9, 9]
     assert rep.prompt_ids.flatten().tolist() == [1, 1, 1, 2, 2, 2]
-    with pytest.raises(ValueError, match="n must be >= 1"):
+    with pytest.raises(ValueError, match="^Rollouts.repeat: n=0; use n >= 1"):
         ro.repeat(0)
 
 
@@ -161,22 +161,22 @@ def test_to_moves_every_tensor():
 
 def test_validation_names_field_and_shape():
     ro = make()
-    with pytest.raises(ValueError, match=r"response_mask has shape \(4, 3\), expected \(4, 4\)"):
+    with pytest.raises(ValueError, match=r"response_mask: has shape \(4, 3\), expected \(4, 4\)"):
         ro.replace(response_mask=ro.response_mask[:, :3])
-    with pytest.raises(TypeError, match="response_mask must be torch.bool"):
+    with pytest.raises(TypeError, match="response_mask: must be torch.bool"):
         ro.replace(response_mask=ro.response_mask.long())
-    with pytest.raises(ValueError, match=r"group_ids has shape \(3,\)"):
+    with pytest.raises(ValueError, match=r"group_ids: has shape \(3,\)"):
         ro.replace(group_ids=torch.zeros(3, dtype=torch.long))
-    with pytest.raises(ValueError, match="completions has 3 entries"):
+    with pytest.raises(ValueError, match="completions: has 3 entries"):
         ro.replace(completions=["a", "b", "c"])
-    with pytest.raises(ValueError, match=r"attention_mask has shape \(4, 7\), expected \(4, 8\)"):
+    with pytest.raises(ValueError, match=r"attention_mask: has shape \(4, 7\), expected \(4, 8\)"):
         ro.replace(attention_mask=ro.attention_mask[:, 1:])
     # Row 0 has 4 response tokens, row 1 only 3: row 1 is the first with a counted pad.
-    with pytest.raises(ValueError, match="response_mask is True on padding .* row 1"):
+    with pytest.raises(ValueError, match="response_mask: True on padding .* row 1"):
         ro.replace(response_mask=torch.ones(4, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"extras\['adv'\].*response-aligned"):
         ro.with_extras(adv=torch.zeros(4, 5))
-    with pytest.raises(TypeError, match="rollout_logprobs must be a floating-point"):
+    with pytest.raises(TypeError, match="rollout_logprobs: must be a floating-point"):
         ro.replace(rollout_logprobs=torch.zeros(4, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="row 1 has 2 response tokens but response_masks"):
         Rollouts.from_lists([[1], [1]], [[2], [3, 4]], response_masks=[[True], [True]])
@@ -217,11 +217,11 @@ def test_a_misspelt_or_misshaped_fixed_name_fails_at_once():
         ro.replace(old_logprob=torch.zeros(4, 4))  # no such field
     with pytest.raises(ValueError, match=r"Rollouts.extras\['old_logprobs'\].*replace"):
         ro.with_extras(old_logprobs=torch.zeros(4, 4))  # a field, not an extra
-    with pytest.raises(ValueError, match=r"Rollouts.advantages has shape \(4, 3\)"):
+    with pytest.raises(ValueError, match=r"Rollouts.advantages: has shape \(4, 3\)"):
         ro.replace(advantages=torch.zeros(4, 3))
-    with pytest.raises(ValueError, match=r"Rollouts.rewards has shape \(3,\)"):
+    with pytest.raises(ValueError, match=r"Rollouts.rewards: has shape \(3,\)"):
         ro.replace(rewards=torch.zeros(3))
-    with pytest.raises(TypeError, match="ref_logprobs must be a floating-point"):
+    with pytest.raises(TypeError, match="ref_logprobs: must be a floating-point"):
         ro.replace(ref_logprobs=torch.zeros(4, 4, dtype=torch.long))
     assert ro.replace(rewards=torch.zeros(4, 4)).rewards.shape == (4, 4)  # per-token rewards
 

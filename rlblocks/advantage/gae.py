@@ -51,7 +51,10 @@ def gae(
     """
     check_inputs(rewards, mask, group_ids)
     if values.shape != mask.shape:
-        raise ValueError(f"values must be (b t) = {tuple(mask.shape)}, got {tuple(values.shape)}")
+        raise ValueError(
+            f"gae: values must be (b t) = {tuple(mask.shape)}, got {tuple(values.shape)}; pass "
+            "one value per response token, shaped like mask"
+        )
     values = torch.where(mask, values.float(), 0.0)  # masked values are never read (may be NaN)
     deltas = token_rewards(rewards, mask) + gamma * _next_valid_values(values, mask) - values
     advantages = masked_discounted_cumsum(deltas, mask, gamma * lam)

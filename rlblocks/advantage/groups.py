@@ -19,7 +19,10 @@ logger = logging.getLogger(__name__)
 def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
     """Dense index ``(b)`` int64 in ``0..n-1`` for arbitrary ``group_ids`` ``(b)``, and ``n``."""
     if group_ids.dim() != 1:
-        raise ValueError(f"group_ids must be (b), got shape {tuple(group_ids.shape)}")
+        raise ValueError(
+            f"AdvantageEstimator: group_ids must be (b), got shape {tuple(group_ids.shape)}; "
+            "pass one group id per row"
+        )
     unique, inverse = torch.unique(group_ids, return_inverse=True)
     return inverse, unique.numel()
 

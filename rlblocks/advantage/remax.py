@@ -41,7 +41,8 @@ def remax(
     check_inputs(rewards, mask, group_ids)
     if baseline_rewards.shape != mask.shape[:1]:
         raise ValueError(
-            f"baseline_rewards must be (b) = {mask.shape[0]}, got {tuple(baseline_rewards.shape)}"
+            f"remax: baseline_rewards must be (b) = {mask.shape[0]}, got "
+            f"{tuple(baseline_rewards.shape)}; pass one greedy-baseline reward per row"
         )
     advantage = outcome_scores(rewards, mask) - baseline_rewards.float()
     return outcome_advantages(advantage, rewards, mask)

@@ -24,13 +24,20 @@ from rlblocks.interfaces import Advantages
 def check_inputs(rewards: Tensor, mask: Tensor, group_ids: Tensor | None = None) -> None:
     """Raise ``ValueError`` unless the shapes and dtypes follow docs/conventions.md."""
     if mask.dtype != torch.bool or mask.dim() != 2:
-        raise ValueError(f"mask must be (b t) bool, got {mask.dtype} {tuple(mask.shape)}")
+        raise ValueError(
+            f"AdvantageEstimator: mask must be (b t) bool, got {mask.dtype} "
+            f"{tuple(mask.shape)}; pass rollouts.response_mask"
+        )
     if rewards.shape not in (mask.shape, mask.shape[:1]):
         raise ValueError(
-            f"rewards must be (b) or (b t) = {tuple(mask.shape)}, got {tuple(rewards.shape)}"
+            f"AdvantageEstimator: rewards must be (b) or (b t) = {tuple(mask.shape)}, got "
+            f"{tuple(rewards.shape)}; pass one reward per row, or one per response token"
         )
     if group_ids is not None and group_ids.shape != mask.shape[:1]:
-        raise ValueError(f"group_ids must be (b) = {mask.shape[0]}, got {tuple(group_ids.shape)}")
+        raise ValueError(
+            f"AdvantageEstimator: group_ids must be (b) = {mask.shape[0]}, got "
+            f"{tuple(group_ids.shape)}; pass one group id per row (rollouts.group_ids)"
+        )
 
 
 def outcome_scores(rewards: Tensor, mask: Tensor) -> Tensor:

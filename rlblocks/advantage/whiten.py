@@ -29,7 +29,10 @@ def whiten(
         ``values`` is not modified.
     """
     if values.shape != mask.shape:
-        raise ValueError(f"values {tuple(values.shape)} and mask {tuple(mask.shape)} differ")
+        raise ValueError(
+            f"whiten: values {tuple(values.shape)} and mask {tuple(mask.shape)} differ; pass "
+            "values shaped like mask"
+        )
     values = values.float()
     mean = masked_mean(values, mask)
     var = masked_var(values, mask, unbiased=True)

@@ -90,7 +90,10 @@ class Checkpointer:
         keep_every: int | None = None,
     ) -> None:
         if every < 1 or (keep_last is not None and keep_last < 1):
-            raise ValueError(f"need every >= 1 and keep_last >= 1, got {every}, {keep_last}")
+            raise ValueError(
+                f"Checkpointer: every={every}, keep_last={keep_last}; use every >= 1 and "
+                "keep_last >= 1 (or None to keep every checkpoint)"
+            )
         self.root = Path(folder)
         self.every, self.keep_last, self.keep_every = every, keep_last, keep_every
 
@@ -118,13 +121,20 @@ class Checkpointer:
         latest = self.latest()
         if resume is False and latest is not None:
             raise FileExistsError(
-                f"{self.root} already holds checkpoints of a run (the newest after step "
-                f"{latest}): pass resume=True (or 'auto') to continue it, or another folder"
+                f"Checkpointer.resume_step: {self.root} already holds checkpoints of a run (the "
+                f"newest after step {latest}); pass run=rb.run.RunOptions(resume=True) (or "
+                'resume="auto") to continue it, or another folder'
             )
         if resume is True and latest is None:
-            raise FileNotFoundError(f"resume=True but {self.root} holds no complete checkpoint")
+            raise FileNotFoundError(
+                f"Checkpointer.resume_step: resume=True but {self.root} holds no complete "
+                'checkpoint; start without resume (or with resume="auto")'
+            )
         if resume not in (True, False, "auto"):
-            raise ValueError(f"resume must be True, False or 'auto', got {resume!r}")
+            raise ValueError(
+                f"Checkpointer.resume_step: resume must be True, False or 'auto', got "
+                f"{resume!r}; pass one of them"
+            )
         return latest
 
     # ------------------------------------------------------------------ saving
@@ -144,7 +154,10 @@ class Checkpointer:
         self.root.mkdir(parents=True, exist_ok=True)
         sweep(self.root)
         if step in self.steps():  # replacing it would leave a moment with no checkpoint of it
-            raise CheckpointError(f"{step_folder(self.root, step)} is already a checkpoint")
+            raise CheckpointError(
+                f"Checkpointer.save: {step_folder(self.root, step)} is already a checkpoint; "
+                "save each step once"
+            )
         partial = partial_folder(self.root, step)
         final = step_folder(self.root, step)
         partial.mkdir()
@@ -166,8 +179,10 @@ class Checkpointer:
         except Exception as err:  # a full disk may surface as OSError, SafetensorError, ...
             _remove(partial)
             raise CheckpointError(
-                f"could not write the checkpoint of step {step} into {final}: {err} (the "
-                f"previous checkpoints are untouched: {self.steps() or 'none'})"
+                f"Checkpointer.save: could not write the checkpoint of step {step} into "
+                f"{final}: {err} (the previous checkpoints are untouched: "
+                f"{self.steps() or 'none'}); fix the cause (free space, or lower keep_last) and "
+                "resume from the newest checkpoint"
             ) from err
         self._prune()
         return final
@@ -183,13 +198,17 @@ class Checkpointer:
         step = self.latest() if step is None else step
         path = step_folder(self.root, step) if step is not None else None
         if path is None or not (path / MARKER).is_file():
-            raise FileNotFoundError(f"no complete checkpoint of step {step} under {self.root}")
+            raise FileNotFoundError(
+                f"Checkpointer.load: no complete checkpoint of step {step} under {self.root}; "
+                f"load one of the complete steps {self.steps()}"
+            )
         payload = torch.load(path / "state.pt", weights_only=False)  # our own file: numpy RNG
         meta = json.loads((path / "meta.json").read_text())
         saved, given = set(meta["blocks"]), {name for name, _ in _present(blocks)}
         if saved != given:
             raise CheckpointError(
-                f"{path} holds the blocks {sorted(saved)}, the run has {sorted(given)}"
+                f"Checkpointer.load: {path} holds the blocks {sorted(saved)}, the run has "
+                f"{sorted(given)}; resume with the blocks of the saved run"
             )
         for name, block in _present(blocks):
             if meta["blocks"][name] == "folder":
@@ -226,8 +245,9 @@ def _save_block(name: str, block: Any, partial: Path) -> str:
     if isinstance(block, Stateful):
         return "state"
     raise TypeError(
-        f"checkpoint block {name!r} ({type(block).__name__}) has neither save_checkpoint/"
-        f"load_checkpoint nor state_dict/load_state_dict"
+        f"Checkpointer.save: block {name!r} ({type(block).__name__}) has neither "
+        "save_checkpoint/load_checkpoint nor state_dict/load_state_dict; give it one of those "
+        "pairs, or leave it out of the checkpoint"
     )
 
 

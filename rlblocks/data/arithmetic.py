@@ -66,11 +66,20 @@ class Difficulty:
 
     def __post_init__(self) -> None:
         if self.operands < 2 or self.max_operand < 2 or self.max_factor < 2:
-            raise ValueError(f"need operands, max_operand, max_factor >= 2, got {self}")
+            raise ValueError(
+                f"Difficulty: operands, max_operand and max_factor must be >= 2, got {self}; "
+                "pass values of at least 2"
+            )
         if not self.operators or set(self.operators) - set("+-*/"):
-            raise ValueError(f"operators must be a non-empty subset of '+-*/', got {self}")
+            raise ValueError(
+                f"Difficulty: operators must be a non-empty subset of '+-*/', got "
+                f"{self.operators!r}; pass e.g. '+-'"
+            )
         if not 0 <= self.word_problems <= 1:
-            raise ValueError(f"word_problems must be in [0, 1], got {self.word_problems}")
+            raise ValueError(
+                f"Difficulty: word_problems must be in [0, 1], got {self.word_problems}; pass a "
+                "fraction"
+            )
 
 
 LEVELS: dict[int, Difficulty] = {
@@ -117,7 +126,7 @@ def arithmetic(
     """
     level = LEVELS[difficulty] if isinstance(difficulty, int) else difficulty
     if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        raise ValueError(f"arithmetic: split must be 'train' or 'test', got {split!r}; pass one")
     rng = random.Random(f"rlblocks.arithmetic:{seed}:{split}")
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -134,14 +143,17 @@ def arithmetic(
                 raise ValueError(
                     f"arithmetic: only {len(rows)} distinct {split!r} expressions for {level} "
                     f"({draws:,} draws, none new in the last {_STALL_DRAWS:,}); {n} were asked "
-                    "with distinct=True: ask for fewer or choose a harder difficulty"
+                    "with distinct=True; ask for fewer or choose a harder difficulty"
                 )
             continue
         seen.add(row["expression"])
         rows.append(row)
         stall = 0
     else:
-        raise RuntimeError(f"could not generate {n} problems for {level} (operators infeasible?)")
+        raise RuntimeError(
+            f"arithmetic: could not generate {n} problems for {level}; choose operators and "
+            "bounds that admit problems"
+        )
     return Dataset.from_list(rows)
 
 

@@ -77,7 +77,10 @@ class _EpochBatches:
     def __len__(self) -> int:
         """Batches in the whole iteration, from the start; only with ``epochs`` set."""
         if self.epochs is None:
-            raise TypeError(f"{type(self).__name__} with epochs=None is endless and has no len()")
+            raise TypeError(
+                f"{type(self).__name__}: epochs=None is endless and has no len(); pass epochs=k "
+                "for a finite iteration"
+            )
         return self.epochs * self.steps_per_epoch
 
     def order(self, epoch: int) -> np.ndarray:
@@ -124,10 +127,15 @@ class _EpochBatches:
         for key in ("seed", "num_rows", self._size_key, "shuffle", "drop_last"):
             if key in state and state[key] != ours[key]:
                 raise ValueError(
-                    f"cannot resume: saved {key}={state[key]!r}, this one has {ours[key]!r}"
+                    f"{type(self).__name__}.load_state_dict: cannot resume, saved "
+                    f"{key}={state[key]!r}, this one has {ours[key]!r}; build it with the "
+                    "settings of the saved run"
                 )
         if not 0 <= state["position"] <= self._items():
-            raise ValueError(f"position {state['position']} outside 0..{self._items()}")
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: position {state['position']} outside "
+                f"0..{self._items()}; load a state saved from the same data"
+            )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
@@ -183,14 +191,18 @@ class PromptBatches(_EpochBatches):
         epochs: int | None = None,
     ) -> None:
         if prompts_per_step < 1:
-            raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
+            raise ValueError(
+                f"PromptBatches: prompts_per_step must be >= 1, got {prompts_per_step}; pass a "
+                "positive count"
+            )
         if drop_last and len(dataset) < prompts_per_step:
             raise ValueError(
-                f"the dataset has {len(dataset)} rows, fewer than prompts_per_step="
-                f"{prompts_per_step}: with drop_last=True no batch would ever be full"
+                f"PromptBatches: the dataset has {len(dataset)} rows, fewer than "
+                f"prompts_per_step={prompts_per_step}, so with drop_last=True no batch would ever "
+                "be full; lower prompts_per_step, or pass drop_last=False"
             )
         if len(dataset) == 0:
-            raise ValueError("the dataset is empty")
+            raise ValueError("PromptBatches: the dataset is empty; give it at least one row")
         self.dataset = dataset
         self.prompts_per_step = prompts_per_step
         self._start(dataset, prompts_per_step, seed, shuffle, drop_last, epochs)
@@ -230,13 +242,16 @@ class SFTBatches(_EpochBatches):
         drop_last: bool = False,
     ) -> None:
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise ValueError(
+                f"SFTBatches: batch_size must be >= 1, got {batch_size}; pass a positive count"
+            )
         if len(data) == 0:
-            raise ValueError("the SFT data is empty")
+            raise ValueError("SFTBatches: the SFT data is empty; give it at least one example")
         if drop_last and len(data) < batch_size:
             raise ValueError(
-                f"the SFT data has {len(data)} examples, fewer than batch_size={batch_size}: "
-                "with drop_last=True no batch would ever be full"
+                f"SFTBatches: the SFT data has {len(data)} examples, fewer than "
+                f"batch_size={batch_size}, so with drop_last=True no batch would ever be full; "
+                "lower batch_size, or pass drop_last=False"
             )
         self.data, self.batch_size = data, batch_size
         self._start(data, batch_size, seed, shuffle, drop_last, epochs)

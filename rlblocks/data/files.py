@@ -89,7 +89,8 @@ def _keys(rows: Rows) -> list[str]:
     for index, row in enumerate(rows):
         if not isinstance(row, Mapping):
             raise TypeError(
-                f"{rows.where(index)}: expected a mapping of column -> value, got {row!r:.80}"
+                f"rb.data: {rows.where(index)}: expected a mapping of column -> value, got "
+                f"{row!r:.80}; give every row as a dict"
             )
         keys.update(dict.fromkeys(row))
     return list(keys)
@@ -108,22 +109,22 @@ def read_file(path: str | Path, *, columns: Iterable[str] | None = None) -> Rows
     """
     path = Path(path)
     if path.suffix not in FORMATS:
-        raise ValueError(f"{path}: unsupported file type {path.suffix!r}; {accepted()}")
+        raise ValueError(f"read_file: {path}: unsupported file type {path.suffix!r}; {accepted()}")
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
+        raise FileNotFoundError(f"read_file: {path}: no such file; check the path")
     wanted = None if columns is None else list(dict.fromkeys(columns))
     if path.suffix == ".parquet":
         rows = _parquet(path, wanted)
     else:
         text = _utf8(path, path.read_bytes())
         if not text.strip():
-            raise ValueError(f"{path}: the file is empty; {FORMATS[path.suffix]}")
+            raise ValueError(f"read_file: {path}: the file is empty; {FORMATS[path.suffix]}")
         if path.suffix == ".csv":
             rows = _csv(path, text, wanted)
         else:
             rows = (_jsonl if path.suffix == ".jsonl" else _json)(path, text)
     if not rows:
-        raise ValueError(f"{path}: the file has no rows; {FORMATS[path.suffix]}")
+        raise ValueError(f"read_file: {path}: the file has no rows; {FORMATS[path.suffix]}")
     return rows
 
 
@@ -135,7 +136,8 @@ def _utf8(path: Path, data: bytes) -> str:
         line = data.count(b"\n", 0, offset) + 1
         column = offset - (data.rfind(b"\n", 0, offset) + 1) + 1
         raise ValueError(
-            f"{path}, line {line}: byte 0x{data[offset]:02x} at byte offset {offset} of the file (column "
+            f"read_file: {path}, line {line}: byte 0x{data[offset]:02x} at byte offset {offset} "
+            f"of the file (column "
             f"{column}) is not UTF-8 ({error.reason}); save the file as UTF-8, e.g. "
             f"`iconv -f latin1 -t utf-8`"
         ) from None
@@ -150,7 +152,8 @@ def _jsonl(path: Path, text: str) -> Rows:
             value = json.loads(line)
         except json.JSONDecodeError as error:
             raise ValueError(
-                f"{path}, line {number}: not valid JSON ({error.msg} at column {error.colno}): "
+                f"read_file: {path}, line {number}: not valid JSON ({error.msg} at column "
+                f"{error.colno}): "
                 f"{line.strip()!r:.100}; expected {FORMATS['.jsonl']}"
             ) from None
         rows.append(_object(value, f"{path}, line {number}"))
@@ -165,7 +168,8 @@ def _json(path: Path, text: str) -> Rows:
         if error.msg == "Extra data":  # more than one value: JSON Lines
             return _jsonl(path, text)
         raise ValueError(
-            f"{path}, line {error.lineno}, column {error.colno}: not valid JSON ({error.msg}); "
+            f"read_file: {path}, line {error.lineno}, column {error.colno}: not valid JSON "
+            f"({error.msg}); "
             f"expected {FORMATS['.json']}"
         ) from None
     if isinstance(value, dict):  # one object, maybe over several lines: one row
@@ -173,7 +177,7 @@ def _json(path: Path, text: str) -> Rows:
         return Rows([value], file=path, lines=[first])
     if not isinstance(value, list):
         raise ValueError(  # noqa: TRY004 -- bad data in a file is always a ValueError
-            f"{path}: expected {FORMATS['.json']}, got {type(value).__name__}"
+            f"read_file: {path}: holds a JSON {type(value).__name__}; expected {FORMATS['.json']}"
         )
     rows = [_object(item, f"{path}, row {index}") for index, item in enumerate(value)]
     return Rows(rows, file=path)
@@ -182,8 +186,8 @@ def _json(path: Path, text: str) -> Rows:
 def _object(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(  # noqa: TRY004 -- bad data in a file is always a ValueError
-            f"{where}: expected a JSON object {{column: value, ...}}, got "
-            f"{type(value).__name__} {value!r:.80}"
+            f"read_file: {where}: expected a JSON object {{column: value, ...}}, got "
+            f"{type(value).__name__} {value!r:.80}; write every row as one JSON object"
         )
     return value
 
@@ -197,7 +201,7 @@ def _csv(path: Path, text: str, columns: list[str] | None) -> Rows:
         for record in reader:
             if record and len(record) != len(header):
                 raise ValueError(
-                    f"{path}, line {start}: {len(record)} fields, but the header line has "
+                    f"read_file: {path}, line {start}: {len(record)} fields, but the header line has "
                     f"{len(header)} ({header}); {FORMATS['.csv']}"
                 )
             if record:
@@ -205,7 +209,7 @@ def _csv(path: Path, text: str, columns: list[str] | None) -> Rows:
             start = reader.line_num + 1
     except csv.Error as error:
         raise ValueError(
-            f"{path}, line {reader.line_num}: not valid CSV ({error}); {FORMATS['.csv']}"
+            f"read_file: {path}, line {reader.line_num}: not valid CSV ({error}); {FORMATS['.csv']}"
         ) from None
     if not lines:
         return Rows(file=path, columns=header)
@@ -214,7 +218,7 @@ def _csv(path: Path, text: str, columns: list[str] | None) -> Rows:
 
 def _parquet(path: Path, columns: list[str] | None) -> Rows:
     if path.stat().st_size == 0:
-        raise ValueError(f"{path}: the file is empty; {FORMATS['.parquet']}")
+        raise ValueError(f"read_file: {path}: the file is empty; {FORMATS['.parquet']}")
     return _read_with_datasets(path, Dataset.from_parquet, columns, None)
 
 
@@ -227,7 +231,7 @@ def _read_with_datasets(
         cause = error.__cause__ or error
         kind = path.suffix.lstrip(".")
         raise ValueError(
-            f"{path}: not a readable {kind} file ({type(cause).__name__}: {cause}); "
+            f"read_file: {path}: not a readable {kind} file ({type(cause).__name__}: {cause}); "
             f"{FORMATS[path.suffix]}"
         ) from error
     available = list(table.column_names)

@@ -61,8 +61,9 @@ def gsm8k(
         truth = gsm8k_final_answer(solution) if isinstance(solution, str) else None
         if truth is None:
             raise ValueError(
-                f"{rows.where(index)}, column 'answer': expected a solution ending in '#### <number>', "
-                f"got {solution!r:.80}"
+                f"gsm8k: {rows.where(index)}, column 'answer': expected a solution ending in "
+                f"'#### <number>', got {solution!r:.80}; fix that row, or load the file with "
+                "rb.data.load_prompts"
             )
         prepared.append({**row, "solution": solution, "ground_truth": truth})
     return load_prompts(

@@ -79,9 +79,15 @@ def limit_prompt_length(
     Returns a new `PromptDataset`; the input is not modified.
     """
     if max_prompt_tokens < 1:
-        raise ValueError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
+        raise ValueError(
+            f"limit_prompt_length: max_prompt_tokens must be >= 1, got {max_prompt_tokens}; "
+            "pass a positive limit"
+        )
     if overlong not in ("error", "truncate", "filter"):
-        raise ValueError(f"overlong must be 'error', 'truncate' or 'filter', got {overlong!r}")
+        raise ValueError(
+            f"limit_prompt_length: overlong must be 'error', 'truncate' or 'filter', got "
+            f"{overlong!r}; pass one of them"
+        )
     lengths = [len(ids) for ids in prompt_token_ids(dataset.prompts, tokenizer)]
     long = [k for k, n in enumerate(lengths) if n > max_prompt_tokens]
     if not long:
@@ -89,9 +95,9 @@ def limit_prompt_length(
     if overlong == "error":
         first = long[0]
         raise ValueError(
-            f"row {dataset[first].index}: prompt is {lengths[first]} tokens, longer than "
-            f"max_prompt_tokens={max_prompt_tokens} ({len(long)} of {len(dataset)} rows are "
-            "too long; pass overlong='truncate' or 'filter')"
+            f"limit_prompt_length: row {dataset[first].index}: prompt is {lengths[first]} "
+            f"tokens, longer than max_prompt_tokens={max_prompt_tokens} ({len(long)} of "
+            f"{len(dataset)} rows are too long); pass overlong='truncate' or 'filter'"
         )
     if overlong == "filter":
         dropped = [dataset[k].index for k in long]
@@ -116,7 +122,10 @@ def _truncate(row: PromptRow, tokenizer: PreTrainedTokenizerBase, limit: int) ->
     messages = [dict(m) for m in row.prompt]
     users = [j for j, m in enumerate(messages) if m["role"] == "user"]
     if not users:
-        raise ValueError(f"row {row.index}: cannot truncate a chat prompt with no user message")
+        raise ValueError(
+            f"limit_prompt_length: row {row.index}: cannot truncate a chat prompt with no user "
+            "message; pass overlong='filter' to drop such rows"
+        )
     last = users[-1]
 
     def with_content(content: str) -> Prompt:
@@ -148,6 +157,7 @@ def _keep_tail(
             return tail
         keep -= 1
     raise ValueError(
-        f"row {index}: cannot truncate the prompt to {limit} tokens: without its text it is "
-        f"already {length('')} tokens (the system message and template)"
+        f"limit_prompt_length: row {index}: cannot truncate the prompt to {limit} tokens: "
+        f"without its text it is already {length('')} tokens (the system message and "
+        "template); pass a larger max_prompt_tokens, or overlong='filter'"
     )

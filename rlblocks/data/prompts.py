@@ -110,13 +110,23 @@ def load_prompts(
     malformed value; `rlblocks.data.files.read_file` for the errors of the file itself.
     """
     if (tokenizer is None) != (max_prompt_tokens is None):
-        raise ValueError("pass tokenizer= and max_prompt_tokens= together (or neither)")
+        raise ValueError(
+            f"load_prompts: tokenizer={'None' if tokenizer is None else 'given'} but "
+            f"max_prompt_tokens={max_prompt_tokens}; pass tokenizer= and max_prompt_tokens= "
+            "together (or neither)"
+        )
     if overlong not in ("error", "truncate", "filter"):
-        raise ValueError(f"overlong must be 'error', 'truncate' or 'filter', got {overlong!r}")
+        raise ValueError(
+            f"load_prompts: overlong must be 'error', 'truncate' or 'filter', got {overlong!r}; "
+            "pass one of them"
+        )
     keep_all = keep is True
     keep = () if isinstance(keep, bool) else tuple(keep)
     if reserved := [name for name in keep if name in _RESERVED]:
-        raise ValueError(f"keep={reserved}: {_RESERVED} are always in the metadata")
+        raise ValueError(
+            f"load_prompts: keep={reserved}, but {_RESERVED} are always in the metadata; leave "
+            "them out of keep"
+        )
     spec = _RowSpec(prompt, ground_truth, template, system, chat or system is not None, keep)
     optional = ["data_source"] if data_source is None else []
     rows, columns = read_rows(
@@ -156,8 +166,8 @@ def read_rows(
     if missing := [name for name in dict.fromkeys(columns) if name not in rows.columns]:
         hint = "; ground_truth=None loads unlabelled prompts" if "ground_truth" in missing else ""
         raise ValueError(
-            f"{rows.origin()}column(s) {missing} not in the data; available columns: "
-            f"{rows.columns} (name yours with prompt=..., ground_truth=...{hint})"
+            f"read_rows: {rows.origin()}column(s) {missing} not in the data; available "
+            f"columns: {rows.columns}; name yours with prompt=..., ground_truth=...{hint}"
         )
     return rows, rows.columns
 
@@ -180,7 +190,7 @@ def _open(source: Source, columns: Sequence[str] | None) -> Rows:
     if columns is not None:
         columns = [name.split(".", 1)[0] for name in columns]
     if isinstance(source, DatasetDict):
-        raise TypeError(f"got a DatasetDict with splits {list(source)}: pass one split")
+        raise TypeError(f"read_rows: got a DatasetDict with splits {list(source)}; pass one split")
     if isinstance(source, Dataset):
         available = list(source.column_names)
         if columns is not None:
@@ -192,7 +202,10 @@ def _open(source: Source, columns: Sequence[str] | None) -> Rows:
         return source
     if isinstance(source, Sequence):
         return Rows(source)
-    raise TypeError(f"source must be a path, a datasets.Dataset or a list of dicts, got {source!r}")
+    raise TypeError(
+        f"read_rows: source is {type(source).__name__} {source!r:.80}; pass a path, a "
+        "datasets.Dataset or a list of dicts"
+    )
 
 
 # ---------------------------------------------------------------------- one row
@@ -215,11 +228,17 @@ class _RowSpec:
         try:
             parsed = list(string.Formatter().parse(self.template))
         except ValueError as error:
-            raise ValueError(f"template {self.template!r}: {error}") from None
+            raise ValueError(
+                f"load_prompts: template {self.template!r}: {error}; write it as str.format "
+                "text such as 'Q: {prompt}'"
+            ) from None
         names = []
         for _, field, _, _ in parsed:
             if field is not None and (not field or field.isdigit()):
-                raise ValueError(f"template {self.template!r}: use named fields, not {{{field}}}")
+                raise ValueError(
+                    f"load_prompts: template {self.template!r} has the field {{{field}}}; use "
+                    "named fields such as {prompt}"
+                )
             if field is not None:
                 names.append(re.split(r"[.\[]", field)[0])
         return [name for name in dict.fromkeys(names) if name != "prompt"]
@@ -260,11 +279,14 @@ class _RowSpec:
     def _given_messages(self, messages: list[Any], where: str) -> list[dict[str, str]]:
         if self.template is not None:
             raise ValueError(
-                f"{where}, column {self.prompt!r}: holds chat messages, and template= "
-                "only formats text columns"
+                f"load_prompts: {where}, column {self.prompt!r}: holds chat messages, and "
+                "template= only formats text columns; drop template= for this column"
             )
         if not messages:
-            raise ValueError(f"{where}, column {self.prompt!r}: the list of chat messages is empty")
+            raise ValueError(
+                f"load_prompts: {where}, column {self.prompt!r}: the list of chat messages is "
+                "empty; give every row at least one message"
+            )
         for message in messages:
             if not (
                 isinstance(message, Mapping)
@@ -272,8 +294,8 @@ class _RowSpec:
                 and isinstance(message.get("content"), str)
             ):
                 raise ValueError(  # noqa: TRY004 -- bad data in a row is always a ValueError
-                    f"{where}, column {self.prompt!r}: expected text or chat messages "
-                    f"with str 'role' and 'content', got {message!r:.80}"
+                    f"load_prompts: {where}, column {self.prompt!r}: expected text or chat "
+                    f"messages with str 'role' and 'content', got {message!r:.80}; fix that row"
                 )
             _unicode(message["role"], where, self.prompt)
             _unicode(message["content"], where, self.prompt)
@@ -285,10 +307,16 @@ class _RowSpec:
 
 def _value(row: Mapping[str, Any], where: str, column: str, *, required: bool = True) -> Any:
     if column not in row:
-        raise ValueError(f"{where}: column {column!r} is missing (row has {list(row)})")
+        raise ValueError(
+            f"rb.data: {where}: column {column!r} is missing (row has {list(row)}); give every "
+            "row that column"
+        )
     value = row[column]
     if required and (value is None or (isinstance(value, float) and math.isnan(value))):
-        raise ValueError(f"{where}, column {column!r}: value is missing (None)")
+        raise ValueError(
+            f"rb.data: {where}, column {column!r}: value is missing (None); fill it in, or "
+            "drop the row"
+        )
     return value
 
 
@@ -300,10 +328,16 @@ def _field(row: Mapping[str, Any], where: str, path: str) -> Any:
         if not isinstance(value, Mapping) or name not in value:
             inner = ".".join([column, *fields[: depth - 1]])
             got = list(value) if isinstance(value, Mapping) else type(value).__name__
-            raise ValueError(f"{where}, column {inner!r}: no field {name!r} (has {got})")
+            raise ValueError(
+                f"load_prompts: {where}, column {inner!r}: no field {name!r} (has {got}); give "
+                "every row that field"
+            )
         value = value[name]
         if value is None:
-            raise ValueError(f"{where}, column {path!r}: value is missing (None)")
+            raise ValueError(
+                f"load_prompts: {where}, column {path!r}: value is missing (None); fill it in, "
+                "or drop the row"
+            )
     return value
 
 
@@ -311,13 +345,16 @@ def _text(value: Any, where: str, column: str) -> str:
     """A value as text: str as it is, int and float written out; anything else is an error."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(  # noqa: TRY004 -- bad data in a row is always a ValueError
-            f"{where}, column {column!r}: expected text, got {type(value).__name__} {value!r:.80}"
+            f"rb.data: {where}, column {column!r}: expected text, got {type(value).__name__} "
+            f"{value!r:.80}; give text (or a number) there"
         )
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     text = str(value)
     if not text.strip():
-        raise ValueError(f"{where}, column {column!r}: text is empty")
+        raise ValueError(
+            f"rb.data: {where}, column {column!r}: text is empty; fill it in, or drop the row"
+        )
     return _unicode(text, where, column)
 
 
@@ -328,7 +365,7 @@ def _unicode(text: str, where: str, column: str) -> str:
     """``text``, if it is Unicode a tokenizer can encode: no lone surrogate (U+D800-U+DFFF)."""
     if found := _SURROGATE.search(text):
         raise ValueError(
-            f"{where}, column {column!r}: character {found.start()} is a lone surrogate "
+            f"rb.data: {where}, column {column!r}: character {found.start()} is a lone surrogate "
             f"U+{ord(found.group()):04X}, not valid Unicode (a tokenizer cannot encode it); in "
             f"JSON write the character itself or a full pair such as \\ud83d\\ude00"
         )

@@ -116,7 +116,7 @@ class SFTData(Sequence[SFTExample]):
         """
         picked = self.examples if indices is None else [self.examples[i] for i in indices]
         if not picked:
-            raise ValueError("SFTData.rollouts: no examples to batch")
+            raise ValueError("SFTData.rollouts: no examples to batch; pick at least one")
         tokenizer = self.tokenizer
         pad = tokenizer.pad_token_id
         pad = tokenizer.eos_token_id if pad is None else pad
@@ -162,10 +162,14 @@ def sft_data(
     prefix-stable; naming the columns there are when neither layout's columns are.
     """
     if overlong not in ("error", "truncate", "filter"):
-        raise ValueError(f"overlong must be 'error', 'truncate' or 'filter', got {overlong!r}")
+        raise ValueError(
+            f"sft_data: overlong must be 'error', 'truncate' or 'filter', got {overlong!r}; pass "
+            "one of them"
+        )
     if max_tokens is not None and max_tokens < 2:
         raise ValueError(
-            f"max_tokens must be >= 2 (a prompt and a response token), got {max_tokens}"
+            f"sft_data: max_tokens must be >= 2 (a prompt and a response token), got "
+            f"{max_tokens}; pass a larger limit, or None"
         )
     rows, columns = read_rows(source, columns=[], optional=[messages, prompt, completion])
     if messages in columns:
@@ -182,9 +186,9 @@ def sft_data(
         ]
     else:
         raise ValueError(
-            f"{rows.origin()}no SFT columns: expected {messages!r} (chat messages) or "
-            f"{prompt!r} and {completion!r}; available columns: {columns} (name yours with "
-            "messages=..., prompt=..., completion=...)"
+            f"sft_data: {rows.origin()}no SFT columns: expected {messages!r} (chat messages) or "
+            f"{prompt!r} and {completion!r}, available columns: {columns}; name yours with "
+            "messages=..., prompt=..., completion=..."
         )
     examples = _tokenize(plans, tokenizer)
     if max_tokens is None:
@@ -213,13 +217,15 @@ def _prompt_completion(
     if not isinstance(question, list):
         if isinstance(answer, list):
             raise ValueError(  # noqa: TRY004 -- bad data in a row is always a ValueError
-                f"{where}: column {prompt!r} is text but {completion!r} holds chat messages; "
+                f"sft_data: {where}: column {prompt!r} is text but {completion!r} holds chat "
+                "messages; "
                 "give the prompt as messages too ([{'role': 'user', 'content': ...}])"
             )
         question, answer = _text(question, where, prompt), _text(answer, where, completion)
         if tokenizer.eos_token_id is None:
             raise ValueError(
-                f"{where}: a text completion needs an EOS token after it (the model must learn "
+                f"sft_data: {where}: a text completion needs an EOS token after it (the model "
+                "must learn "
                 "to stop), and the tokenizer has none; set tokenizer.eos_token"
             )
         return _Plan(question, [(answer, True)], tokenizer.eos_token_id, where)
@@ -228,8 +234,8 @@ def _prompt_completion(
         tail = _messages(answer, where, completion)
         if tail[0]["role"] != "assistant":
             raise ValueError(
-                f"{where}, column {completion!r}: the completion must start with an assistant "
-                f"message, got role {tail[0]['role']!r}"
+                f"sft_data: {where}, column {completion!r}: the completion must start with an "
+                f"assistant message, got role {tail[0]['role']!r}; put the assistant reply first"
             )
     else:
         tail = [{"role": "assistant", "content": _text(answer, where, completion)}]
@@ -251,16 +257,17 @@ def _conversation(
     if not turns:
         roles = [m["role"] for m in chat]
         raise ValueError(
-            f"{where}, column {column!r}: no assistant turn to train on (roles {roles})"
+            f"sft_data: {where}, column {column!r}: no assistant turn to train on (roles "
+            f"{roles}); give every conversation at least one assistant message"
         )
     if turns[0] == 0:
         raise ValueError(
-            f"{where}, column {column!r}: the conversation starts with an assistant turn; SFT "
-            "needs a prompt (a system or user message) before it"
+            f"sft_data: {where}, column {column!r}: the conversation starts with an assistant "
+            "turn; put a prompt (a system or user message) before it"
         )
     if tokenizer.chat_template is None:
         raise ValueError(
-            f"{where}, column {column!r}: chat messages need a chat template, and the "
+            f"sft_data: {where}, column {column!r}: chat messages need a chat template, and the "
             "tokenizer has none; set tokenizer.chat_template"
         )
     return _Plan(chat[: turns[0]], _segments(chat, turns, where, tokenizer), None, where)
@@ -270,8 +277,8 @@ def _messages(value: Any, where: str, column: str) -> list[dict[str, Any]]:
     """Checked chat messages, each without the keys that hold None (a Dataset adds them)."""
     if not isinstance(value, list) or not value:
         raise ValueError(
-            f"{where}, column {column!r}: expected a non-empty list of chat messages, got "
-            f"{value!r:.80}"
+            f"sft_data: {where}, column {column!r}: expected a non-empty list of chat messages, "
+            f"got {value!r:.80}; fix that row"
         )
     out = []
     for j, message in enumerate(value):
@@ -283,13 +290,14 @@ def _messages(value: Any, where: str, column: str) -> list[dict[str, Any]]:
         )
         if not (has_content and isinstance(message.get("role"), str) and isinstance(content, str)):
             raise ValueError(
-                f"{where}, column {column!r}, message {j}: expected a dict with str 'role' and "
-                f"'content', got {message!r:.80}"
+                f"sft_data: {where}, column {column!r}, message {j}: expected a dict with str "
+                f"'role' and 'content', got {message!r:.80}; fix that message"
             )
         _unicode(content, where, column)
         if message["role"] == "assistant" and not content.strip() and "tool_calls" not in message:
             raise ValueError(
-                f"{where}, column {column!r}, message {j}: the assistant turn is empty"
+                f"sft_data: {where}, column {column!r}, message {j}: the assistant turn is "
+                "empty; fill it in, or drop the row"
             )
         out.append(message)
     return out
@@ -327,10 +335,11 @@ def _after(before: tuple[str, str], after: tuple[str, str], where: str) -> str:
     if not new.startswith(old):
         at = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
         raise ValueError(
-            f"{where}: the chat template is not prefix-stable: the rendering of {new_name} "
-            f"does not start with that of {old_name} (they differ at character {at}: "
+            f"sft_data: {where}: the chat template is not prefix-stable: the rendering of "
+            f"{new_name} does not start with that of {old_name} (they differ at character {at}: "
             f"{old[at : at + 30]!r} vs {new[at : at + 30]!r}), so the tokens of each turn "
-            "cannot be told apart"
+            "cannot be told apart; use a tokenizer whose template renders each turn after the "
+            "previous ones"
         )
     return new[len(old) :]
 
@@ -353,7 +362,10 @@ def _tokenize(plans: list[_Plan], tokenizer: PreTrainedTokenizerBase) -> list[SF
             response.append(plan.eos)
             mask.append(True)
         if not any(mask):
-            raise ValueError(f"{plan.where}: the assistant turns render to no tokens")
+            raise ValueError(
+                f"sft_data: {plan.where}: the assistant turns render to no tokens; check the "
+                "chat template"
+            )
         examples.append(SFTExample(prompt, response, mask, index))
     return examples
 
@@ -373,10 +385,10 @@ def _limit(
     if overlong == "error":
         k = long[0]
         raise ValueError(
-            f"{wheres[k]}: prompt + response is {lengths[k]} tokens ({len(examples[k].prompt_ids)}"
-            f" + {len(examples[k].response_ids)}), longer than max_tokens={max_tokens} "
-            f"({len(long)} of {len(examples)} rows are too long; pass overlong='truncate' or "
-            "'filter')"
+            f"sft_data: {wheres[k]}: prompt + response is {lengths[k]} tokens "
+            f"({len(examples[k].prompt_ids)} + {len(examples[k].response_ids)}), longer than "
+            f"max_tokens={max_tokens} ({len(long)} of {len(examples)} rows are too long); pass "
+            "overlong='truncate' or 'filter'"
         )
     if overlong == "filter":
         dropped = [examples[k].index for k in long]
@@ -396,7 +408,7 @@ def _limit(
             keep -= 1
         if keep == 0:
             raise ValueError(
-                f"{wheres[k]}: the prompt is {len(prompt)} tokens, and no trained response "
+                f"sft_data: {wheres[k]}: the prompt is {len(prompt)} tokens, and no trained response "
                 f"token fits within max_tokens={max_tokens}; pass overlong='filter' or a "
                 "larger limit"
             )

@@ -124,9 +124,14 @@ class AgentEngine:
         tools_prompt: str = TOOLS_PROMPT,
     ) -> None:
         if max_turns < 1:
-            raise ValueError(f"AgentEngine: max_turns must be >= 1, got {max_turns}")
+            raise ValueError(
+                f"AgentEngine: max_turns must be >= 1, got {max_turns}; pass a positive count"
+            )
         if max_total_tokens is not None and max_total_tokens < 2:
-            raise ValueError(f"AgentEngine: max_total_tokens must be >= 2, got {max_total_tokens}")
+            raise ValueError(
+                f"AgentEngine: max_total_tokens must be >= 2, got {max_total_tokens}; pass a "
+                "larger limit, or None"
+            )
         self.engine = engine
         self.env = env
         self.max_turns = max_turns
@@ -175,7 +180,10 @@ class AgentEngine:
         if group_size < 1:
             raise ValueError(f"AgentEngine.generate: group_size={group_size}; use group_size >= 1")
         if isinstance(prompts, (str, Mapping)) or not isinstance(prompts, Sequence) or not prompts:
-            raise TypeError("AgentEngine.generate: prompts must be a non-empty list of prompts")
+            raise TypeError(
+                f"AgentEngine.generate: prompts is {type(prompts).__name__} {prompts!r:.80}, not "
+                "a non-empty list of prompts; pass a list (wrap a single prompt in one)"
+            )
         meta = check_metadata(metadata, len(prompts), owner="AgentEngine")
         episodes = [
             self._start(i, prompt, meta[i])
@@ -228,11 +236,14 @@ class AgentEngine:
             messages = self.env.reset(prompt, metadata)
         except Exception as error:
             raise RuntimeError(
-                f"AgentEngine: {type(self.env).__name__}.reset raised on prompt {i}: {error}"
+                f"AgentEngine: {type(self.env).__name__}.reset raised on prompt {i}: {error}; "
+                "fix the environment (its traceback is chained above)"
             ) from error
         text, ids = self.chat.prompt(messages)
         if not ids:
-            raise ValueError(f"AgentEngine: prompt {i} renders to no tokens")
+            raise ValueError(
+                f"AgentEngine: prompt {i} renders to no tokens; give every prompt some text"
+            )
         state = {
             "prompt": prompt,
             "metadata": dict(metadata),
@@ -282,7 +293,7 @@ class AgentEngine:
         except Exception as error:
             raise RuntimeError(
                 f"AgentEngine: {type(self.env).__name__}.step raised on prompt {episode.prompt}, "
-                f"turn {turn}: {error}"
+                f"turn {turn}: {error}; fix the environment (its traceback is chained above)"
             ) from error
         for key, value in step.info.items():
             episode.counts[key] = episode.counts.get(key, 0) + value
@@ -333,7 +344,8 @@ class AgentEngine:
             except Exception as error:
                 raise RuntimeError(
                     f"AgentEngine: {type(self.env).__name__}.reward raised on prompt "
-                    f"{episode.prompt}: {error}"
+                    f"{episode.prompt}: {error}; fix the environment (its traceback is chained "
+                    "above)"
                 ) from error
             messages = episode.state["messages"]
             rows.append(

@@ -109,8 +109,8 @@ def initial_messages(prompt: Any) -> list[Message]:
     ):
         return [dict(m) for m in prompt]
     raise TypeError(
-        f"an environment's prompt must be a string or a non-empty list of chat messages, got "
-        f"{type(prompt).__name__}: {prompt!r:.80}"
+        f"initial_messages: an environment's prompt must be a string or a non-empty list of "
+        f"chat messages, got {type(prompt).__name__}: {prompt!r:.80}; pass one of those"
     )
 
 

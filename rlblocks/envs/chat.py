@@ -72,8 +72,8 @@ class ChatFormat:
     ) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(
-                "the agent rollout renders conversations with the tokenizer's chat template, "
-                "and this tokenizer has none: set tokenizer.chat_template"
+                "ChatFormat: the agent rollout renders conversations with the tokenizer's chat "
+                "template, and this tokenizer has none; set tokenizer.chat_template"
             )
         self.tokenizer = tokenizer
         self.tools = [dict(t) for t in tools]
@@ -128,15 +128,20 @@ class ChatFormat:
         template does not follow an assistant turn the same way in both renderings.
         """
         if not conversation or conversation[-1]["role"] != "assistant":
-            raise ValueError("observation_ids: the conversation must end with the model's turn")
+            raise ValueError(
+                f"ChatFormat.observation_ids: the conversation ends with a "
+                f"{conversation[-1]['role'] if conversation else 'nothing'!r} turn; end it with "
+                "the model's (assistant) turn"
+            )
         base = [*conversation[:-1], {"role": "assistant", "content": PLACEHOLDER}]
         closing = _after(self.render(base, generation_prompt=False), PLACEHOLDER)
         after = _after(self.render([*base, *observation], generation_prompt=True), PLACEHOLDER)
         if not after.startswith(closing):
             raise ValueError(
-                "the chat template ends an assistant turn differently when more messages "
-                f"follow ({after[: len(closing) + 20]!r}) than when it is last ({closing!r}); "
-                "the observation tokens cannot be placed after the model's own"
+                "ChatFormat.observation_ids: the chat template ends an assistant turn "
+                f"differently when more messages follow ({after[: len(closing) + 20]!r}) than "
+                f"when it is last ({closing!r}), so the observation tokens cannot be placed "
+                "after the model's own; use a template that closes every assistant turn alike"
             )
         rest = after[len(closing) :]
         closing_ids = self.encode(closing)
@@ -171,8 +176,9 @@ def _after(text: str, marker: str) -> str:
     at = text.rfind(marker)
     if at < 0:
         raise ValueError(
-            "the chat template does not show an assistant message's content as it is (the "
-            "placeholder content was not in its rendering)"
+            "ChatFormat: the chat template does not show an assistant message's content as it "
+            "is (the placeholder content was not in its rendering); use a template that renders "
+            "message content verbatim"
         )
     return text[at + len(marker) :]
 

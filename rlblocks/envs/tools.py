@@ -147,17 +147,28 @@ class ToolEnv:
     ) -> None:
         self.functions = {_name(fn): fn for fn in tools}
         if len(self.functions) != len(tools):
-            raise ValueError(f"ToolEnv: two tools share a name: {[_name(fn) for fn in tools]}")
+            raise ValueError(
+                f"ToolEnv: two tools share a name: {[_name(fn) for fn in tools]}; give every "
+                "tool its own name"
+            )
         self.tools = [tool_schema(fn) for fn in tools]
         limits = timeout if isinstance(timeout, Mapping) else dict.fromkeys(self.functions, timeout)
         unknown = set(limits) - set(self.functions)
         if unknown:
-            raise ValueError(f"ToolEnv: timeouts for tools it does not have: {sorted(unknown)}")
+            raise ValueError(
+                f"ToolEnv: timeouts for tools it does not have: {sorted(unknown)}; name only its "
+                f"tools {sorted(self.functions)}"
+            )
         self.timeouts = {name: float(limits.get(name, default_timeout)) for name in self.functions}
         if any(t <= 0 for t in self.timeouts.values()):
-            raise ValueError(f"ToolEnv: timeouts must be > 0, got {self.timeouts}")
+            raise ValueError(
+                f"ToolEnv: timeouts must be > 0, got {self.timeouts}; pass positive seconds"
+            )
         if max_calls_per_turn < 1:
-            raise ValueError(f"ToolEnv: max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
+            raise ValueError(
+                f"ToolEnv: max_calls_per_turn must be >= 1, got {max_calls_per_turn}; pass a "
+                "positive count"
+            )
         self.reward_fn = reward
         self.system_prompt = system_prompt
         self.examples = initial_messages(list(examples)) if examples else []

@@ -46,7 +46,7 @@ def _chunked_rows(
 ) -> Tensor:
     """Apply ``fn(logits_rows, *extra_rows) -> (n)`` over chunks of the flattened rows."""
     if chunk_size < 1:
-        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        raise ValueError(f"entropy_from_logits: chunk_size={chunk_size}; use chunk_size >= 1")
     lead = logits.shape[:-1]
     rows = logits.reshape(-1, logits.shape[-1])
     extra_rows = [x.reshape(-1) for x in extra]
@@ -96,9 +96,12 @@ def token_logprobs(
     backward pass (:class:`_TokenLogprob`).
     """
     if token_ids.shape != logits.shape[:-1]:
-        raise ValueError(f"token_ids {tuple(token_ids.shape)} vs logits {tuple(logits.shape)}")
+        raise ValueError(
+            f"token_logprobs: token_ids {tuple(token_ids.shape)} vs logits "
+            f"{tuple(logits.shape)}; pass token_ids shaped like logits without its last (v) dim"
+        )
     if chunk_size < 1:
-        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        raise ValueError(f"token_logprobs: chunk_size={chunk_size}; use chunk_size >= 1")
     v = logits.shape[-1]
     rows = logits.reshape(-1, v)
     ids = token_ids.reshape(-1).long()

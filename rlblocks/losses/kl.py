@@ -284,7 +284,10 @@ class AdaptiveKLController:
     @moved_keywords(init_coef="init_kl_coef=")
     def __init__(self, init_kl_coef: float, *, target: float, horizon: float) -> None:
         if target <= 0 or horizon <= 0:
-            raise ValueError(f"target and horizon must be positive, got {target}, {horizon}")
+            raise ValueError(
+                f"AdaptiveKLController: target={target}, horizon={horizon}; use target > 0 and "
+                "horizon > 0"
+            )
         self.value = float(init_kl_coef)
         self.target = float(target)
         self.horizon = float(horizon)

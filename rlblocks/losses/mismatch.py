@@ -78,7 +78,7 @@ class TruncatedIS:
 
     def __post_init__(self) -> None:
         if self.cap <= 0:
-            raise ValueError(f"TruncatedIS: cap must be > 0, got {self.cap}")
+            raise ValueError(f"TruncatedIS: cap must be > 0, got {self.cap}; pass a positive cap")
 
     def __call__(
         self,

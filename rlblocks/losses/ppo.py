@@ -108,14 +108,18 @@ def _check_inputs(
 ) -> None:
     """Raise early, with a readable message, on a wrong mask dtype or mismatched shapes."""
     if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be bool (True = token counts), got {mask.dtype}")
+        raise TypeError(
+            f"PolicyLoss: mask must be bool (True = token counts), got {mask.dtype}; pass "
+            "rollouts.response_mask, or convert with .bool()"
+        )
     named = {"old_logprobs": old_logprobs, "advantages": advantages, "mask": mask}
     if is_weights is not None:
         named["is_weights"] = is_weights
     for name, tensor in named.items():
         if tensor.shape != logprobs.shape:
             raise ValueError(
-                f"{name} has shape {tuple(tensor.shape)}, expected {tuple(logprobs.shape)} (b t)"
+                f"PolicyLoss: {name} has shape {tuple(tensor.shape)}, expected "
+                f"{tuple(logprobs.shape)} (b t); pass it shaped like logprobs"
             )
 
 
@@ -157,7 +161,10 @@ def _surrogate_terms(
 ) -> _Surrogate:
     """The clipped (and optionally dual-clipped) surrogate on already-prepared inputs."""
     if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+        raise ValueError(
+            f"PolicyLoss: dual_clip must be > 1 (or None), got {dual_clip}; pass a value such "
+            "as 3.0, or None for no dual clip"
+        )
     eps_low, eps_high = clip
     log_ratio = (lp - old).clamp(-log_ratio_clamp, log_ratio_clamp)
     ratio = torch.exp(log_ratio)

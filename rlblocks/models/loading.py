@@ -92,7 +92,10 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizer
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ValueError("the tokenizer has neither a padding token nor an EOS token")
+            raise ValueError(
+                "prepare_tokenizer: the tokenizer has neither a padding token nor an EOS token; "
+                "set tokenizer.pad_token"
+            )
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 

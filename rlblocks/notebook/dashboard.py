@@ -83,7 +83,10 @@ class Dashboard:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if mode not in ("auto", "widgets", "terminal"):
-            raise ValueError(f"mode must be 'auto', 'widgets' or 'terminal', not {mode!r}")
+            raise ValueError(
+                f"Dashboard: mode must be 'auto', 'widgets' or 'terminal', not {mode!r}; pass "
+                "one of them"
+            )
         if mode == "auto":
             mode = "widgets" if in_notebook() else "terminal"
         self.mode = mode
@@ -161,7 +164,9 @@ class Dashboard:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise RuntimeError("this Dashboard is closed; create a new one for another run")
+            raise RuntimeError(
+                "Dashboard.update: this Dashboard is closed; create a new one for another run"
+            )
 
     __call__ = update
 

@@ -74,14 +74,17 @@ def curves_figure(
     """
     from rlblocks.extras import require
 
-    require("matplotlib", needed_by="a figure of the curves (rb.plot, the dashboard)")
+    require("matplotlib", needed_by="curves_figure")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     present = present_curves(records, curves)
     if not present:
-        raise ValueError("none of the curves to plot appears in the metrics")
+        raise ValueError(
+            "curves_figure: none of the curves to plot appears in the metrics; pass records "
+            "that hold at least one of them"
+        )
     cols = min(columns, len(present))
     rows = math.ceil(len(present) / cols)
     width, height = PANEL_INCHES[0] * cols, PANEL_INCHES[1] * rows

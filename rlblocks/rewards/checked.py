@@ -83,29 +83,30 @@ def _unpack(out: Any, name: str, rows: int) -> tuple[Tensor, dict[str, Any]]:
         what = f"a {type(out).__name__}" + (
             f" of shape {tuple(out.shape)}" if isinstance(out, Tensor) else ""
         )
-        raise TypeError(f"reward function {name} returned {what}; {CONTRACT}")
+        raise TypeError(f"RewardFn: {name} returned {what}; {CONTRACT}")
     rewards, metrics = out
     if not isinstance(metrics, Mapping):
         raise TypeError(
-            f"reward function {name} returned metrics of type {type(metrics).__name__}; {CONTRACT}"
+            f"RewardFn: {name} returned metrics of type {type(metrics).__name__}; {CONTRACT}"
         )
     if not isinstance(rewards, Tensor):
         if not isinstance(rewards, Sequence) or isinstance(rewards, str):
             raise TypeError(
-                f"reward function {name} returned rewards of type {type(rewards).__name__}; "
-                f"{CONTRACT}"
+                f"RewardFn: {name} returned rewards of type {type(rewards).__name__}; {CONTRACT}"
             )
         try:
             rewards = torch.tensor([float(r) for r in rewards])
         except (TypeError, ValueError) as err:
-            raise TypeError(f"reward function {name}: rewards are not numbers ({err}); {CONTRACT}")
+            raise TypeError(
+                f"RewardFn: {name} returned rewards that are not numbers ({err}); {CONTRACT}"
+            )
     if rewards.shape != (rows,):
         raise ValueError(
-            f"reward function {name} returned rewards of shape {tuple(rewards.shape)} for "
+            f"RewardFn: {name} returned rewards of shape {tuple(rewards.shape)} for "
             f"{rows} rows; {CONTRACT}"
         )
     if rewards.is_complex() or rewards.dtype == torch.bool:
-        raise TypeError(f"reward function {name} returned {rewards.dtype} rewards; {CONTRACT}")
+        raise TypeError(f"RewardFn: {name} returned {rewards.dtype} rewards; {CONTRACT}")
     return rewards.detach().float().cpu(), dict(metrics)
 
 

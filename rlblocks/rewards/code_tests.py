@@ -118,7 +118,8 @@ def _tests_of(meta: dict, i: int, tests_key: str) -> list[tuple[str, str | None]
             return [(str(t["input"]), str(t["output"])) for t in tests]
     raise ValueError(
         f"code_reward: row {i}: metadata[{tests_key!r}] must be a non-empty list of "
-        f'{{"input", "output"}} cases or of assert snippets, got {str(tests)[:200]!r}'
+        f'{{"input", "output"}} cases or of assert snippets, got {str(tests)[:200]!r}; give '
+        "every row its tests"
     )
 
 

@@ -43,7 +43,8 @@ def combine(components: Components, /) -> RewardFn:
             if rewards.shape != total.shape:
                 raise ValueError(
                     f"combine: component {name!r} returned rewards of shape "
-                    f"{tuple(rewards.shape)}, expected ({rollouts.batch_size},)"
+                    f"{tuple(rewards.shape)}, expected ({rollouts.batch_size},); return one "
+                    "reward per row"
                 )
             total = total + weight * rewards.detach().float().cpu()
             for k, v in component_metrics.items():
@@ -66,12 +67,18 @@ def _normalize(components: Components) -> list[tuple[str, RewardFn, float]]:
             fn, weight = entry
             name = _name_of(fn)
         else:
-            raise ValueError(f"combine: expected (fn, weight) or (name, fn, weight), got {entry!r}")
+            raise ValueError(
+                f"combine: expected (fn, weight) or (name, fn, weight), got {entry!r}; pass "
+                "entries of one of those shapes"
+            )
         if not callable(fn) or not math.isfinite(weight):
-            raise ValueError(f"combine: component {name!r} needs a callable and a finite weight")
+            raise ValueError(
+                f"combine: component {name!r} has fn {fn!r} and weight {weight}; pass a callable "
+                "and a finite weight"
+            )
         items.append((str(name), fn, float(weight)))
     if not items:
-        raise ValueError("combine: needs at least one component")
+        raise ValueError("combine: no components; pass at least one")
     names = [name for name, _, _ in items]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

@@ -46,7 +46,8 @@ def keep_informative_groups(
     if rewards.dim() != 1 or group_ids.shape != rewards.shape:
         raise ValueError(
             "keep_informative_groups: rewards and group_ids must both be (b), got "
-            f"{tuple(rewards.shape)} and {tuple(group_ids.shape)}"
+            f"{tuple(rewards.shape)} and {tuple(group_ids.shape)}; pass one reward and one "
+            "group id per row"
         )
     with torch.no_grad():
         _, group = torch.unique(group_ids, return_inverse=True)  # (b) -> 0..n_groups-1

@@ -107,13 +107,23 @@ def per_sample(
     the user.
     """
     if not math.isfinite(fallback):
-        raise ValueError(f"per_sample: fallback must be finite, got {fallback}")
+        raise ValueError(
+            f"per_sample: fallback must be finite, got {fallback}; pass a finite score"
+        )
     if timeout is not None and timeout <= 0:
-        raise ValueError(f"per_sample: timeout must be > 0 or None, got {timeout}")
+        raise ValueError(
+            f"per_sample: timeout must be > 0 or None, got {timeout}; pass seconds, or None for "
+            "no limit"
+        )
     if max_workers < 1:
-        raise ValueError(f"per_sample: max_workers must be >= 1, got {max_workers}")
+        raise ValueError(
+            f"per_sample: max_workers must be >= 1, got {max_workers}; pass a positive count"
+        )
     if pool is not None and max_workers != 1:
-        raise ValueError("per_sample: max_workers counts threads; a pool has its own workers")
+        raise ValueError(
+            f"per_sample: max_workers={max_workers} with a pool, but max_workers counts threads "
+            "and a pool has its own workers; leave max_workers at 1 (size the pool instead)"
+        )
     label = name or _name_of(fn)
 
     def reward(rollouts: Rollouts, /) -> RewardOutput:

@@ -123,7 +123,7 @@ def from_trl(
     """
     for value, what in ((fallback, "fallback"), (none_score, "none_score")):
         if not math.isfinite(value):
-            raise ValueError(f"from_trl: {what} must be finite, got {value}")
+            raise ValueError(f"from_trl: {what} must be finite, got {value}; pass a finite score")
     label = name or _name_of(fn)
 
     def reward(rollouts: Rollouts, /) -> RewardOutput:
@@ -137,9 +137,15 @@ def from_trl(
             if inspect.isawaitable(out):
                 out = asyncio.run(out)
             if isinstance(out, str | bytes | Mapping) or not isinstance(out, Sequence):
-                raise TypeError(f"returned {type(out).__name__}, expected a list of floats")
+                raise TypeError(
+                    f"from_trl: {label} returned {type(out).__name__}, expected a list of floats; "
+                    "return one float (or None) per completion"
+                )
             if len(out) != len(rows):
-                raise ValueError(f"returned {len(out)} scores for {len(rows)} rows")
+                raise ValueError(
+                    f"from_trl: {label} returned {len(out)} scores for {len(rows)} rows; return "
+                    "one score per completion"
+                )
             return list(out)
 
         batch = _guarded(lambda _: call(range(b)), 1, timeout)[0] if b else []
@@ -224,7 +230,10 @@ def verl_inputs(
     """
     row = rollouts.metadata[i]
     if data_source_key not in row:
-        raise KeyError(f"row {i} has no column {data_source_key!r} (has {list(row)})")
+        raise KeyError(
+            f"from_verl: row {i} has no column {data_source_key!r} (has {list(row)}); keep it in "
+            "the metadata (rb.data.load_prompts(..., keep=True)), or pass data_source_key="
+        )
     model = row.get("reward_model")
     if isinstance(model, Mapping) and "ground_truth" in model:
         truth = model["ground_truth"]
@@ -232,7 +241,8 @@ def verl_inputs(
         truth = row["ground_truth"]
     else:
         raise KeyError(
-            f"row {i} has neither reward_model.ground_truth nor ground_truth (has {list(row)})"
+            f"from_verl: row {i} has neither reward_model.ground_truth nor ground_truth (has "
+            f"{list(row)}); keep one of them in the metadata (rb.data.load_prompts(..., keep=True))"
         )
     extra = dict(row.get("extra_info") or {})
     extra["num_turns"] = row.get("__num_turns__")
@@ -267,7 +277,7 @@ def from_verl(
     ``k``, for every other key of returned dicts (verl's ``reward_extra_info``).
     """
     if not math.isfinite(fallback):
-        raise ValueError(f"from_verl: fallback must be finite, got {fallback}")
+        raise ValueError(f"from_verl: fallback must be finite, got {fallback}; pass a finite score")
     label = name or _name_of(compute_score)
 
     def reward(rollouts: Rollouts, /) -> RewardOutput:

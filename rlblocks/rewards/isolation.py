@@ -116,7 +116,9 @@ class ProcessPool:
 
     def __init__(self, workers: int = 1) -> None:
         if workers < 1:
-            raise ValueError(f"ProcessPool: workers must be >= 1, got {workers}")
+            raise ValueError(
+                f"ProcessPool: workers must be >= 1, got {workers}; pass a positive count"
+            )
         self.workers = workers
         self._idle: list[_Worker] = []  # every worker while no call runs; busy ones leave it
         self._lock = threading.Lock()  # one batch at a time: rows of two calls never mix
@@ -132,11 +134,14 @@ class ProcessPool:
         import cloudpickle  # here, not at the top: only process mode pays for the import
 
         if self._closed:
-            raise RuntimeError("ProcessPool: the pool is closed")
+            raise RuntimeError("ProcessPool: the pool is closed; create a new ProcessPool")
         try:
             fn_bytes = cloudpickle.dumps(fn)
         except Exception as e:
-            raise TypeError(f"ProcessPool: cannot pickle the reward function: {e}") from e
+            raise TypeError(
+                f"ProcessPool: cannot pickle the reward function ({e}); define it at module level "
+                "or make what it captures picklable"
+            ) from e
         load = ("load", fn_bytes, list(sys.path))
         with self._lock:
             return _Batch(self._idle, self.workers, load, completions, rows, timeout).run()
@@ -230,13 +235,19 @@ class _Batch:
         except (EOFError, OSError):
             note = _death_note(worker.kill())
             if worker.row == LOADING:
-                raise RuntimeError(f"ProcessPool: {note} while loading the reward function")
+                raise RuntimeError(
+                    f"ProcessPool: {note} while loading the reward function; check that it "
+                    "imports in a fresh process"
+                )
             self.outcomes[worker.row] = Failure("error", note)
             self.idle.append(_Worker())
             return
         if reply[0] == "load_error":
             self.idle.append(worker)
-            raise RuntimeError(f"ProcessPool: a worker cannot load the reward function: {reply[1]}")
+            raise RuntimeError(
+                f"ProcessPool: a worker cannot load the reward function ({reply[1]}); define it "
+                "in a module the worker can import (its sys.path is the caller's)"
+            )
         if reply[0] == "loaded":
             worker.fn_bytes = self.load[1]
         else:
@@ -254,7 +265,8 @@ class _Batch:
             if worker.row == LOADING:
                 worker.kill()
                 raise RuntimeError(
-                    f"ProcessPool: a worker took over {LOAD_LIMIT:g} s to load the reward function"
+                    f"ProcessPool: a worker took over {LOAD_LIMIT:g} s to load the reward "
+                    "function; make importing it cheaper (load large state lazily)"
                 )
             self.outcomes[worker.row] = Failure("timeout", f"no result after {self.timeout:g} s")
             worker.kill()

@@ -49,8 +49,8 @@ def require_math_verify() -> ModuleType:
         import math_verify
     except ImportError as error:
         raise ImportError(
-            "the math-verify backend of math_answer needs the math-verify package: "
-            "pip install 'rlblocks[math]' (math-verify>=0.8)"
+            "math_answer: the math-verify backend needs the math-verify package, which is not "
+            "installed; pip install 'rlblocks[math]' (math-verify>=0.8)"
         ) from error
     return math_verify
 
@@ -70,7 +70,10 @@ def math_verify_score(completion: str, ground_truth: str, *, rel_tol: float = 1e
     limit = _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     gold = mv.parse(f"${truth}$", parsing_timeout=limit)
     if not gold:
-        raise ValueError(f"math-verify cannot parse the ground truth {truth!r:.80}")
+        raise ValueError(
+            f"math_answer: math-verify cannot parse the ground truth {truth!r:.80}; give the "
+            "ground truth as a number or a LaTeX expression"
+        )
     if pred is None:
         return 0.0
     answer = mv.parse(f"${pred}$", parsing_timeout=limit)

@@ -107,10 +107,13 @@ class RewardModel:
         normalize: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
         if batch_size < 1:
-            raise ValueError(f"RewardModel: batch_size must be >= 1, got {batch_size}")
+            raise ValueError(
+                f"RewardModel: batch_size must be >= 1, got {batch_size}; pass a positive count"
+            )
         if overlong not in ("error", "truncate"):
             raise ValueError(
-                f"RewardModel: overlong must be 'error' or 'truncate', got {overlong!r}"
+                f"RewardModel: overlong must be 'error' or 'truncate', got {overlong!r}; pass "
+                "one of them"
             )
         self.model, self.tokenizer = model.eval(), tokenizer
         self.batch_size, self.overlong, self.chat = batch_size, overlong, chat
@@ -174,7 +177,7 @@ class RewardModel:
             raise ValueError(
                 f"RewardModel: normalize must map the raw scores (b) = ({len(raw)},) to a tensor "
                 f"of the same shape, got {type(rewards).__name__} "
-                f"{tuple(getattr(rewards, 'shape', ()))}"
+                f"{tuple(getattr(rewards, 'shape', ()))}; return one score per row"
             )
         rewards = rewards.detach().float().cpu()
         empty = len(raw) == 0
@@ -205,7 +208,10 @@ class RewardModel:
         truncated = 0
         for i, row in enumerate(ids):
             if not row:
-                raise ValueError(f"RewardModel: row {i} is empty after tokenization")
+                raise ValueError(
+                    f"RewardModel: row {i} is empty after tokenization; give every row a "
+                    "prompt or a response"
+                )
             if self.max_length is not None and len(row) > self.max_length:
                 if self.overlong == "error":
                     raise ValueError(
@@ -229,7 +235,8 @@ class RewardModel:
             except Exception as error:  # out of memory, an id past the vocabulary: say which rows
                 raise RuntimeError(
                     f"RewardModel: scoring rows {rows} ({len(ids[rows[0]])} tokens the longest) "
-                    f"on {self.device} failed: {error}"
+                    f"on {self.device} failed: {error}; lower batch_size (or max_length) if "
+                    "it ran out of memory"
                 ) from error
         return scores
 
@@ -307,7 +314,8 @@ def _messages(prompt: Any, i: int, key: str | None) -> list[Mapping[str, Any]]:
         return [dict(m) for m in prompt]
     raise TypeError(
         f"RewardModel: row {i}: metadata[{key!r}] must be raw text or a non-empty list of chat "
-        f'messages [{{"role": ..., "content": ...}}], got {type(prompt).__name__}: {prompt!r:.80}'
+        f'messages [{{"role": ..., "content": ...}}], got {type(prompt).__name__}: '
+        f"{prompt!r:.80}; fix that column of the data"
     )
 
 
@@ -329,7 +337,10 @@ def _label(model: Any, label: int | None) -> int:
             )
         return 0
     if not 0 <= label < labels:
-        raise ValueError(f"RewardModel: label={label} but the model has {labels} labels")
+        raise ValueError(
+            f"RewardModel: label={label} but the model has {labels} labels; pass label in "
+            f"0..{labels - 1}"
+        )
     return label
 
 

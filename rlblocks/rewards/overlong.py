@@ -39,10 +39,13 @@ def overlong_penalty(
     if not 0 < cache_length <= max_length:
         raise ValueError(
             f"overlong_penalty: need 0 < cache_length <= max_length, "
-            f"got cache_length={cache_length}, max_length={max_length}"
+            f"got cache_length={cache_length}, max_length={max_length}; pass values in that order"
         )
     if lengths.dim() != 1:
-        raise ValueError(f"overlong_penalty: lengths must be (b), got shape {tuple(lengths.shape)}")
+        raise ValueError(
+            f"overlong_penalty: lengths must be (b), got shape {tuple(lengths.shape)}; pass one "
+            "response length per row"
+        )
     expected = max_length - cache_length  # L_max − L_cache: longest response with no penalty
     # Integer difference first (exact), one float division: the ramp values are exact ratios.
     over = (expected - lengths.long()).double() / cache_length

@@ -137,7 +137,10 @@ class Sandbox:
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.workers > SLOTS:
-            raise ValueError(f"Sandbox: workers must be in 1..{SLOTS}, got {self.workers}")
+            raise ValueError(
+                f"Sandbox: workers must be in 1..{SLOTS}, got {self.workers}; pass a count in "
+                "that range"
+            )
         if self.python is None:
             object.__setattr__(self, "python", _default_python())
 

@@ -72,9 +72,15 @@ class HFEngine:
         progress: bool = True,
     ) -> None:
         if max_batch_size is not None and max_batch_size < 1:
-            raise ValueError(f"HFEngine: max_batch_size must be >= 1 or None, got {max_batch_size}")
+            raise ValueError(
+                f"HFEngine: max_batch_size={max_batch_size}; use max_batch_size >= 1, or None "
+                "for one batch"
+            )
         if not hasattr(model, "generate"):
-            raise TypeError(f"HFEngine needs a model with .generate, got {type(model).__name__}")
+            raise TypeError(
+                f"HFEngine: the model is a {type(model).__name__}, which has no .generate; pass "
+                "a Hugging Face causal LM (e.g. policy.model)"
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.sampling = sampling
@@ -154,12 +160,12 @@ class HFEngine:
                 known = ", ".join(list(targets)[:3])
                 raise ValueError(
                     f"HFEngine.update_weights: the model has no weight named {name!r} "
-                    f"(its names look like {known}, ...)"
+                    f"(its names look like {known}, ...); send the weights of the engine's model"
                 )
             if target.shape != value.shape:
                 raise ValueError(
                     f"HFEngine.update_weights: {name!r} has shape {tuple(value.shape)}, "
-                    f"the model's is {tuple(target.shape)}"
+                    f"the model's is {tuple(target.shape)}; send the weights of the engine's model"
                 )
         with torch.no_grad():
             for name, value in pairs:
@@ -175,8 +181,9 @@ class HFEngine:
         """Not served: an ``HFEngine`` samples with plain weights (the resharder sends a LoRA
         policy's merged weights instead)."""
         raise NotImplementedError(
-            "HFEngine does not serve LoRA adapters: sync a LoRA policy's merged weights with "
-            "rb.resharder.Resharder, or share the policy's model (HFEngine(policy.model, ...))"
+            "HFEngine.load_adapter: HFEngine does not serve LoRA adapters; sync a LoRA policy's "
+            "merged weights with rb.resharder.Resharder, or share the policy's model "
+            "(HFEngine(policy.model, ...))"
         )
 
     def sleep(self) -> None:
@@ -266,7 +273,11 @@ def _special_ids(model: nn.Module, tokenizer: Any) -> tuple[int, list[int]]:
                 eos.append(int(i))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or [None])[0]
     if pad is None:
-        raise ValueError("HFEngine: the tokenizer has neither a padding token nor an EOS token")
+        raise ValueError(
+            "HFEngine: the tokenizer has neither a padding token nor an EOS token; set "
+            "tokenizer.pad_token"
+        )
+
     return int(pad), eos
 
 

@@ -52,11 +52,11 @@ def render_prompts(
     """
     if isinstance(prompts, (str, Mapping)) or not isinstance(prompts, Sequence):
         raise TypeError(
-            f"prompts must be a list of prompts (strings or message lists), got "
+            f"render_prompts: prompts must be a list of prompts (strings or message lists), got "
             f"{type(prompts).__name__}; wrap a single prompt in a list"
         )
     if len(prompts) == 0:
-        raise ValueError("prompts is empty: give at least one prompt")
+        raise ValueError("render_prompts: prompts is empty; give at least one prompt")
     texts, ids = [], []
     for i, prompt in enumerate(prompts):
         if _is_token_ids(prompt):
@@ -67,7 +67,10 @@ def render_prompts(
         text, templated = _render(i, prompt, tokenizer, chat, tools)
         tokens = list(tokenizer(text, add_special_tokens=not templated)["input_ids"])
         if not tokens:
-            raise ValueError(f"prompt {i} is empty after tokenization: generation needs a token")
+            raise ValueError(
+                f"render_prompts: prompt {i} is empty after tokenization; give every prompt at "
+                "least one token"
+            )
         texts.append(text)
         ids.append(tokens)
     return texts, ids
@@ -103,8 +106,8 @@ def _checked_ids(i: int, prompt: Sequence[int], tokenizer: Any) -> list[int]:
     bad = next((x for x in tokens if not 0 <= x < vocab), None)
     if bad is not None:
         raise ValueError(
-            f"prompt {i} is a list of token ids but holds {bad}, outside the tokenizer's "
-            f"vocabulary of {vocab} ids"
+            f"render_prompts: prompt {i} is a list of token ids but holds {bad}, outside the "
+            f"tokenizer's vocabulary of {vocab} ids; pass ids in 0..{vocab - 1}"
         )
     return tokens
 
@@ -125,12 +128,13 @@ def _render(
         messages = _messages(i, prompt)
         if chat is False:
             raise ValueError(
-                f"prompt {i} is a list of chat messages but the engine was built with chat=False"
+                f"render_prompts: prompt {i} is a list of chat messages but the engine was built "
+                "with chat=False; build it with chat=True (or None), or pass raw strings"
             )
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(
-            f"prompt {i} is a chat conversation but the tokenizer has no chat template; pass raw "
-            "strings, or set tokenizer.chat_template"
+            f"render_prompts: prompt {i} is a chat conversation but the tokenizer has no chat "
+            "template; pass raw strings, or set tokenizer.chat_template"
         )
     text = tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True, tools=list(tools) if tools else None
@@ -146,8 +150,9 @@ def _messages(i: int, prompt: Any) -> list[Mapping[str, Any]]:
         prompt, Mapping
     )
     raise TypeError(
-        f"prompt {i} must be a string, a non-empty list of messages "
-        f'[{{"role": ..., "content": ...}}] or a non-empty list of token ids, got {type(prompt).__name__}{hint}: {prompt!r:.80}'
+        f"render_prompts: prompt {i} is {type(prompt).__name__} {prompt!r:.80}{hint}; pass a "
+        f'string, a non-empty list of messages [{{"role": ..., "content": ...}}] or a non-empty '
+        "list of token ids"
     )
 
 
@@ -158,5 +163,9 @@ def check_metadata(
     if metadata is None:
         return [{} for _ in range(p)]
     if len(metadata) != p:
-        raise ValueError(f"{owner}.generate: {len(metadata)} metadata entries for {p} prompts")
+        raise ValueError(
+            f"{owner}.generate: {len(metadata)} metadata entries for {p} prompts; pass one "
+            "entry per prompt"
+        )
+
     return list(metadata)

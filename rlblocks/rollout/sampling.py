@@ -62,7 +62,11 @@ def sampled_logprobs(logits: list[Tensor], tokens: Tensor, *, temperature: float
     float32 at a time (entries of ``logits`` are released as they are used), never a (b t v).
     """
     if len(logits) != tokens.shape[1]:
-        raise ValueError(f"{len(logits)} logit steps for {tokens.shape[1]} sampled tokens")
+        raise ValueError(
+            f"sampled_logprobs: {len(logits)} logit steps for {tokens.shape[1]} sampled tokens; "
+            "pass one (b v) logits tensor per sampled token"
+        )
+
     out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
     for k in range(len(logits)):
         z = logits[k].to(device=tokens.device, dtype=torch.float32) / temperature

@@ -82,10 +82,11 @@ class FiniteLogits(LogitsProcessor):
         if bool(broken.any()):
             rows = broken.nonzero().flatten().tolist()
             raise FloatingPointError(
-                f"the model's next-token scores are not finite (rows {rows[:10]} of the batch, "
-                f"after {input_ids.shape[1]} tokens of the padded batch): its weights are "
-                "broken, usually by an update too large for them (a learning rate too high, no "
-                "max_grad_norm; the trainer's grad_norm and lr metrics of the last steps show "
-                "it). Lower lr, set max_grad_norm, or resume from an earlier checkpoint"
+                f"HFEngine.generate: the model's next-token scores are not finite (rows "
+                f"{rows[:10]} of the batch, after {input_ids.shape[1]} tokens of the padded "
+                "batch): its weights are broken, usually by an update too large for them (a "
+                "learning rate too high, no max_grad_norm: the trainer's grad_norm and lr "
+                "metrics of the last steps show it); lower lr, set max_grad_norm, or resume "
+                "from an earlier checkpoint"
             )
         return scores

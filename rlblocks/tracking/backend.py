@@ -44,6 +44,6 @@ def require(module: str, package: str | None = None) -> ModuleType:
     except ImportError as error:
         package = package or module
         raise ImportError(
-            f"the {module!r} tracking backend needs {package}, which is not installed: "
-            f"{EXTRA} (every backend) or pip install {package}"
+            f"Tracker: the {module!r} tracking backend needs {package}, which is not "
+            f"installed; {EXTRA} (every backend) or pip install {package}"
         ) from error

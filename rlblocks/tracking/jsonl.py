@@ -43,8 +43,8 @@ class JsonlFiles:
             for path in (self.metrics, self.samples):
                 if path.exists() and path.stat().st_size > 0:
                     raise FileExistsError(
-                        f"{path} already holds a run's records: use another folder, or pass "
-                        "resume_step=k to resume that run after its first k steps"
+                        f"Tracker.start: {path} already holds a run's records; use another "
+                        "folder, or pass resume_step=k to resume that run after its first k steps"
                     )
             kept = []
         else:

@@ -93,7 +93,10 @@ class Tracker:
         supports (docs/tracking.md). Without it, a folder whose ``metrics.jsonl`` is not empty is
         an error (FileExistsError naming the file): two runs' metrics never mix."""
         if self.started:
-            raise RuntimeError("this Tracker has already started its run")
+            raise RuntimeError(
+                "Tracker.start: this Tracker has already started its run; start a Tracker once "
+                "(create a new one for another run)"
+            )
         config = dict(config or {})
         kept = [] if self.files is None else self.files.start(config, resume_step)
         path = None if self.folder is None else self.folder / METRICS
@@ -114,7 +117,9 @@ class Tracker:
         backend. Starts the run with an empty config when :meth:`start` was not called.
         """
         if self.closed:
-            raise RuntimeError("this Tracker is closed; create a new one for another run")
+            raise RuntimeError(
+                "Tracker.log: this Tracker is closed; create a new one for another run"
+            )
         if not self.started:
             self.start()
         record = self.log_file.log(step, metrics)
@@ -181,12 +186,20 @@ def resolve(
     for entry in entries:
         if not isinstance(entry, str):
             if not isinstance(entry, TrackingBackend):
-                raise TypeError(f"{entry!r} is not a tracking backend (start, log_metrics, ...)")
+                raise TypeError(
+                    f"Tracker: report_to entry {entry!r} is not a tracking backend; pass a "
+                    "backend name or an object with start, log_metrics, ..."
+                )
             backends.append(entry)
             continue
         if entry not in BACKENDS:
-            raise ValueError(f"unknown backend {entry!r}; report_to takes {sorted(BACKENDS)}")
+            raise ValueError(
+                f"Tracker: unknown backend {entry!r}; report_to takes {sorted(BACKENDS)}"
+            )
         if folder is None:
-            raise ValueError(f"the {entry!r} backend writes files: give the Tracker a folder")
+            raise ValueError(
+                f"Tracker: the {entry!r} backend writes files, and the Tracker has no folder; "
+                "give the Tracker a folder"
+            )
         backends.append(BACKENDS[entry][0](folder, project=project, run_name=run_name))
     return backends

@@ -126,5 +126,5 @@ def test_returns_are_advantages_plus_values(batch):
 
 
 def test_rejects_bad_values_shape():
-    with pytest.raises(ValueError, match="values"):
+    with pytest.raises(ValueError, match="^gae: values must be"):
         gae(torch.zeros(2), torch.ones(2, 3, dtype=torch.bool), values=torch.zeros(2, 4))

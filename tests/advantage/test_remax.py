@@ -49,7 +49,7 @@ def test_limits(batch):
     without = remax(batch.rewards, batch.mask, baseline_rewards=batch.rewards * 0.5)
     assert_close(with_ids.advantages, without.advantages)
     assert (with_ids.advantages[~batch.mask] == 0).all()
-    with pytest.raises(ValueError, match="baseline_rewards"):
+    with pytest.raises(ValueError, match="^remax: baseline_rewards must be"):
         remax(batch.rewards, batch.mask, baseline_rewards=torch.zeros(1, 2))
     assert not remax(
         batch.rewards.requires_grad_(), batch.mask, baseline_rewards=batch.rewards

@@ -83,9 +83,9 @@ def test_limits(batch):
 
 
 def test_check_inputs_rejects_bad_shapes():
-    with pytest.raises(ValueError, match="mask"):
+    with pytest.raises(ValueError, match="^AdvantageEstimator: mask must be"):
         check_inputs(torch.zeros(3), MASK.float())
-    with pytest.raises(ValueError, match="rewards"):
+    with pytest.raises(ValueError, match="^AdvantageEstimator: rewards must be"):
         check_inputs(torch.zeros(3, 4), MASK)
-    with pytest.raises(ValueError, match="group_ids"):
+    with pytest.raises(ValueError, match="^AdvantageEstimator: group_ids must be"):
         check_inputs(torch.zeros(3), MASK, torch.zeros(2, dtype=torch.int64))

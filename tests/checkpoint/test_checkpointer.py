@@ -69,10 +69,14 @@ def test_only_marked_folders_count_and_leftovers_are_swept(tmp_path):
 def test_what_resume_accepts(tmp_path):
     ckpt = Checkpointer(tmp_path)
     assert ckpt.resume_step(False) is None and ckpt.resume_step("auto") is None
-    with pytest.raises(FileNotFoundError, match="holds no complete checkpoint"):
+    with pytest.raises(
+        FileNotFoundError, match="^Checkpointer.resume_step: resume=True but .* holds no complete"
+    ):
         ckpt.resume_step(True)
     ckpt.save(3, {"counter": Counter()})
-    with pytest.raises(FileExistsError, match=r"after step 3\): pass resume=True"):
+    with pytest.raises(
+        FileExistsError, match=r"after step 3\); pass run=rb.run.RunOptions\(resume=True\)"
+    ):
         ckpt.resume_step(False)
     assert ckpt.resume_step(True) == ckpt.resume_step("auto") == 3
     with pytest.raises(CheckpointError, match=r"holds the blocks \['counter'\]"):

@@ -98,7 +98,9 @@ def test_a_save_that_runs_out_of_space_fails_loudly_and_loses_nothing(tmp_path, 
     process = job("ppo", tmp_path, "--fsize-limit", str(200_000))
     _, err = process.communicate(timeout=300)
     assert process.returncode == 1
-    assert "CheckpointError: could not write the checkpoint of step 2" in err, err[-2000:]
+    assert "CheckpointError: Checkpointer.save: could not write the checkpoint of step 2" in err, (
+        err[-2000:]
+    )
     assert "File too large" in err and "untouched: [1]" in err
     root = tmp_path / "checkpoints"
     assert rb.checkpoint.Checkpointer(root).steps() == [1]

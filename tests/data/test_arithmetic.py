@@ -215,7 +215,9 @@ def test_single_operator_levels():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="operators must be"):
         Difficulty(operators="+^")
-    with pytest.raises(ValueError, match="need operands"):
+    with pytest.raises(
+        ValueError, match="^Difficulty: operands, max_operand and max_factor must be >= 2"
+    ):
         Difficulty(operands=1)
     with pytest.raises(ValueError, match="word_problems"):
         Difficulty(word_problems=1.5)

@@ -121,7 +121,7 @@ def test_a_missing_column_names_the_file_and_how_to_map_columns(tmp_path):
     _fails(
         path,
         re.escape(": column(s) ['prompt', 'ground_truth'] not in the data; available columns: ")
-        + r"\['question', 'answer'\] \(name yours with prompt=..., ground_truth=...",
+        + r"\['question', 'answer'\]; name yours with prompt=..., ground_truth=...",
     )
 
 

@@ -397,7 +397,7 @@ def test_a_bad_prompt_completion_row_names_its_row(tok, bad, message):
     if message is None:
         assert len(sft_data(rows, tok)) == 2
         return
-    with pytest.raises(ValueError, match=rf"^row 1.*{message}"):
+    with pytest.raises(ValueError, match=rf"^(rb\.data|sft_data): row 1.*{message}"):
         sft_data(rows, tok)
 
 
@@ -409,7 +409,8 @@ def test_a_template_that_is_not_prefix_stable(tok):
     )
     with pytest.raises(
         ValueError,
-        match=r"^row 0: the chat template is not prefix-stable: the rendering of messages\[:2\] "
+        match=r"^sft_data: row 0: the chat template is not prefix-stable: the rendering of "
+        r"messages\[:2\] "
         r"does not start with that of messages\[:1\] with the generation prompt",
     ):
         sft_data([GOOD], odd)
@@ -425,7 +426,8 @@ def test_a_template_that_is_not_prefix_stable(tok):
     assert tok.decode(ex.response_ids) == "The answer is 5. (final)<|im_end|>\n"
     with pytest.raises(
         ValueError,
-        match=r"^row 0: the chat template is not prefix-stable: the rendering of messages\[:3\] "
+        match=r"^sft_data: row 0: the chat template is not prefix-stable: the rendering of "
+        r"messages\[:3\] "
         r"with the generation prompt does not start with that of messages\[:2\] \(they differ at "
         r"character \d+: ' \(final\)<\|im_end",
     ):
@@ -435,8 +437,8 @@ def test_a_template_that_is_not_prefix_stable(tok):
 def test_missing_columns_template_or_eos(tok):
     with pytest.raises(
         ValueError,
-        match=r"no SFT columns: expected 'messages' .* or 'prompt' and 'completion'; "
-        r"available columns: \['text'\]",
+        match=r"^sft_data: no SFT columns: expected 'messages' .* or 'prompt' and 'completion', "
+        r"available columns: \['text'\]; name yours with messages=",
     ):
         sft_data([{"text": "hi"}], tok)
     plain = tiny_tokenizer()
@@ -470,7 +472,7 @@ def test_overlong_error_names_the_first_long_row(tok):
     total = prompt + first + between + second
     with pytest.raises(
         ValueError,
-        match=rf"^row 1: prompt \+ response is {total} tokens \({prompt} \+ "
+        match=rf"^sft_data: row 1: prompt \+ response is {total} tokens \({prompt} \+ "
         rf"{first + between + second}\), longer than max_tokens={total - 1} \(1 of 2 rows",
     ):
         sft_data(rows, tok, max_tokens=total - 1)

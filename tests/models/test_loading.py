@@ -18,7 +18,7 @@ def test_missing_folder_gets_a_clear_error(tmp_path):
 
 
 def test_unknown_builtin_is_named():
-    with pytest.raises(KeyError, match="no built-in model 'gpt-9'; built-ins are"):
+    with pytest.raises(KeyError, match="builtin_path: no built-in model 'gpt-9'; pass one of "):
         builtin_path("gpt-9")
 
 

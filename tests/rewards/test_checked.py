@@ -48,14 +48,16 @@ def test_a_nan_row_gets_the_fallback_is_counted_and_named_every_time(caplog):
         ((torch.ones(3), {}), ValueError, "shape (3,) for 4 rows"),
         ((torch.ones(4, 1), {}), ValueError, "shape (4, 1) for 4 rows"),
         ((torch.ones(4), [0.5]), TypeError, "metrics of type list"),
-        ((["a", "b", "c", "d"], {}), TypeError, "rewards are not numbers"),
+        ((["a", "b", "c", "d"], {}), TypeError, "returned rewards that are not numbers"),
     ],
 )
 def test_a_wrong_output_states_the_contract(returned, error, says):
     def bad_reward(rollouts):
         return returned
 
-    with pytest.raises(error, match="RewardFn returns RewardOutput") as info:
+    with pytest.raises(
+        error, match=r"^RewardFn: \S*bad_reward returned .*RewardFn returns RewardOutput"
+    ) as info:
         checked(bad_reward)(_rollouts())
     assert says in str(info.value) and "bad_reward" in str(info.value)
 

@@ -267,7 +267,7 @@ def test_bad_arguments_raise_clear_errors(peaky):
         eng.generate("What is 2+2?")
     with pytest.raises(ValueError, match="2 metadata entries for 3 prompts"):
         eng.generate(PROMPTS, metadata=[{}, {}])
-    with pytest.raises(ValueError, match="max_batch_size must be >= 1"):
+    with pytest.raises(ValueError, match="^HFEngine: max_batch_size=0; use max_batch_size >= 1"):
         HFEngine(*peaky, max_batch_size=0)
 
 

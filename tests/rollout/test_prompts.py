@@ -54,7 +54,9 @@ def test_token_ids_are_used_as_they_are(tokenizer):
         assert texts == ["<|im_start|>ab", "a"]  # decoded with special tokens kept
     with pytest.raises(ValueError, match="prompt 1 is a list of token ids but holds 999999"):
         render_prompts([ids, [a, 999999]], tokenizer)
-    with pytest.raises(TypeError, match="prompt 0 must be a string"):
+    with pytest.raises(
+        TypeError, match=r"^render_prompts: prompt 0 is list \[True, False\]; pass a string"
+    ):
         render_prompts([[True, False]], tokenizer)  # bools are not ids
 
 
@@ -89,13 +91,15 @@ def test_left_padding_whatever_the_tokenizer_says(peaky):
 
 
 def test_prompt_errors(tokenizer):
-    with pytest.raises(ValueError, match="prompts is empty"):
+    with pytest.raises(ValueError, match="^render_prompts: prompts is empty; "):
         render_prompts([], tokenizer)
     with pytest.raises(TypeError, match="wrap a single prompt in a list"):
         render_prompts("hello", tokenizer)
     with pytest.raises(TypeError, match="prompt 0 .* wrap it in a list"):
         render_prompts(MESSAGES, tokenizer)  # one conversation passed without the outer list
-    with pytest.raises(TypeError, match="prompt 1 must be a string, a non-empty list"):
+    with pytest.raises(
+        TypeError, match="^render_prompts: prompt 1 is int 42; pass a string, a non-empty list"
+    ):
         render_prompts(["ok", 42], tokenizer)
     with pytest.raises(ValueError, match="prompt 0 is empty after tokenization"):
         render_prompts([""], tokenizer)

@@ -50,7 +50,7 @@ def test_sampled_logprobs_limits():
     bf16 = [torch.tensor([[0.0, 1.0]], dtype=torch.bfloat16)]
     out = sampled_logprobs(bf16, torch.tensor([[1]]), temperature=1.0)
     torch.testing.assert_close(out, torch.tensor([[-math.log1p(math.exp(-1.0))]]))
-    with pytest.raises(ValueError, match="2 logit steps for 3 sampled tokens"):
+    with pytest.raises(ValueError, match="^sampled_logprobs: 2 logit steps for 3 sampled tokens; "):
         sampled_logprobs(logits, torch.zeros(3, 3, dtype=torch.long), temperature=1.0)
 
 
