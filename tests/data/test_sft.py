@@ -11,11 +11,11 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from rlblocks.run import Drawn
 from tokenizers.processors import TemplateProcessing
 
 from rlblocks.data import SFTBatches, SFTData, SFTExample, prompt_token_ids, sft_data
 from rlblocks.models import tiny_tokenizer
+from rlblocks.run import Drawn
 
 # The brief's ChatML template, written out here so that the expected ids below do not depend
 # on the tiny tokenizer's own template.
