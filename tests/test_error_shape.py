@@ -42,16 +42,6 @@ BLOCK_NAME_VALUES = {
 
 # (file under rlblocks/, start of the message): why it is deliberately not in the shape.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("recipes/evaluate.py", "evaluate needs at least one prompt"): (
-        "recipes/ is being edited on another branch; reshape after it merges"
-    ),
-    (
-        "run/loop.py",
-        "unknown phase",
-    ): "run/ is being edited on another branch; reshape after it merges",
-    ("run/state.py", "cannot resume the data"): (
-        "run/ is being edited on another branch; reshape after it merges"
-    ),
     ("train.py", "{key}: "): (
         "the CLI names the config key the user wrote (reward: ...), as a data error names its file"
     ),
@@ -125,9 +115,6 @@ NO_ADVICE: dict[tuple[str, str], str] = {
     ("resharder/strict.py", "Resharder: the trainer's weights do not fit"): (
         "resharder/ was reshaped in an earlier slice and is outside this one; the list of "
         "mismatched weights joined after the literal is what to fix"
-    ),
-    ("run/state.py", "Drawn.load_state_dict: batches were already drawn"): (
-        "run/ is being edited on another branch; add the advice after it merges"
     ),
 }
 

@@ -35,7 +35,7 @@ def evaluate(
 ) -> Evaluation:
     """Answer each prompt once (greedy by default) and score it: accuracy for 0/1 rewards."""
     if not prompts:
-        raise ValueError("evaluate needs at least one prompt")
+        raise ValueError("evaluate: no prompts; pass at least one prompt to score")
     rollouts = engine.generate(list(prompts), group_size=1, sampling=sampling, metadata=metadata)
     rewards, _ = reward_fn(rollouts)
     values = rewards.tolist()

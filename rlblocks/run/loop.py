@@ -96,7 +96,7 @@ class Clock:
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
         if phase not in self.seconds:
-            raise ValueError(f"unknown phase {phase!r}; the phases are {PHASES}")
+            raise ValueError(f"Clock: unknown phase {phase!r}; the phases are {PHASES}")
         self._switch()
         self._open.append(phase)
         try:

@@ -51,7 +51,10 @@ class Drawn:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the data position saved by ``state_dict``."""
         if self._iterator is not None:
-            raise RuntimeError("Drawn.load_state_dict: batches were already drawn")
+            raise RuntimeError(
+                "Drawn.load_state_dict: batches were already drawn; load the state before the "
+                "first batch is drawn"
+            )
         drawn = int(state["drawn"])
         if state["source"] is not None and isinstance(self.source, Stateful):
             self.source.load_state_dict(state["source"])
@@ -61,8 +64,9 @@ class Drawn:
             skipped = sum(1 for _ in itertools.islice(self._iterator, drawn))
             if skipped < drawn:
                 raise ValueError(
-                    f"cannot resume the data: the saved run had drawn {drawn} batches, this "
-                    f"source holds only {skipped}"
+                    f"Drawn.load_state_dict: the saved run had drawn {drawn} batches, this "
+                    f"source holds only {skipped}; resume with the same batches (or a longer "
+                    f"source)"
                 )
         self.drawn = drawn
 

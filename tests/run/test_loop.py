@@ -50,7 +50,7 @@ def test_clock_hand_worked_nested_phases_count_each_second_once():
         "update": 0.0,
         "sync": 0.0,
     }
-    with pytest.raises(ValueError, match="unknown phase 'train'"), clock("train"):
+    with pytest.raises(ValueError, match="Clock: unknown phase 'train'"), clock("train"):
         pass
 
 
