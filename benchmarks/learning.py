@@ -135,7 +135,7 @@ def table(demo_args: argparse.Namespace, summaries: dict[int, dict]) -> str:
         f"GRPO, {demo_args.steps} steps x {demo_args.prompts_per_step} prompts x "
         f"{demo_args.group_size} samples, at most {demo_args.max_new_tokens} new tokens, "
         f"lr {demo_args.lr:g}, KL coefficient {demo_args.kl_coef:g}"
-        f"{', one-step-off rollout (--async)' if demo_args.async_rollout else ''}. Held-out: {held_out} "
+        f"{', one-step-off rollout (--async)' if demo_args.one_step_off else ''}. Held-out: {held_out} "
         "distinct problems, greedy, the same for every seed, none in training. "
         f"Seeds: {', '.join(map(str, summaries))}."
     )

@@ -168,7 +168,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--async",
-        dest="async_rollout",
+        dest="one_step_off",
         action="store_true",
         help="one-step-off rollouts: the engine (its own copy of the weights) samples the next "
         "batch in a thread while the trainer updates, each side with half the CPU threads; "
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     gpu = torch.device(args.device).type == "cuda"
     if gpu and not torch.cuda.is_available():
         raise SystemExit(f"--device {args.device}: torch sees no CUDA device here")
-    if args.async_rollout and (args.workers or args.engine != "hf"):
+    if args.one_step_off and (args.workers or args.engine != "hf"):
         raise SystemExit("--async runs with the in-process HF engine (no --workers, --engine hf)")
     if args.engine == "vllm" and args.workers:
         raise SystemExit("--engine vllm runs in this process; it does not combine with --workers")
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         elif args.engine == "vllm":
             policy = trainer()
             engine = rb.rollout.VLLMEngine(args.model, chat=True)  # its own copy, synced
-        elif args.async_rollout:  # the engine samples while the trainer updates: two copies
+        elif args.one_step_off:  # the engine samples while the trainer updates: two copies
             policy = trainer()
             engine = rb.rollout.HFEngine(copy.deepcopy(policy.model), policy.tokenizer, chat=True)
             if not gpu:  # one half of the cores each (torch's thread count is process-wide)
@@ -423,8 +423,8 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
                 # them, one forward pass less). One step off, π_old is the sampling weights'
                 # log-probs: the PPO ratio corrects the one step of staleness, and no scoring
                 # pass stands between the trainer and its update.
-                staleness=1 if args.async_rollout else 0,
-                old_logprobs="rollout" if args.async_rollout else "auto",
+                staleness=1 if args.one_step_off else 0,
+                old_logprobs="rollout" if args.one_step_off else "auto",
             ),
         }
         if args.teacher is not None:  # the reverse KL to the teacher is the only signal

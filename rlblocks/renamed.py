@@ -1,11 +1,11 @@
 """Keywords a function no longer takes, and attributes a module no longer has, each failing with
 a message that names its new place.
 
-    @moved_keywords(group_size="group_size=")
+    @moved_keywords(samples_per_prompt="group_size=")
     def ppo(..., group_size: int = 1): ...
 
-    ppo(..., group_size=4)
-    # TypeError: ppo: group_size= is no longer a keyword; use group_size=
+    ppo(..., samples_per_prompt=4)
+    # TypeError: ppo: samples_per_prompt= is no longer a keyword; use group_size=
 
     __getattr__ = gone_attributes(__name__)  # rlblocks.advantage; its old names: GONE
     rb.advantage.reverse_kl
