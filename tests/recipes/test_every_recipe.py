@@ -44,6 +44,23 @@ class CountingEngine(rb.rollout.HFEngine):
         self.calls.append("wake_up")
 
 
+def run_ppo(policy, engine, *, steps: int, **kw) -> list[dict]:
+    """PPO on the digit-fraction task, 4 prompts × 2 samples of at most 8 tokens a step, a
+    critic on the policy's model; its history."""
+    return rb.recipes.ppo(
+        policy,
+        CriticTrainer(policy.model, lr=1e-3),
+        engine,
+        rb.rewards.per_sample(digit_fraction, timeout=None),
+        PromptBatches(count_prompts(), prompts_per_step=4, seed=0),
+        steps=steps,
+        group_size=2,
+        sampling=rb.SamplingParams(max_new_tokens=8),
+        run=rb.run.RunOptions(progress=False),
+        **kw,
+    )
+
+
 def run_recipe(name: str, loss_fn=None, steps: int = 2):
     """``name`` on the tiny model and the digit-fraction task (tests/toy_tasks.py), the policy
     with a reference copy; the history and the engine's calls."""
@@ -53,18 +70,7 @@ def run_recipe(name: str, loss_fn=None, steps: int = 2):
         engine = CountingEngine(policy.model, policy.tokenizer, progress=False)
         kw = {} if loss_fn is None else {"loss_fn": loss_fn}
         if name == "ppo":
-            history = rb.recipes.ppo(
-                policy,
-                CriticTrainer(policy.model, lr=1e-3),
-                engine,
-                rb.rewards.per_sample(digit_fraction, timeout=None),
-                PromptBatches(count_prompts(), prompts_per_step=4, seed=0),
-                steps=steps,
-                group_size=2,
-                sampling=rb.SamplingParams(max_new_tokens=8),
-                run=rb.run.RunOptions(progress=False),
-                **kw,
-            )
+            history = run_ppo(policy, engine, steps=steps, **kw)
         else:
             recipe, extra = RECIPES[name]
             history = run_group_recipe(recipe, policy, engine, steps=steps, **extra, **kw)
@@ -141,18 +147,7 @@ def test_ppo_keeps_its_own_kl_token_beside_the_loss_term():
     engine = tiny_engine(policy)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        history = rb.recipes.ppo(
-            policy,
-            CriticTrainer(policy.model, lr=1e-3),
-            engine,
-            rb.rewards.per_sample(digit_fraction, timeout=None),
-            PromptBatches(count_prompts(), prompts_per_step=4, seed=0),
-            steps=3,
-            group_size=2,
-            sampling=rb.SamplingParams(max_new_tokens=8),
-            kl_in_reward=False,
-            run=rb.run.RunOptions(progress=False),
-        )
+        history = run_ppo(policy, engine, steps=3, kl_in_reward=False)
     # Two mini-batches: the second is scored after the first update, so the loss term's KL
     # (kl_loss, during the update) differs from the recipe's (kl/token, before it); the loop
     # keeps both rather than overwrite the recipe's measurement.
