@@ -63,27 +63,36 @@ def tiny_trainer(
     device: str = "cpu",
     reference: Any = None,
     tokenizer: bool = True,
-    model: dict[str, Any] | None = None,
+    model_config: dict[str, Any] | None = None,
+    module: torch.nn.Module | None = None,
     **settings: Any,
 ) -> PolicyTrainer:
-    """A `PolicyTrainer` around a fresh tiny model (``rb.models.tiny(seed=seed, **model)``,
+    """A `PolicyTrainer` around a fresh tiny model (``rb.models.tiny(seed=seed, **model_config)``,
     weights in ``dtype``, on ``device``) with its tokenizer (none with ``tokenizer=False``).
 
     No reference unless asked (``reference="copy"``, or ``"auto"`` for the library's default):
     most tests score none, and a frozen copy doubles the memory. ``settings`` go to
     `PolicyTrainer` as given: ``lora``, ``config``, or any `TrainConfig` field
     (``micro_batch_size=2``, ``log_entropy=True``, ...); ``lr`` is 1e-2 unless given or a
-    ``config`` is (then the config's). ``model`` holds `Qwen2Config` overrides
-    (``{"num_hidden_layers": 3}``). Two calls with the same arguments give two trainers with
-    the same weights. Building one draws nothing from the global RNG (``tiny`` forks it);
-    LoRA's initialisation does, as with `PolicyTrainer` itself.
+    ``config`` is (then the config's; `PolicyTrainer`'s own default is 1e-6). ``model_config``
+    holds `Qwen2Config` overrides (``{"num_hidden_layers": 3}``). Two calls with the same
+    arguments give two trainers with the same weights. Building one draws nothing from the
+    global RNG (``tiny`` forks it); LoRA's initialisation does, as with `PolicyTrainer` itself.
+
+    ``module``: wrap this existing model instead of building one (a test that also reads or
+    scores the model object itself, or hands it to a second trainer); it is used as given, so
+    ``dtype``, ``seed``, ``device`` and ``model_config`` must stay at their defaults.
     """
     if "config" not in settings:
         settings.setdefault("lr", 1e-2)
-    net, tok = tiny(seed=seed, dtype=dtype, **(model or {}))
-    return PolicyTrainer(
-        net.to(device), tokenizer=tok if tokenizer else None, reference=reference, **settings
-    )
+    if module is None:
+        net, tok = tiny(seed=seed, dtype=dtype, **(model_config or {}))
+        net = net.to(device)
+    else:
+        if (dtype, seed, device, model_config) != (torch.float32, 0, "cpu", None):
+            raise ValueError("tiny_trainer(module=...): dtype, seed, device, model_config unused")
+        net, tok = module, tiny_tokenizer()
+    return PolicyTrainer(net, tokenizer=tok if tokenizer else None, reference=reference, **settings)
 
 
 def tiny_engine(

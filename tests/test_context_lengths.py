@@ -12,7 +12,7 @@ from rlblocks.models import check_lengths, context_length
 
 
 def _blocks(context: int):
-    policy = tiny_trainer(model={"max_position_embeddings": context})  # a short context
+    policy = tiny_trainer(model_config={"max_position_embeddings": context})  # a short context
     return policy, tiny_engine(policy)
 
 

@@ -139,7 +139,7 @@ def test_a_policy_of_another_shape_is_refused_and_the_engine_untouched(engine):
     greedy = rb.SamplingParams(max_new_tokens=8, temperature=0.0)
     before = engine.generate(PROMPTS, sampling=greedy)
     for layers, match in ((3, "12 unknown to the engine"), (1, "12 missing from the trainer")):
-        policy = tiny_trainer(seed=5, model={"num_hidden_layers": layers})
+        policy = tiny_trainer(seed=5, model_config={"num_hidden_layers": layers})
         with pytest.raises(ValueError, match=match):
             rb.resharder.Resharder(bucket_mb=0.01).sync(policy, engine)
     after = engine.generate(PROMPTS, sampling=greedy)
