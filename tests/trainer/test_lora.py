@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from builders import tiny_trainer
 from peft import LoraConfig
 from torch.testing import assert_close
 
 from rlblocks.losses import clipped_surrogate
 from rlblocks.models import tiny
-from rlblocks.trainer import PolicyTrainer
 from rlblocks.trainer.forward import response_logits
 from rlblocks.trainer.lora import merged_weights
 
@@ -22,10 +22,10 @@ def _lora(**kw) -> LoraConfig:
 
 def test_only_adapters_train_and_reference_is_the_base_model(make_rollouts):
     ro = make_rollouts(seed=0)
-    base_lp = PolicyTrainer(tiny()[0], reference=None).logprobs(ro)
+    base_lp = tiny_trainer(lr=1e-6).logprobs(ro)
     model = tiny()[0]
     base_weight = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
-    trainer = PolicyTrainer(model, lora=_lora(), lr=1e-2)
+    trainer = tiny_trainer(module=model, reference="auto", lora=_lora(), lr=1e-2)
     assert trainer.reference is None  # no copy: the reference is the adapter-disabled model
     trained = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
     names = [n for n, p in trainer.model.named_parameters() if id(p) in trained]
@@ -45,8 +45,8 @@ def test_only_adapters_train_and_reference_is_the_base_model(make_rollouts):
 def test_merged_weights_reproduce_the_peft_model(make_rollouts):
     ro = make_rollouts(seed=1)
     # init_lora_weights=False: random B, so the merge is not trivially W (then train a step).
-    model = tiny(dtype=torch.float64)[0]
-    trainer = PolicyTrainer(model, lora=_lora(init_lora_weights=False), lr=1e-2)
+    lora = _lora(init_lora_weights=False)
+    trainer = tiny_trainer(torch.float64, reference="auto", lora=lora, lr=1e-2)
     trainer.step(ro, torch.randn(8), loss_fn=clipped_surrogate)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     weights = dict(trainer.named_weights())
@@ -66,7 +66,7 @@ def test_merged_weights_reproduce_the_peft_model(make_rollouts):
 
 
 def test_merged_weights_loop_reference():
-    trainer = PolicyTrainer(tiny()[0], lora=_lora(init_lora_weights=False))
+    trainer = tiny_trainer(reference="auto", lora=_lora(init_lora_weights=False), lr=1e-6)
     weights = dict(merged_weights(trainer.model))
     layers = trainer.model.get_base_model().model.layers
     for i, layer in enumerate(layers):
@@ -81,12 +81,13 @@ def test_merged_weights_loop_reference():
 
 def test_dora_is_refused():
     with pytest.raises(NotImplementedError, match="DoRA"):
-        PolicyTrainer(tiny()[0], lora=_lora(use_dora=True))
+        tiny_trainer(reference="auto", lora=_lora(use_dora=True), lr=1e-6)
 
 
 def test_lora_with_gradient_checkpointing_updates_adapters(make_rollouts):
     ro = make_rollouts(seed=2)
-    trainer = PolicyTrainer(tiny()[0], lora=_lora(), lr=1e-2, gradient_checkpointing=True)
+    lora = _lora()
+    trainer = tiny_trainer(reference="auto", lora=lora, lr=1e-2, gradient_checkpointing=True)
     lora_b = trainer.model.get_base_model().model.layers[0].self_attn.q_proj.lora_B["default"]
     assert torch.all(lora_b.weight == 0)
     out = trainer.step(ro, torch.randn(8), loss_fn=clipped_surrogate)

@@ -13,6 +13,7 @@ from functools import partial
 
 import pytest
 import torch
+from builders import tiny_trainer
 from torch.testing import assert_close
 
 from rlblocks.interfaces import PolicyTrainer as PolicyTrainerProtocol
@@ -24,7 +25,7 @@ from rlblocks.losses import (
     token_mean,
 )
 from rlblocks.models import tiny
-from rlblocks.trainer import PolicyTrainer, TrainConfig, warmup_constant
+from rlblocks.trainer import TrainConfig, warmup_constant
 
 
 def _weights(model) -> dict[str, torch.Tensor]:
@@ -36,19 +37,19 @@ def _inputs(ro, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     adv = torch.randn(ro.response_ids.shape, generator=g)
     shift = 0.3 * torch.randn(ro.response_ids.shape, generator=g)
-    lp = PolicyTrainer(tiny(dtype=torch.float64)[0], reference=None).logprobs(ro)
+    lp = tiny_trainer(torch.float64, lr=1e-6).logprobs(ro)
     return adv, lp.double() + shift
 
 
-def test_satisfies_the_protocols(model32):
-    trainer = PolicyTrainer(model32, reference=None)
+def test_satisfies_the_protocols():
+    trainer = tiny_trainer(lr=1e-6)
     assert isinstance(trainer, PolicyTrainerProtocol) and isinstance(trainer, Stateful)
 
 
 @pytest.mark.parametrize("split", [{}, {"micro_batch_size": 3}, {"micro_batch_tokens": 12}])
 def test_logprobs_match_slow_reference(model32, make_rollouts, slow_logprobs, split):
     ro = make_rollouts(seed=1)
-    trainer = PolicyTrainer(model32, reference=None, temperature=0.8, **split)
+    trainer = tiny_trainer(module=model32, lr=1e-6, temperature=0.8, **split)
     lp, ent = trainer.logprobs(ro, entropy=True)
     assert lp.dtype == ent.dtype == torch.float32 and not lp.requires_grad
     assert_close(lp, slow_logprobs(model32, ro, temperature=0.8).float())
@@ -80,7 +81,7 @@ def _slow_update(model, ro, adv, old, *, lr: float, max_grad_norm: float) -> tor
 def test_step_matches_slow_loop_reference(model64, make_rollouts):
     ro = make_rollouts(seed=2)
     adv, old = _inputs(ro, seed=2)
-    trainer = PolicyTrainer(model64, reference=None, lr=1e-3, max_grad_norm=1.0)
+    trainer = tiny_trainer(module=model64, lr=1e-3, max_grad_norm=1.0)
     before = _weights(model64)
     out = trainer.step(ro.replace(old_logprobs=old), adv, loss_fn=clipped_surrogate)
     assert out["grad_norm"] > 1.0  # the clip was active, so clipping is checked too
@@ -104,12 +105,10 @@ def test_micro_batching_does_not_change_the_update(make_rollouts, aggregation, b
     loss = partial(clipped_surrogate, clip=(0.2, 0.28))
     results = []
     for split in [{"micro_batch_size": 8}, *SPLITS]:
-        model = tiny(dtype=torch.float64)[0]
         cfg = TrainConfig(lr=1e-2, aggregation=aggregation, log_entropy=True, **batching, **split)
-        out = PolicyTrainer(model, config=cfg, reference=None).step(
-            ro.replace(old_logprobs=old), adv, loss_fn=loss
-        )
-        results.append((_weights(model), out))
+        trainer = tiny_trainer(torch.float64, config=cfg)
+        out = trainer.step(ro.replace(old_logprobs=old), adv, loss_fn=loss)
+        results.append((_weights(trainer.model), out))
     (weights, out), initial = results[0], _weights(tiny(dtype=torch.float64)[0])
     assert any(not torch.equal(initial[n], w) for n, w in weights.items())
     for other_weights, other_out in results[1:]:
@@ -123,7 +122,7 @@ def test_micro_batching_does_not_change_the_update(make_rollouts, aggregation, b
 )
 def test_optimizer_steps_and_zero_lr(model32, make_rollouts, mini, epochs, expected):
     ro = make_rollouts(seed=4)  # 8 rows: epochs · ⌈8 / mini⌉ optimizer steps
-    trainer = PolicyTrainer(model32, reference=None, lr=0.0, mini_batch_size=mini, epochs=epochs)
+    trainer = tiny_trainer(module=model32, lr=0.0, mini_batch_size=mini, epochs=epochs)
     before = _weights(model32)
     out = trainer.step(ro, torch.randn(8), loss_fn=clipped_surrogate)
     assert out["optimizer_steps"] == expected == trainer.optimizer_steps
@@ -134,21 +133,19 @@ def test_optimizer_steps_and_zero_lr(model32, make_rollouts, mini, epochs, expec
     assert all(torch.equal(before[n], after[n]) for n in before)  # lr 0: nothing moves
 
 
-def test_lr_metric_follows_the_schedule(model32, make_rollouts):
+def test_lr_metric_follows_the_schedule(make_rollouts):
     ro = make_rollouts(seed=5)
-    trainer = PolicyTrainer(
-        model32, reference=None, lr=0.1, schedule=warmup_constant(warmup=4), mini_batch_size=4
-    )
+    trainer = tiny_trainer(lr=0.1, schedule=warmup_constant(warmup=4), mini_batch_size=4)
     # 2 updates per call; multipliers (k + 1) / 4: call 1 uses 0.25, 0.5; call 2 uses 0.75, 1.
     # The metric is the lr of the last update of the call: 0.1 · 0.5, then 0.1 · 1.
     lrs = [trainer.step(ro, torch.randn(8), loss_fn=clipped_surrogate)["lr"] for _ in range(2)]
     assert_close(lrs, [0.05, 0.1])
 
 
-def test_old_logprobs_sources(model32, make_rollouts):
+def test_old_logprobs_sources(make_rollouts):
     ro = make_rollouts(seed=6)
-    lp = PolicyTrainer(tiny()[0], reference=None).logprobs(ro)
-    trainer = PolicyTrainer(model32, reference=None, lr=0.0)
+    lp = tiny_trainer(lr=1e-6).logprobs(ro)
+    trainer = tiny_trainer(lr=0.0)
     adv = torch.randn(8)
     # Computed in the step: π_old = π_θ, so log r = 0 and approx_kl = mean(−log r) = 0.
     out = trainer.step(ro, adv, loss_fn=clipped_surrogate)
@@ -165,7 +162,7 @@ def test_old_logprobs_sources(model32, make_rollouts):
     assert_close(out["approx_kl"], -0.5, rtol=0, atol=1e-5)
 
 
-def test_entropy_is_computed_only_when_asked(model32, make_rollouts):
+def test_entropy_is_computed_only_when_asked(make_rollouts):
     # The entropy metric costs a pass over the vocabulary per token: off unless the loss takes
     # it or config.log_entropy asks. Asking changes nothing else in the update.
     ro = make_rollouts(seed=5)
@@ -173,10 +170,9 @@ def test_entropy_is_computed_only_when_asked(model32, make_rollouts):
     loss = partial(clipped_surrogate, clip=(0.2, 0.28))
     outs, weights = [], []
     for log_entropy in (False, True):
-        model = tiny(dtype=torch.float64)[0]
-        trainer = PolicyTrainer(model, reference=None, lr=1e-2, log_entropy=log_entropy)
+        trainer = tiny_trainer(torch.float64, lr=1e-2, log_entropy=log_entropy)
         outs.append(trainer.step(ro.replace(old_logprobs=old), adv, loss_fn=loss))
-        weights.append(_weights(model))
+        weights.append(_weights(trainer.model))
     assert "entropy" not in outs[0]
     assert outs[1]["entropy"] > 0
     assert_close(weights[0], weights[1], rtol=0, atol=0)

@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
+from builders import tiny_trainer
 
 from rlblocks.losses import clipped_surrogate
-from rlblocks.trainer import PolicyTrainer
 
 
 def _nan_loss(lp, loss):
@@ -41,9 +41,9 @@ def _assert_same(trainer, snapshot):
 
 
 @pytest.mark.parametrize("poison", [_nan_loss, _inf_grad])
-def test_bad_minibatch_is_skipped(model32, make_rollouts, poison):
+def test_bad_minibatch_is_skipped(make_rollouts, poison):
     ro = make_rollouts(seed=0)
-    trainer = PolicyTrainer(model32, reference=None, lr=1e-2, mini_batch_size=4)
+    trainer = tiny_trainer(lr=1e-2, mini_batch_size=4)
     trainer.step(ro, torch.randn(8), loss_fn=clipped_surrogate)  # 2 good updates: Adam state
     seen = []
 
@@ -62,9 +62,9 @@ def test_bad_minibatch_is_skipped(model32, make_rollouts, poison):
     assert math.isfinite(out["loss"]) and math.isfinite(out["grad_norm"])  # good step only
 
 
-def test_every_step_skipped_leaves_everything_bit_identical(model32, make_rollouts):
+def test_every_step_skipped_leaves_everything_bit_identical(make_rollouts):
     ro = make_rollouts(seed=1)
-    trainer = PolicyTrainer(model32, reference=None, lr=1e-2)
+    trainer = tiny_trainer(lr=1e-2)
     trainer.step(ro, torch.randn(8), loss_fn=clipped_surrogate)
     before = _snapshot(trainer)
 

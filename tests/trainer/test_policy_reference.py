@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from builders import tiny_trainer
 from torch.testing import assert_close
 
 from rlblocks.losses import clipped_surrogate, entropy_loss, kl_loss
-from rlblocks.trainer import PolicyTrainer
 
 
-def test_frozen_copy_stays_fixed(model32, make_rollouts):
+def test_frozen_copy_stays_fixed(make_rollouts):
     ro = make_rollouts(seed=0)
-    trainer = PolicyTrainer(model32, lr=1e-2)  # reference "auto" without LoRA: a frozen copy
+    trainer = tiny_trainer(reference="auto", lr=1e-2)  # "auto" without LoRA: a frozen copy
     ref0, lp0 = trainer.ref_logprobs(ro), trainer.logprobs(ro)
     assert_close(ref0, lp0)  # policy == reference before training
     for _ in range(2):
@@ -22,9 +22,9 @@ def test_frozen_copy_stays_fixed(model32, make_rollouts):
     assert not any(p.requires_grad for p in trainer.reference.parameters())
 
 
-def test_loss_receives_ref_logprobs_and_entropy(model32, make_rollouts):
+def test_loss_receives_ref_logprobs_and_entropy(make_rollouts):
     ro = make_rollouts(seed=1)
-    trainer = PolicyTrainer(model32, lr=1e-3)
+    trainer = tiny_trainer(reference="auto", lr=1e-3)
     expected_ref = trainer.ref_logprobs(ro)
     _, expected_entropy = trainer.logprobs(ro, entropy=True)
     seen = {}
@@ -47,10 +47,10 @@ def test_loss_receives_ref_logprobs_and_entropy(model32, make_rollouts):
     assert_close(out["kl"], 0.0)
 
 
-def test_entropy_bonus_gradient_raises_entropy(model32, make_rollouts):
+def test_entropy_bonus_gradient_raises_entropy(make_rollouts):
     # Limit: a loss made only of −H must increase the mean entropy.
     ro = make_rollouts(seed=2)
-    trainer = PolicyTrainer(model32, reference=None, lr=1e-2)
+    trainer = tiny_trainer(lr=1e-2)
 
     def loss_fn(lp, old, adv, mask, /, *, entropy):
         return entropy_loss(entropy, mask)
@@ -60,9 +60,9 @@ def test_entropy_bonus_gradient_raises_entropy(model32, make_rollouts):
     assert second > first + 1e-3
 
 
-def test_missing_reference_is_an_error_unless_given_in_extras(model32, make_rollouts):
+def test_missing_reference_is_an_error_unless_given_in_extras(make_rollouts):
     ro = make_rollouts(seed=3)
-    trainer = PolicyTrainer(model32, reference=None, lr=0.0)
+    trainer = tiny_trainer(lr=0.0)
 
     def loss_fn(lp, old, adv, mask, /, *, ref_logprobs):
         return kl_loss(lp, ref_logprobs, mask)
@@ -79,9 +79,9 @@ def test_missing_reference_is_an_error_unless_given_in_extras(model32, make_roll
     assert_close(out["kl"], 0.10653, atol=1e-5, rtol=0)
 
 
-def test_loss_receives_rollout_logprobs(model32, make_rollouts):
+def test_loss_receives_rollout_logprobs(make_rollouts):
     ro = make_rollouts(seed=4)
-    trainer = PolicyTrainer(model32, reference=None, lr=0.0)
+    trainer = tiny_trainer(lr=0.0)
 
     def loss_fn(lp, old, adv, mask, /, *, rollout_logprobs):
         # Truncated importance weight min(π_old / π_rollout, 2) as in the rollout/trainer

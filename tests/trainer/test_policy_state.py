@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
+from builders import tiny_trainer
 from torch.testing import assert_close
 
 from rlblocks.losses import clipped_surrogate
-from rlblocks.models import tiny
 from rlblocks.trainer import PolicyTrainer, TrainConfig, cosine
 
 CONFIG = TrainConfig(lr=1e-2, mini_batch_size=3, epochs=2, schedule=cosine(warmup=2, total=20))
@@ -23,13 +23,13 @@ def _weights(model) -> dict[str, torch.Tensor]:
 def test_state_dict_round_trip(make_rollouts):
     ro1, ro2 = make_rollouts(seed=0), make_rollouts(seed=1)
     adv1, adv2 = torch.randn(8), torch.randn(8)
-    original = PolicyTrainer(tiny()[0], config=CONFIG, reference=None)
+    original = tiny_trainer(config=CONFIG)
     original.step(ro1, adv1, loss_fn=clipped_surrogate)
     state = copy.deepcopy(original.state_dict())
 
-    restored = PolicyTrainer(tiny()[0], config=CONFIG, reference=None)
+    restored = tiny_trainer(config=CONFIG)
     restored.load_state_dict(state)
-    fresh = PolicyTrainer(tiny()[0], config=CONFIG, reference=None)  # negative control
+    fresh = tiny_trainer(config=CONFIG)  # negative control
     out_a = original.step(ro2, adv2, loss_fn=clipped_surrogate)
     out_b = restored.step(ro2, adv2, loss_fn=clipped_surrogate)
     fresh.step(ro2, adv2, loss_fn=clipped_surrogate)
@@ -40,8 +40,8 @@ def test_state_dict_round_trip(make_rollouts):
     assert max(diff) > 1e-3  # without the state the next step really differs
 
 
-def test_state_dict_rejects_other_parameters(model32):
-    trainer = PolicyTrainer(model32, reference=None)
+def test_state_dict_rejects_other_parameters():
+    trainer = tiny_trainer(lr=1e-6)
     state = trainer.state_dict()
     state["model"] = {"not.a.parameter": torch.zeros(1)}
     with pytest.raises(KeyError, match="state dict mismatch"):
@@ -65,10 +65,8 @@ def test_gradient_checkpointing_gives_the_same_update(make_rollouts):
     adv = torch.randn(8)
     results = []
     for checkpointing in (False, True):
-        model = tiny(dtype=torch.float64)[0]
-        trainer = PolicyTrainer(
-            model, reference=None, lr=1e-2, gradient_checkpointing=checkpointing
-        )
+        trainer = tiny_trainer(torch.float64, lr=1e-2, gradient_checkpointing=checkpointing)
+        model = trainer.model
         calls = _count_forwards(model.model.layers[0].mlp)
         trainer.step(ro, adv, loss_fn=clipped_surrogate)
         # Forwards of a layer: the training forward (one optimizer step: it gives π_old too),
@@ -79,9 +77,9 @@ def test_gradient_checkpointing_gives_the_same_update(make_rollouts):
     assert_close(results[1], results[0])  # float64: recomputation is exact up to ~1e-16
 
 
-def test_bf16_step_runs_and_logprobs_stay_float32(model32, make_rollouts):
+def test_bf16_step_runs_and_logprobs_stay_float32(make_rollouts):
     ro = make_rollouts(seed=3)
-    trainer = PolicyTrainer(model32, reference=None, lr=1e-3, bf16=True, micro_batch_size=3)
+    trainer = tiny_trainer(lr=1e-3, bf16=True, micro_batch_size=3)
     assert trainer.logprobs(ro).dtype == torch.float32
     out = trainer.step(ro, torch.randn(8), loss_fn=clipped_surrogate)
     assert all(math.isfinite(v) for v in out.values())
@@ -89,8 +87,8 @@ def test_bf16_step_runs_and_logprobs_stay_float32(model32, make_rollouts):
     assert next(trainer.model.parameters()).dtype == torch.float32  # master weights untouched
 
 
-def test_config_overrides_and_validation(model32):
-    trainer = PolicyTrainer(model32, config=TrainConfig(epochs=2), reference=None, lr=0.5)
+def test_config_overrides_and_validation():
+    trainer = tiny_trainer(config=TrainConfig(epochs=2), lr=0.5)
     assert trainer.config.lr == 0.5 and trainer.config.epochs == 2
     assert trainer.optimizer.param_groups[0]["lr"] == 0.5
     with pytest.raises(ValueError, match="epochs"):
@@ -98,7 +96,7 @@ def test_config_overrides_and_validation(model32):
     with pytest.raises(ValueError, match="temperature"):
         TrainConfig(temperature=0.0)
     with pytest.raises(ValueError, match="reference"):
-        PolicyTrainer(model32, reference="frozen")
+        tiny_trainer(reference="frozen", lr=1e-6)
 
 
 def test_from_pretrained_builtin(tmp_path, monkeypatch, make_rollouts):
@@ -117,22 +115,22 @@ def test_one_optimizer_step_takes_pi_old_from_its_own_forward(make_rollouts):
     # weights after the step agree to assert_close's float64 default (rtol 1e-7).
     ro = make_rollouts(seed=3)
     adv = torch.randn(8)
-    fused_model = tiny(dtype=torch.float64)[0]
-    fused = PolicyTrainer(fused_model, reference=None, lr=1e-2)
+    fused = tiny_trainer(torch.float64, lr=1e-2)
+    fused_model = fused.model
     calls = _count_forwards(fused_model.model.layers[0].mlp)
     metrics = fused.step(ro, adv, loss_fn=clipped_surrogate)
     assert len(calls) == 1  # no scoring pass before the update
     assert metrics["clip_frac"] == 0.0 and metrics["ratio_max"] == 1.0  # ratio exactly 1
-    scored_model = tiny(dtype=torch.float64)[0]
-    scored = PolicyTrainer(scored_model, reference=None, lr=1e-2)
+    scored = tiny_trainer(torch.float64, lr=1e-2)
+    scored_model = scored.model
     old = scored.logprobs(ro)
     scored.step(ro.replace(old_logprobs=old), adv, loss_fn=clipped_surrogate)
     assert_close(_weights(fused_model), _weights(scored_model))
     # The mismatch metric still compares π_old (now from the update's forward) with the
     # engine's log-probs, row by row in place: the same as with π_old scored beforehand.
     with_rollout = ro.replace(rollout_logprobs=old.float() - 0.5 * ro.response_mask)
-    a = PolicyTrainer(tiny(dtype=torch.float64)[0], reference=None, lr=1e-2)
-    b = PolicyTrainer(tiny(dtype=torch.float64)[0], reference=None, lr=1e-2)
+    a = tiny_trainer(torch.float64, lr=1e-2)
+    b = tiny_trainer(torch.float64, lr=1e-2)
     fused_metrics = a.step(with_rollout, adv, loss_fn=clipped_surrogate)
     scored_metrics = b.step(with_rollout.replace(old_logprobs=old), adv, loss_fn=clipped_surrogate)
     # π_old is float64 inside the fused step and the float32 public log-probs in the scored
