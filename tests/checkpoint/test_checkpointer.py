@@ -144,7 +144,7 @@ def test_the_reference_must_be_the_initial_policy(tmp_path):
     trained, _ = rb.models.tiny(seed=0)
     with torch.no_grad():
         trained.model.norm.weight.add_(0.01)  # e.g. a reference built from a checkpoint
-    other = rb.trainer.PolicyTrainer(trained, tokenizer=policy.tokenizer, reference="copy")
+    other = tiny_trainer(module=trained, reference="copy", lr=1e-6)
     with pytest.raises(ValueError, match="must keep the initial policy as its reference"):
         other.load_checkpoint(tmp_path)
     same = tiny_trainer(reference="copy")
@@ -158,9 +158,9 @@ def test_a_restored_trainer_takes_the_same_next_step(tmp_path, lora):
     from peft import LoraConfig
 
     def build():
-        model, tokenizer = rb.models.tiny(seed=0)
+        model, _ = rb.models.tiny(seed=0)
         config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear") if lora else None
-        policy = rb.trainer.PolicyTrainer(model, tokenizer=tokenizer, lr=1e-2, lora=config)
+        policy = tiny_trainer(module=model, reference="auto", lr=1e-2, lora=config)
         return policy, rb.critic.CriticTrainer(model, lr=1e-2)
 
     policy, critic = build()

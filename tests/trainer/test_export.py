@@ -45,7 +45,7 @@ def trained(trainer: PolicyTrainer, make_rollouts, steps: int = 2) -> PolicyTrai
 
 def scorer(model) -> PolicyTrainer:
     """A trainer around a reloaded model, to score it exactly as the original trainer does."""
-    return PolicyTrainer(model, reference=None)
+    return tiny_trainer(module=model, tokenizer=False, lr=1e-6)
 
 
 # ---------------------------------------------------------------------- full weights
