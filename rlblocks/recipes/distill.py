@@ -36,11 +36,13 @@ from rlblocks.interfaces import (
 )
 from rlblocks.losses import reverse_kl
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
+from rlblocks.renamed import moved_keywords
 from rlblocks.rewards import checked
 from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
 
 
 @recipe
+@moved_keywords(coef="kl_coef=")  # the one vocabulary
 def distill(
     policy: PolicyTrainer,
     engine: RolloutEngine,

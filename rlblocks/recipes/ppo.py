@@ -52,11 +52,13 @@ from rlblocks.losses import (
 )
 from rlblocks.masked import masked_mean
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
+from rlblocks.renamed import moved_keywords
 from rlblocks.rewards import checked
 from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
 
 
 @recipe
+@moved_keywords(samples_per_prompt="group_size=")  # the one vocabulary
 def ppo(
     policy: PolicyTrainer,
     critic: Critic,

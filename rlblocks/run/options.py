@@ -101,7 +101,7 @@ class RunOptions:
         }
 
 
-#: Keywords recipes took before `RunOptions` and the one vocabulary, and where each went.
+#: Keywords recipes took before `RunOptions`, and where each went.
 MOVED = {
     "on_step": "run=rb.run.RunOptions(on_step=...)",
     "progress": "run=rb.run.RunOptions(progress=...)",
@@ -110,9 +110,6 @@ MOVED = {
     "tracker": "run=rb.run.RunOptions(tracker=...)",
     "async_rollout": "run=rb.run.RunOptions(staleness=1, old_logprobs=...)",
     "reuse_rollout_logprobs": "run=rb.run.RunOptions(old_logprobs='rollout' or 'recompute')",
-    # one vocabulary across the blocks: samples per prompt, the KL weight
-    "samples_per_prompt": "group_size=",
-    "coef": "kl_coef=",
 }
 
 
