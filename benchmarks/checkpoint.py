@@ -91,8 +91,9 @@ def main() -> None:
         steps=args.steps,
         group_size=6,
         sampling=rb.SamplingParams(max_new_tokens=32),
-        resharder=resharder,
-        run=rb.run.RunOptions(on_step=on_step, progress=False, old_logprobs="rollout"),
+        run=rb.run.RunOptions(
+            on_step=on_step, progress=False, old_logprobs="rollout", resharder=resharder
+        ),
     )
     path = root / f"step-{args.steps:08d}"
     start = time.perf_counter()

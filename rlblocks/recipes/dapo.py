@@ -43,18 +43,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from rlblocks import resharder as resharders
+from rlblocks import interfaces
 from rlblocks.advantage import grpo as grpo_advantage
-from rlblocks.interfaces import (
-    AdvantageEstimator,
-    PolicyTrainer,
-    Resharder,
-    RewardFn,
-    RewardOutput,
-    RolloutEngine,
-    Rollouts,
-    SamplingParams,
-)
 from rlblocks.losses import TokenMean, clipped_surrogate
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING
 from rlblocks.rewards import checked, combine, keep_informative_groups, overlong
@@ -69,18 +59,18 @@ class InformativeGroups(NamedTuple):
     the shaped total in DAPO); ``metrics``: floats, see `sample_informative_groups`.
     """
 
-    rollouts: Rollouts | None
+    rollouts: interfaces.Rollouts | None
     rewards: Tensor
     metrics: dict[str, float]
 
 
 def sample_informative_groups(
-    rounds: Iterator[Rollouts],
-    reward_fn: RewardFn,
+    rounds: Iterator[interfaces.Rollouts],
+    reward_fn: interfaces.RewardFn,
     *,
     groups_needed: int | None = None,
     max_rounds: int = 8,
-    accuracy_fn: RewardFn | None = None,
+    accuracy_fn: interfaces.RewardFn | None = None,
 ) -> InformativeGroups:
     """DAPO dynamic sampling (Yu et al. 2025, arXiv 2503.14476, §3.2, eq. 11): draw rounds of
     rollouts until ``groups_needed`` groups have accuracy rewards that are not all equal.
@@ -113,7 +103,7 @@ def sample_informative_groups(
             f"sample_informative_groups: max_rounds={max_rounds}, groups_needed={groups_needed}; "
             f"need max_rounds >= 1 and groups_needed >= 1 (or None)"
         )
-    parts: list[tuple[Rollouts, Tensor]] = []
+    parts: list[tuple[interfaces.Rollouts, Tensor]] = []
     scored: list[dict[str, Any]] = []  # per round: reward metrics, accuracy
     generated = collected = 0
     while len(scored) < max_rounds and (groups_needed is None or collected < groups_needed):
@@ -135,22 +125,21 @@ def sample_informative_groups(
 
 @recipe
 def dapo(
-    policy: PolicyTrainer,
-    engine: RolloutEngine,
-    reward_fn: RewardFn,
+    policy: interfaces.PolicyTrainer,
+    engine: interfaces.RolloutEngine,
+    reward_fn: interfaces.RewardFn,
     batches: Iterable[Any],
     *,
     steps: int,
-    group_size: int = 8,
     groups_per_step: int | None = None,
-    sampling: SamplingParams = DEFAULT_SAMPLING,
+    max_rounds: int = 8,
+    advantage: interfaces.AdvantageEstimator = grpo_advantage,
     clip: tuple[float, float] = (0.2, 0.28),
     max_length: int | None = None,
     cache_length: int | None = None,
     overlong_factor: float = 1.0,
-    max_rounds: int = 8,
-    advantage: AdvantageEstimator = grpo_advantage,
-    resharder: Resharder | None = None,
+    group_size: int = 8,
+    sampling: interfaces.SamplingParams = DEFAULT_SAMPLING,
     run: RunOptions | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` DAPO steps (module docstring); returns one metrics dict per step.
@@ -180,14 +169,11 @@ def dapo(
         raise ValueError(f"dapo: group_size={group_size}; dynamic sampling needs group_size >= 2")
     _warn_unless_token_mean(policy)
     config = run_config("dapo", locals())  # logged once, checked on resume
-    resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
     loss_fn = partial(clipped_surrogate, clip=clip)  # clip-higher, §3.1
     task = _scored_once(reward_fn)  # scored once, read by the shaped reward and the filter
     shaped = _shaped_reward(task, sampling, max_length, cache_length, overlong_factor)
-    source = RolloutSource(
-        engine, policy, batches, run, group_size=group_size, sampling=sampling, resharder=resharder
-    )
+    source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
 
     def step(index: int, clock: Clock) -> Step | None:
         with clock("rollout"):  # 1.-2. dynamic sampling, shaped reward; scoring is "reward"
@@ -216,14 +202,14 @@ def dapo(
 
 
 # ---------------------------------------------------------------------- helpers
-def _renumber_groups(rollouts: Rollouts, *, start: int) -> Rollouts:
+def _renumber_groups(rollouts: interfaces.Rollouts, *, start: int) -> interfaces.Rollouts:
     """Group ids replaced by ``start, start + 1, …`` (same grouping, sorted by old id)."""
     _, dense = torch.unique(rollouts.group_ids, return_inverse=True)
     return rollouts.replace(group_ids=dense.to(rollouts.group_ids.dtype) + start)
 
 
 def _first_groups(
-    parts: list[tuple[Rollouts, Tensor]],
+    parts: list[tuple[interfaces.Rollouts, Tensor]],
     rounds: list[dict[str, Any]],
     needed: int,
     generated: int,
@@ -242,7 +228,10 @@ def _first_groups(
         )
     rollouts, rewards = None, torch.zeros(0)
     if parts:
-        rollouts, rewards = Rollouts.concat([r for r, _ in parts]), torch.cat([w for _, w in parts])
+        rollouts, rewards = (
+            interfaces.Rollouts.concat([r for r, _ in parts]),
+            torch.cat([w for _, w in parts]),
+        )
         first = torch.unique(rollouts.group_ids)[:needed]  # ids grow in generation order
         rows = torch.isin(rollouts.group_ids, first)
         rollouts, rewards = rollouts.select(rows), rewards[rows]
@@ -271,12 +260,12 @@ def _metrics(
     return metrics
 
 
-def _scored_once(reward_fn: RewardFn) -> RewardFn:
+def _scored_once(reward_fn: interfaces.RewardFn) -> interfaces.RewardFn:
     """``reward_fn`` remembering its latest answer: called twice on the same `Rollouts` object
     (by the shaped reward and by the filter), it scores the rows only once."""
     last: list[Any] = [None, None]
 
-    def scored_once(rollouts: Rollouts, /) -> RewardOutput:
+    def scored_once(rollouts: interfaces.Rollouts, /) -> interfaces.RewardOutput:
         if last[0] is not rollouts:
             last[:] = [rollouts, reward_fn(rollouts)]
         return last[1]
@@ -285,12 +274,12 @@ def _scored_once(reward_fn: RewardFn) -> RewardFn:
 
 
 def _shaped_reward(
-    task: RewardFn,
-    sampling: SamplingParams,
+    task: interfaces.RewardFn,
+    sampling: interfaces.SamplingParams,
     max_length: int | None,
     cache_length: int | None,
     factor: float,
-) -> RewardFn:
+) -> interfaces.RewardFn:
     """task + factor · overlong (DAPO eq. 13) with ``combine``; the task alone if factor is 0."""
     max_length = max_length or sampling.max_new_tokens
     cache_length = cache_length or max(1, max_length // 5)
@@ -301,7 +290,7 @@ def _shaped_reward(
     return combine(components)
 
 
-def _warn_unless_token_mean(policy: PolicyTrainer) -> None:
+def _warn_unless_token_mean(policy: interfaces.PolicyTrainer) -> None:
     """DAPO's token-level loss (§3.3) is the trainer's aggregation; say so if it is not."""
     aggregation = policy.config.aggregation  # a declared attribute, read once before the loop
     if not isinstance(aggregation, TokenMean):

@@ -21,19 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from rlblocks import resharder as resharders
+from rlblocks import interfaces
 from rlblocks.advantage import grpo as grpo_advantage
 from rlblocks.advantage import teacher_kl
-from rlblocks.interfaces import (
-    AdvantageEstimator,
-    PolicyLoss,
-    PolicyTrainer,
-    Resharder,
-    RewardFn,
-    RolloutEngine,
-    SamplingParams,
-    Teacher,
-)
 from rlblocks.losses import reverse_kl
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
 from rlblocks.renamed import moved_keywords
@@ -44,19 +34,18 @@ from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_con
 @recipe
 @moved_keywords(coef="kl_coef=")  # the one vocabulary
 def distill(
-    policy: PolicyTrainer,
-    engine: RolloutEngine,
-    teacher: Teacher,
+    policy: interfaces.PolicyTrainer,
+    engine: interfaces.RolloutEngine,
+    teacher: interfaces.Teacher,
     batches: Iterable[Any],
     *,
     steps: int,
-    group_size: int = 4,
-    sampling: SamplingParams = DEFAULT_SAMPLING,
+    reward_fn: interfaces.RewardFn | None = None,
+    advantage: interfaces.AdvantageEstimator = grpo_advantage,
     kl_coef: float = 1.0,
-    reward_fn: RewardFn | None = None,
-    advantage: AdvantageEstimator = grpo_advantage,
-    loss_fn: PolicyLoss = PPO_CLIP,
-    resharder: Resharder | None = None,
+    loss_fn: interfaces.PolicyLoss = PPO_CLIP,
+    group_size: int = 4,
+    sampling: interfaces.SamplingParams = DEFAULT_SAMPLING,
     run: RunOptions | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` steps of on-policy distillation from ``teacher`` into ``policy``.
@@ -72,11 +61,8 @@ def distill(
     resharder's and the loop's (the teacher's scoring is ``time/logprobs``).
     """
     config = run_config("distill", locals())
-    resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn) if reward_fn is not None else None
-    source = RolloutSource(
-        engine, policy, batches, run, group_size=group_size, sampling=sampling, resharder=resharder
-    )
+    source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
 
     def step(index: int, clock: Clock) -> Step | None:
         rollouts = source.draw(clock)  # 1.

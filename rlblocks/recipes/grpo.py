@@ -20,17 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from rlblocks import resharder as resharders
+from rlblocks import interfaces
 from rlblocks.advantage import grpo as grpo_advantage
-from rlblocks.interfaces import (
-    AdvantageEstimator,
-    PolicyLoss,
-    PolicyTrainer,
-    Resharder,
-    RewardFn,
-    RolloutEngine,
-    SamplingParams,
-)
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
 from rlblocks.rewards import checked
 from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
@@ -38,17 +29,16 @@ from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_con
 
 @recipe
 def grpo(
-    policy: PolicyTrainer,
-    engine: RolloutEngine,
-    reward_fn: RewardFn,
+    policy: interfaces.PolicyTrainer,
+    engine: interfaces.RolloutEngine,
+    reward_fn: interfaces.RewardFn,
     batches: Iterable[Any],
     *,
     steps: int,
+    advantage: interfaces.AdvantageEstimator = grpo_advantage,
+    loss_fn: interfaces.PolicyLoss = PPO_CLIP,
     group_size: int = 8,
-    sampling: SamplingParams = DEFAULT_SAMPLING,
-    advantage: AdvantageEstimator = grpo_advantage,
-    loss_fn: PolicyLoss = PPO_CLIP,
-    resharder: Resharder | None = None,
+    sampling: interfaces.SamplingParams = DEFAULT_SAMPLING,
     run: RunOptions | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` GRPO steps; returns one metrics dict per step.
@@ -66,11 +56,8 @@ def grpo(
     ``kl/token`` when the loss has a KL term, and ``async/*`` with a background sampler.
     """
     config = run_config("grpo", locals())  # logged once, checked on resume
-    resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
-    source = RolloutSource(
-        engine, policy, batches, run, group_size=group_size, sampling=sampling, resharder=resharder
-    )
+    source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
 
     def step(index: int, clock: Clock) -> Step | None:
         rollouts = source.draw(clock)  # 1. G samples per prompt, π_old as run= says

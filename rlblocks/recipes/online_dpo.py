@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 import rlblocks.recipes.defaults as defaults  # noqa: PLR0402 (no import of the package)
-from rlblocks import resharder as resharders
 from rlblocks.interfaces import PolicyLoss, PolicyTrainer, RewardFn, RolloutEngine, SamplingParams
 from rlblocks.losses import PreferenceLoss, dpo, preference_advantages, ranked_pairs, uses_reference
 from rlblocks.renamed import moved_keywords
@@ -33,10 +32,9 @@ def online_dpo(
     *,
     steps: int,
     preference: PreferenceLoss = dpo,
+    loss_fn: PolicyLoss = defaults.PPO_CLIP,
     group_size: int = 2,
     sampling: SamplingParams = defaults.DEFAULT_SAMPLING,
-    loss_fn: PolicyLoss = defaults.PPO_CLIP,
-    resharder: resharders.Resharder | None = None,
     run: RunOptions | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` online-DPO steps (``group_size`` > 2: best against worst); one
@@ -44,11 +42,9 @@ def online_dpo(
     pairs trained on), the trainer's and resharder's. ``run`` and the rest as in
     `rlblocks.recipes.grpo`."""
     config = run_config("online_dpo", locals())
-    resharder, reward_fn = resharder or resharders.Resharder(), checked(reward_fn)
+    reward_fn = checked(reward_fn)
     anchored = uses_reference(preference)  # SimPO needs no π_ref
-    source = RolloutSource(
-        engine, policy, batches, run, group_size=group_size, sampling=sampling, resharder=resharder
-    )
+    source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
 
     def step(index: int, clock: Clock) -> Step | None:
         rollouts = source.draw(clock)  # 1. responses from the current policy

@@ -30,17 +30,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from rlblocks import resharder as resharders
+from rlblocks import interfaces
 from rlblocks.advantage import gae, whiten
-from rlblocks.interfaces import (
-    Critic,
-    PolicyLoss,
-    PolicyTrainer,
-    Resharder,
-    RewardFn,
-    RolloutEngine,
-    SamplingParams,
-)
 from rlblocks.losses import (
     AdaptiveKLController,
     FixedKLController,
@@ -60,25 +51,24 @@ from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_con
 @recipe
 @moved_keywords(samples_per_prompt="group_size=")  # the one vocabulary
 def ppo(
-    policy: PolicyTrainer,
-    critic: Critic,
-    engine: RolloutEngine,
-    reward_fn: RewardFn,
+    policy: interfaces.PolicyTrainer,
+    critic: interfaces.Critic,
+    engine: interfaces.RolloutEngine,
+    reward_fn: interfaces.RewardFn,
     batches: Iterable[Any],
     *,
     steps: int,
-    group_size: int = 1,
-    sampling: SamplingParams = DEFAULT_SAMPLING,
     gamma: float = 1.0,
     lam: float = 0.95,
     kl_coef: float = 0.05,
     kl_controller: FixedKLController | AdaptiveKLController | None = None,
     kl_in_reward: bool = True,
     kl_estimator: KLEstimator | None = None,
-    value_clip: float | None = 0.2,
+    loss_fn: interfaces.PolicyLoss = PPO_CLIP,
     critic_warmup_steps: int = 0,
-    loss_fn: PolicyLoss = PPO_CLIP,
-    resharder: Resharder | None = None,
+    value_clip: float | None = 0.2,
+    group_size: int = 1,
+    sampling: interfaces.SamplingParams = DEFAULT_SAMPLING,
     run: RunOptions | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` PPO steps (module docstring); returns one metrics dict per step.
@@ -105,13 +95,10 @@ def ppo(
     π_old) work as in :func:`~rlblocks.recipes.grpo`.
     """
     config = run_config("ppo", locals())  # logged once, checked on resume
-    resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
     controller = kl_controller or FixedKLController(kl_coef)
     estimator = kl_estimator or (k1 if kl_in_reward else k3)
-    source = RolloutSource(
-        engine, policy, batches, run, group_size=group_size, sampling=sampling, resharder=resharder
-    )
+    source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
 
     def step(index: int, clock: Clock) -> Step | None:
         rollouts = source.draw(clock)  # 1.

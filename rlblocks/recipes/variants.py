@@ -25,18 +25,8 @@ from typing import Any
 
 import torch
 
-from rlblocks import resharder as resharders
+from rlblocks import interfaces
 from rlblocks.advantage import remax as remax_advantage
-from rlblocks.interfaces import (
-    PolicyLoss,
-    PolicyTrainer,
-    Resharder,
-    RewardFn,
-    RewardOutput,
-    RolloutEngine,
-    Rollouts,
-    SamplingParams,
-)
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
 from rlblocks.rewards import checked
 from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
@@ -46,8 +36,12 @@ GREEDY = "greedy"
 
 
 def with_greedy_answers(
-    engine: RolloutEngine, batch: Any, *, group_size: int, sampling: SamplingParams
-) -> Rollouts:
+    engine: interfaces.RolloutEngine,
+    batch: Any,
+    *,
+    group_size: int,
+    sampling: interfaces.SamplingParams,
+) -> interfaces.Rollouts:
     """``group_size`` samples of each prompt of ``batch`` (``.prompts``, ``.metadata``), then
     one greedy answer ȳ(x) of each (temperature 0, ``sampling``'s other settings kept), by the
     same weights: ReMax's rows (Li et al. 2023, arXiv 2310.10505, Algorithm 1, lines 4-5).
@@ -59,7 +53,7 @@ def with_greedy_answers(
     greedy = engine.generate(
         batch.prompts, group_size=1, sampling=greedy_sampling, metadata=batch.metadata
     )
-    return Rollouts.concat(
+    return interfaces.Rollouts.concat(
         [
             sampled.with_extras(**{GREEDY: torch.zeros(len(sampled), dtype=torch.bool)}),
             greedy.with_extras(**{GREEDY: torch.ones(len(greedy), dtype=torch.bool)}),
@@ -68,8 +62,8 @@ def with_greedy_answers(
 
 
 def greedy_baseline_rewards(
-    reward_fn: RewardFn, rollouts: Rollouts, greedy: Rollouts
-) -> RewardOutput:
+    reward_fn: interfaces.RewardFn, rollouts: interfaces.Rollouts, greedy: interfaces.Rollouts
+) -> interfaces.RewardOutput:
     """ReMax's baseline (Li et al. 2023, arXiv 2310.10505, Algorithm 1, line 5): the reward of
     the greedy response ȳ to each row's prompt x.
 
@@ -91,21 +85,20 @@ def greedy_baseline_rewards(
         )
     rows = torch.tensor([prompt_of[text] for text in rollouts.prompts], dtype=torch.long)
     renamed = {f"baseline/{k.removeprefix('reward/')}": float(v) for k, v in metrics.items()}
-    return RewardOutput(greedy_rewards.detach().float().cpu()[rows], renamed)
+    return interfaces.RewardOutput(greedy_rewards.detach().float().cpu()[rows], renamed)
 
 
 @recipe
 def remax(
-    policy: PolicyTrainer,
-    engine: RolloutEngine,
-    reward_fn: RewardFn,
+    policy: interfaces.PolicyTrainer,
+    engine: interfaces.RolloutEngine,
+    reward_fn: interfaces.RewardFn,
     batches: Iterable[Any],
     *,
     steps: int,
+    loss_fn: interfaces.PolicyLoss = PPO_CLIP,
     group_size: int = 1,
-    sampling: SamplingParams = DEFAULT_SAMPLING,
-    loss_fn: PolicyLoss = PPO_CLIP,
-    resharder: Resharder | None = None,
+    sampling: interfaces.SamplingParams = DEFAULT_SAMPLING,
     run: RunOptions | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``steps`` ReMax steps; returns one metrics dict per step.
@@ -127,10 +120,9 @@ def remax(
     ``run``: as in `rlblocks.recipes.grpo`.
     """
     config = run_config("remax", locals())  # logged once, checked on resume
-    resharder = resharder or resharders.Resharder()
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
 
-    def sample(batch: Any) -> Rollouts:
+    def sample(batch: Any) -> interfaces.Rollouts:
         return with_greedy_answers(engine, batch, group_size=group_size, sampling=sampling)
 
     source = RolloutSource(
@@ -140,7 +132,6 @@ def remax(
         run,
         group_size=group_size,
         sampling=sampling,
-        resharder=resharder,
         sample=sample,
     )
 

@@ -3,16 +3,12 @@ early stop, checkpoints and the tracker. A recipe is its step function, read top
 `run_steps` runs it::
 
     def grpo(policy, engine, reward_fn, batches, *, steps, ..., run=None):
-        run = run or RunOptions()
-        source = RolloutSource(engine, policy, batches, group_size=..., resharder=..., run=run)
+        source = RolloutSource(engine, policy, batches, run, group_size=..., sampling=...)
 
         def step(index: int, clock: Clock) -> Step | None:
-            drawn = source.draw(clock)  # the step's rollouts, π_old attached as run says
-            if drawn is None:
-                return None  # the prompt batches ran out
-            rollouts, metrics = drawn
+            rollouts = source.draw(clock)  # π_old attached as run= says; OutOfData ends the run
             with clock("reward"):
-                rewards, reward_metrics = reward_fn(rollouts)
+                rewards, metrics = reward_fn(rollouts)
             ...
             with clock("update"):
                 metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)

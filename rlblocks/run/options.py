@@ -6,8 +6,9 @@ A recipe takes its algorithm's blocks and hyperparameters, and ``run=``::
     rb.recipes.grpo(policy, engine, reward, batches, steps=100, run=run)
 
 The loop (`rlblocks.run.loop`) reads ``on_step``, ``progress``, ``checkpoint``, ``resume`` and
-``tracker``; the rollout source (`rlblocks.run.source`) reads ``staleness``, ``background`` and
-``old_logprobs``: where each step's rollouts and their π_old come from. The decision table of
+``tracker``; the rollout source (`rlblocks.run.source`) reads ``staleness``, ``background``,
+``old_logprobs`` and ``resharder``: where each step's rollouts and their π_old come from, and how
+the new weights reach the engine. The decision table of
 ``old_logprobs`` is written once, in docs/run.md.
 """
 
@@ -23,6 +24,7 @@ from rlblocks.renamed import moved_keywords
 
 if TYPE_CHECKING:
     from rlblocks.checkpoint import Checkpointer, Resume
+    from rlblocks.interfaces import Resharder
 
 OldLogprobs = Literal["auto", "recompute", "rollout"]
 """Where π_old comes from (docs/run.md): ``"auto"``, ``"recompute"`` or ``"rollout"``."""
@@ -70,6 +72,9 @@ class RunOptions:
     when it samples with the trainer's own module at its temperature and staleness 0, else the
     trainer's; ``"recompute"``: always the trainer's (from the update's own forward when it is
     one optimizer step, else a scoring pass before it); ``"rollout"``: always the engine's."""
+    resharder: Resharder | None = None
+    """How the trained weights reach the engine after each update (`rlblocks.interfaces.Resharder`);
+    None: a new ``rb.resharder.Resharder()`` (256 MiB buckets). Checkpointed with the run."""
 
     def __post_init__(self) -> None:
         if self.staleness not in (0, 1):
@@ -110,6 +115,7 @@ MOVED = {
     "tracker": "run=rb.run.RunOptions(tracker=...)",
     "async_rollout": "run=rb.run.RunOptions(staleness=1, old_logprobs=...)",
     "reuse_rollout_logprobs": "run=rb.run.RunOptions(old_logprobs='rollout' or 'recompute')",
+    "resharder": "run=rb.run.RunOptions(resharder=...)",
 }
 
 

@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
+from rlblocks import resharder as resharders
 from rlblocks.interfaces import (
     Handle,
     PolicyTrainer,
@@ -124,8 +125,8 @@ class RolloutSource:
 
     ``batches``: prompt batches (``.prompts``, ``.metadata``), drawn as the steps need them;
     ``group_size`` samples per prompt with ``sampling``, or ``sample(batch)`` when given (ReMax
-    also samples greedy answers with the same weights). ``resharder`` moves the trainer's
-    weights into the engine. A `Stateful` checkpoint block (the batch sampled ahead); its
+    also samples greedy answers with the same weights). ``run.resharder`` moves the trainer's
+    weights into the engine (None: a new `rlblocks.resharder.Resharder`). A `Stateful` checkpoint block (the batch sampled ahead); its
     data position and resharder are checkpointed beside it (`blocks`).
     """
 
@@ -138,7 +139,6 @@ class RolloutSource:
         *,
         group_size: int,
         sampling: SamplingParams,
-        resharder: Resharder,
         sample: Sample | None = None,
     ) -> None:
         run = run or RunOptions()
@@ -150,7 +150,8 @@ class RolloutSource:
                 "weights (rb.rollout.HFEngine.from_pretrained(...) or around "
                 "copy.deepcopy(policy.model)): the resharder then syncs it after every update"
             )
-        self.engine, self.policy, self.resharder, self.run = engine, policy, resharder, run
+        self.engine, self.policy, self.run = engine, policy, run
+        self.resharder: Resharder = run.resharder or resharders.Resharder()
         self.data = Drawn(batches)
         self.group_size, self.sampling = group_size, sampling
         self._sample_fn = sample

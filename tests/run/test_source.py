@@ -192,6 +192,7 @@ def test_bad_settings_are_refused_naming_the_block_and_the_way_out():
         ("progress", False, r"run=rb.run.RunOptions\(progress=...\)"),
         ("async_rollout", None, r"run=rb.run.RunOptions\(staleness=1"),
         ("reuse_rollout_logprobs", True, r"run=rb.run.RunOptions\(old_logprobs='rollout' or"),
+        ("resharder", None, r"run=rb.run.RunOptions\(resharder=...\)"),
     ],
 )
 def test_the_old_keywords_fail_naming_their_new_place(keyword, value, where):
@@ -203,6 +204,24 @@ def test_the_old_keywords_fail_naming_their_new_place(keyword, value, where):
     ro = rb.Rollouts.from_lists([[1]], [[2]])
     with pytest.raises(TypeError, match=r"step: old_logprobs= is no longer a keyword; use "):
         policy.step(ro, torch.zeros(1), loss_fn=rb.losses.clipped_surrogate, old_logprobs=None)
+
+
+def test_the_resharder_of_run_options_moves_the_weights_and_none_means_a_new_one():
+    # How the new weights reach the engine is the run's choice: RunOptions(resharder=...). A
+    # resharder with 1 KiB buckets splits the tiny model's tensors into many buckets (one per
+    # tensor at most, never splitting one); the default's 256 MiB hold them all in one.
+    small = rb.resharder.Resharder(bucket_mb=1 / 1024)
+    synced = {}
+    for name, resharder in (("small", small), ("default", None)):
+        run = RunOptions(progress=False, resharder=resharder)
+        synced[name] = _run("copy", 2, run=run)["history"]
+    tensors = len(tiny_trainer().model.state_dict())
+    assert [m["sync/buckets"] for m in synced["default"]] == [1.0, 1.0]
+    assert all(1 < m["sync/buckets"] <= tensors for m in synced["small"])
+    assert small.version == 2  # the run's own object did the two syncs
+    assert [m["sync/bytes"] for m in synced["small"]] == [
+        m["sync/bytes"] for m in synced["default"]
+    ]
 
 
 def test_a_stopped_async_run_resumes_on_the_batch_it_had_sampled_ahead(tmp_path):
