@@ -17,6 +17,17 @@ holds it. Without it, TRL's ``prompts`` are the prompt texts the engine decoded
 
 Choices made here (not TRL's or verl's, which leave a failing function to crash the run):
 
+- **Signatures are checked, not guarded.** A function that cannot take what the trainer passes
+  would raise at every call, and the guard below would give every row of every step the
+  fallback score: a run that learns nothing, with only warnings. So `from_trl` refuses (a
+  ``TypeError`` naming the reward and the parameter) a function that cannot take TRL's own
+  keywords (``prompts``, ``completions``, ``completion_ids``, ``trainer_state``,
+  ``log_extra``, ``log_metric``: TRL passes all of them, so a TRL reward ends in ``**kwargs``)
+  when it is built, and one whose parameters do not fit the rows' columns (a required column
+  no row has, a column it cannot take) at the first call, before anything is scored;
+  `from_verl` refuses a ``compute_score`` that cannot be called as verl calls it when it is
+  built. (A callable whose signature Python cannot read, a C builtin, is not checked.)
+
 - **Guarded like `per_sample`.** A call past ``timeout`` seconds, one that raises, or a score
   that is not a finite number (or None, for TRL) gives the row the ``fallback`` score, counted
   in ``{key}/failures`` (``{key}/timeouts``) with one warning per batch naming the first failing
@@ -46,7 +57,7 @@ import inspect
 import logging
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlblocks.interfaces import RewardFn, RewardOutput
@@ -60,9 +71,10 @@ __all__ = ["from_trl", "from_verl", "trl_inputs", "verl_inputs"]
 
 logger = logging.getLogger(__name__)
 
+#: TRL's keyword arguments that are not columns: passed besides `trl_inputs`.
+TRL_CALLBACKS = ("trainer_state", "log_extra", "log_metric")
 #: Keyword arguments TRL passes itself: a dataset column with one of these names is an error.
-TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra",
-                 "log_metric")  # fmt: skip
+TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", *TRL_CALLBACKS)
 #: Columns TRL does not pass on (it passes the prompt as ``prompts``).
 TRL_DROPPED = ("prompt", "completion", "completion_ids")
 
@@ -125,9 +137,12 @@ def from_trl(
         if not math.isfinite(value):
             raise ValueError(f"from_trl: {what} must be finite, got {value}; pass a finite score")
     label = name or _name_of(fn)
+    signature = _signature(fn)
+    _check_trl_signature(signature, label)
 
     def reward(rollouts: Rollouts, /) -> RewardOutput:
         inputs = trl_inputs(rollouts, prompt_key=prompt_key)
+        _check_trl_columns(signature, label, inputs)
         logged: dict[str, float] = {}
         b = len(rollouts)
 
@@ -168,6 +183,84 @@ def from_trl(
         return out
 
     return _named(reward, label)
+
+
+#: The parameter kinds a keyword argument can fill.
+_BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    """``fn``'s signature, or None where Python cannot read one (a C builtin)."""
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def _misfit(signature: inspect.Signature, passed: Collection[str]) -> tuple[list[str], list[str]]:
+    """What keeps ``fn(**{name: ... for name in passed})`` from binding: ``(names passed that
+    it cannot take, parameters without a default that the call does not fill)``."""
+    params = list(signature.parameters.values())
+    by_name = {p.name for p in params if p.kind in _BY_KEYWORD}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    cannot = [] if takes_any else [n for n in passed if n not in by_name]
+    unfilled = [
+        p.name
+        for p in params
+        if p.default is p.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        and (p.kind is inspect.Parameter.POSITIONAL_ONLY or p.name not in passed)
+    ]
+    return cannot, unfilled
+
+
+def _check_trl_signature(signature: inspect.Signature | None, label: str) -> None:
+    """Refuse a TRL reward that cannot take TRL's own keywords, or that has a positional-only
+    parameter without a default (TRL passes everything by keyword)."""
+    if signature is None:
+        return
+    cannot, unfilled = _misfit(signature, TRL_ARGUMENTS)
+    if cannot:
+        raise TypeError(
+            f"from_trl: reward {label}{signature} cannot take {', '.join(map(repr, cannot))}, "
+            f"which TRL passes to every reward function (with {', '.join(TRL_ARGUMENTS)} and "
+            "every dataset column, all by keyword); end its parameters with **kwargs, as TRL's "
+            "reward functions do"
+        )
+    positional = [
+        n for n in unfilled if signature.parameters[n].kind is inspect.Parameter.POSITIONAL_ONLY
+    ]
+    if positional:
+        raise TypeError(
+            f"from_trl: reward {label}{signature} has the positional-only parameter(s) "
+            f"{', '.join(map(repr, positional))}, which TRL never fills (it passes everything by "
+            "keyword); make them ordinary parameters"
+        )
+
+
+def _check_trl_columns(
+    signature: inspect.Signature | None, label: str, inputs: Mapping[str, Any]
+) -> None:
+    """Refuse, before anything is scored, a TRL reward whose parameters do not fit the
+    columns of these rows: one it requires that no row has, one it cannot take."""
+    if signature is None:
+        return
+    passed = [*inputs, *TRL_CALLBACKS]
+    cannot, unfilled = _misfit(signature, passed)
+    columns = ", ".join(repr(k) for k in inputs if k not in TRL_ARGUMENTS) or "none"
+    if unfilled:
+        raise TypeError(
+            f"from_trl: reward {label}{signature} needs {', '.join(map(repr, unfilled))}, "
+            f"but no row has such a column (the rows' columns: {columns}), so every call would "
+            "fail; keep that column in the rows (rb.data.load_prompts(..., keep=True) keeps "
+            "every column of the dataset), or give the parameter a default"
+        )
+    if cannot:
+        raise TypeError(
+            f"from_trl: reward {label}{signature} cannot take the rows' column(s) "
+            f"{', '.join(map(repr, cannot))}, which TRL passes as keywords, so every call "
+            "would fail; end its parameters with **kwargs, as TRL's reward functions do"
+        )
 
 
 def _is_messages(prompt: Any) -> bool:
@@ -279,6 +372,7 @@ def from_verl(
     if not math.isfinite(fallback):
         raise ValueError(f"from_verl: fallback must be finite, got {fallback}; pass a finite score")
     label = name or _name_of(compute_score)
+    _check_verl_signature(_signature(compute_score), label)
 
     def reward(rollouts: Rollouts, /) -> RewardOutput:
         extras: dict[int, Mapping[str, Any]] = {}
@@ -300,6 +394,29 @@ def from_verl(
         return out
 
     return _named(reward, label)
+
+
+#: The keywords verl's ``NaiveRewardManager`` calls ``compute_score`` with.
+VERL_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def _check_verl_signature(signature: inspect.Signature | None, label: str) -> None:
+    """Refuse a ``compute_score`` that cannot be called as verl calls it."""
+    if signature is None:
+        return
+    cannot, unfilled = _misfit(signature, VERL_ARGUMENTS)
+    if cannot or unfilled:
+        problem = (
+            f"it cannot take {', '.join(map(repr, cannot))}"
+            if cannot
+            else f"it also needs {', '.join(map(repr, unfilled))}, which verl never passes"
+        )
+        raise TypeError(
+            f"from_verl: compute_score {label}{signature} cannot be called as verl calls it, "
+            f"compute_score({'=, '.join(VERL_ARGUMENTS)}=): {problem}, so every row would score "
+            "the fallback; give it those four parameters (extra_info=None), or bind the others "
+            "with functools.partial"
+        )
 
 
 def _extra_means(dicts: list[Mapping[str, Any]], key: str) -> dict[str, float]:

@@ -275,3 +275,63 @@ def test_trl_and_verl_functions_inside_a_grpo_step():
     assert [m["extra_info"] for m in ro.metadata] == [row["extra_info"] for row in expected]
     assert {"trl_recorder/mean", "verl_recorder/mean", "math_answer/mean"} <= set(history[0])
     assert torch.isfinite(torch.tensor(history[0]["reward/mean"]))
+
+
+# ---------------------------------------------------------------------- signatures that cannot fit
+def test_a_trl_reward_that_cannot_take_trls_arguments_is_refused_when_built(make_rollouts):
+    # Before: built without a word; every call raised TypeError inside the guard, and every
+    # row of every step scored the fallback, with only a warning.
+    def reward_len(completions):  # TRL passes prompts, completion_ids, ... too: no **kwargs
+        return [-abs(20 - len(c)) for c in completions]
+
+    with pytest.raises(TypeError, match=r"^from_trl: reward reward_len\(completions\) cannot "
+                       r"take 'prompts', 'completion_ids', 'trainer_state'.*end its parameters "
+                       r"with \*\*kwargs"):  # fmt: skip
+        from_trl(reward_len)
+    with pytest.raises(TypeError, match=r"positional-only parameter\(s\) 'completions'"):
+        from_trl(lambda completions, /, **kwargs: [1.0] * len(completions))
+    # TRL's documented functions (all end in **kwargs) are taken.
+    for fn in (format_reward_func, boxed_reward_func, math_reward_func, async_reward_func):
+        from_trl(fn)
+
+
+def test_a_trl_reward_that_does_not_fit_the_columns_is_refused_before_scoring(make_rollouts):
+    ro = make_rollouts(["4", "5"], [{"ground_truth": "4"}, {"ground_truth": "4"}])
+    calls = []
+
+    def needs_answer(completions, answer, **kwargs):  # the rows have ground_truth, no answer
+        calls.append(answer)
+        return [float(c == a) for c, a in zip(completions, answer)]
+
+    reward = from_trl(needs_answer)  # columns are known only at the first call
+    with pytest.raises(TypeError, match=r"^from_trl: reward needs_answer\(completions, answer, "
+                       r"\*\*kwargs\) needs 'answer', but no row has such a column \(the rows' "
+                       r"columns: 'ground_truth'\).*keep=True"):  # fmt: skip
+        reward(ro)
+    assert calls == []  # refused before anything was scored
+
+    def no_kwargs(prompts, completions, completion_ids, trainer_state, log_extra, log_metric):
+        return [1.0] * len(completions)
+
+    reward = from_trl(no_kwargs)  # takes TRL's own arguments, but not the column
+    with pytest.raises(TypeError, match=r"cannot take the rows' column\(s\) 'ground_truth'"):
+        reward(ro)
+    rewards, metrics = reward(make_rollouts(["4", "5"]))  # no columns: it fits
+    assert rewards.tolist() == [1.0, 1.0] and metrics["reward/failures"] == 0.0
+
+
+def test_a_verl_compute_score_that_cannot_be_called_as_verl_calls_it_is_refused():
+    def no_data_source(solution_str, ground_truth):
+        return float(solution_str == ground_truth)
+
+    def needs_tokenizer(data_source, solution_str, ground_truth, extra_info, tokenizer):
+        return 0.0
+
+    with pytest.raises(TypeError, match=r"^from_verl: compute_score no_data_source\(solution_str"
+                       r", ground_truth\) cannot be called as verl calls it.*it cannot take "
+                       r"'data_source', 'extra_info'"):  # fmt: skip
+        from_verl(no_data_source)
+    with pytest.raises(TypeError, match=r"it also needs 'tokenizer', which verl never passes"):
+        from_verl(needs_tokenizer)
+    from_verl(gsm8k_compute_score)  # verl's own, as verl writes it
+    from_verl(lambda **kwargs: 0.0)
