@@ -238,6 +238,9 @@ def parse(argv: Sequence[str]) -> tuple[Namespace, ArgumentParser, bool]:
             field = re.search(r"\.(\w+)", str(error))
             path = f"{key}.{field[1]}" if field else key
             raise SystemExit(_where(f"{key}: {error}", path, file, argv)) from error
+    if config.steps < 1:  # every recipe refuses it too, but only after the model is loaded
+        message = f"steps: {config.steps} runs no step, so nothing would be trained; pass >= 1"
+        raise SystemExit(_where(message, "steps", file, argv))
     return config, p, resume
 
 

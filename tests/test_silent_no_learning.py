@@ -1,5 +1,6 @@
 """Silent no-learning is reported where it happens: groups of one, transposed advantages, a
-model broken by a too-large update."""
+model broken by a too-large update; and refused before the first step where it is certain:
+non-positive steps (every recipe and the CLI), online DPO without pairs."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import logging
 import pytest
 import torch
 from builders import tiny_engine, tiny_trainer
+from toy_tasks import count_prompts, digit_examples, digit_fraction
 
 import rlblocks as rb
+from rlblocks import train
+from rlblocks.critic import CriticTrainer
+from rlblocks.data import PromptBatches
 
 
 def _engine_and_policy(lr: float = 1e-2):
@@ -76,3 +81,75 @@ def test_a_model_broken_by_its_update_is_named_at_the_next_generate():
         FloatingPointError, match="^HFEngine.generate: the model's next-token scores are not finite"
     ):
         engine.generate(["Count: 1"], group_size=1, sampling=greedy)
+
+
+# ---------------------------------------------------------------------- refused before step 0
+def _recipe_call(name: str, steps: int, run: rb.run.RunOptions):
+    """``name`` on the tiny model and the digit task, ``steps`` steps, with ``run``."""
+    policy = tiny_trainer(reference="copy")
+    engine = tiny_engine(policy)
+    reward = rb.rewards.per_sample(digit_fraction, timeout=None)
+    batches = PromptBatches(count_prompts(), prompts_per_step=2, seed=0)
+    sampling = rb.SamplingParams(max_new_tokens=4)
+    if name == "sft":
+        examples = digit_examples(policy.tokenizer, 0, 4)
+        return rb.recipes.sft(policy, [examples] * 2, steps=steps, run=run)
+    if name == "ppo":
+        critic = CriticTrainer(policy.model, lr=1e-3)
+        return rb.recipes.ppo(policy, critic, engine, reward, batches, steps=steps,
+                              group_size=2, sampling=sampling, run=run)  # fmt: skip
+    recipe = getattr(rb.recipes, name)
+    return recipe(policy, engine, reward, batches, steps=steps, group_size=2, sampling=sampling,
+                  run=run)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["grpo", "remax", "dapo", "ppo", "online_dpo", "sft"])
+@pytest.mark.parametrize("steps", [0, -3])
+def test_non_positive_steps_are_refused_by_every_recipe(name, steps, tmp_path):
+    # Before: range(-3) is empty; the recipe returned [] having trained nothing, without a word.
+    seen = []
+    run = rb.run.RunOptions(
+        checkpoint=tmp_path / "run", on_step=lambda *a: seen.append(a), progress=False
+    )
+    with pytest.raises(ValueError, match=rf": steps={steps} runs no step, so nothing would be "
+                       r"trained; pass the number of steps to run, an int >= 1$"):  # fmt: skip
+        _recipe_call(name, steps, run)
+    assert seen == [] and not (tmp_path / "run").exists()  # refused before anything ran
+
+
+def test_the_cli_refuses_non_positive_steps_naming_the_file_and_line(tmp_path):
+    # Before: `steps: -3` parsed, and rlblocks-train ran no step and exited 0.
+    config = tmp_path / "run.yaml"
+    config.write_text("recipe: grpo\nmodel:\n  name: tiny\nsteps: -3\n")
+    out = str(tmp_path / "out")
+    with pytest.raises(SystemExit, match=rf"^{config}, line 4: steps: -3 runs no step"):
+        train.main([str(config), "--out", out])
+    with pytest.raises(SystemExit, match=r"^command line: steps: 0 runs no step"):
+        train.main([str(config), "--steps", "0", "--out", out])
+    assert not (tmp_path / "out").exists()
+
+
+def test_online_dpo_with_one_sample_per_prompt_is_refused(tmp_path):
+    # Before: one response per prompt forms no pair; every step trained on nothing (dpo/pairs
+    # 0) and the run ended normally.
+    seen = []
+    run = rb.run.RunOptions(on_step=lambda *a: seen.append(a), progress=False)
+    policy = tiny_trainer(reference="auto")
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    with pytest.raises(ValueError, match=r"^online_dpo: group_size=1 samples one response per "
+                       r"prompt, so no pair can form.*pass group_size >= 2"):  # fmt: skip
+        rb.recipes.online_dpo(
+            policy, tiny_engine(policy), rb.rewards.per_sample(digit_fraction, timeout=None),
+            PromptBatches(count_prompts(), prompts_per_step=2, seed=0), steps=2, group_size=1,
+            sampling=rb.SamplingParams(max_new_tokens=4), run=run,
+        )  # fmt: skip
+    assert seen == []
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.model.parameters(), strict=True))
+    # The CLI passes group_size to the recipe: the same refusal, not an exit with status 0.
+    config = tmp_path / "dpo.yaml"
+    config.write_text(
+        "recipe: online_dpo\nsteps: 2\ngroup_size: 1\nprompts_per_step: 2\nmodel:\n  name: tiny\n"
+        "  device: cpu\nsampling:\n  max_new_tokens: 4\ndata:\n  name: arithmetic\n  n: 4\n"
+    )
+    with pytest.raises(ValueError, match=r"^online_dpo: group_size=1"):
+        train.main([str(config), "--out", str(tmp_path / "out")])

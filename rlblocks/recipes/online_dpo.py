@@ -37,11 +37,17 @@ def online_dpo(
     sampling: SamplingParams = defaults.DEFAULT_SAMPLING,
     run: RunOptions | None = None,
 ) -> list[dict[str, Any]]:
-    """Run ``steps`` online-DPO steps (``group_size`` > 2: best against worst); one
+    """Run ``steps`` online-DPO steps (``group_size`` > 2: best against worst; below 2 is
+    refused: no pair could form); one
     metrics dict per step: the reward's, ``preference/*`` (at π_old), ``dpo/pairs`` (untied
     pairs trained on), the trainer's and resharder's. ``run`` and the rest as in
     `rlblocks.recipes.grpo`."""
     config = run_config("online_dpo", locals())
+    if group_size < 2:  # ranked_pairs needs two responses to a prompt
+        raise ValueError(
+            f"online_dpo: group_size={group_size} samples one response per prompt, so no pair "
+            "can form and no step would train; pass group_size >= 2 (2: one pair per prompt)"
+        )
     reward_fn = checked(reward_fn)
     anchored = uses_reference(preference)  # SimPO needs no π_ref
     source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)

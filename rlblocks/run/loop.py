@@ -63,6 +63,7 @@ from tqdm.auto import tqdm
 from rlblocks.checkpoint import Checkpointer, warn_if_config_differs
 from rlblocks.interfaces import Rollouts
 from rlblocks.run.options import RunOptions
+from rlblocks.run.preflight import check_steps
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -188,6 +189,7 @@ def run_steps(
     there is one; a resumed source pushes the restored weights into its engine
     (``source.resync()``). ``run.tracker``: started with ``config`` (and the step resumed from).
     """
+    check_steps(name, steps)  # before any folder is made or anything runs
     run = run or RunOptions()
     saver = (
         Checkpointer(run.checkpoint) if isinstance(run.checkpoint, str | Path) else run.checkpoint

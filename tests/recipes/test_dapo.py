@@ -267,7 +267,7 @@ def test_recipe_warns_when_the_policy_does_not_aggregate_by_token_mean():
             ScriptedEngine(),
             Accuracy(),
             batches(),
-            steps=0,
+            steps=1,
             run=rb.run.RunOptions(progress=False),
         )
 
