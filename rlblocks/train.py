@@ -46,6 +46,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 from rlblocks import recipes
 from rlblocks.advantage import ESTIMATORS
 from rlblocks.checkpoint import Checkpointer
+from rlblocks.config_yaml import MODE, DuplicateKeyError, check_unique_keys
 from rlblocks.critic import CriticTrainer
 from rlblocks.data import PromptBatches, arithmetic_prompts, gsm8k, load_prompts
 from rlblocks.interfaces import SamplingParams
@@ -146,7 +147,7 @@ def parser(recipe: str, names: Mapping[str, str] | None = None) -> ArgumentParse
     names = dict(names or {})
     fn = _pick(RECIPES, recipe, "recipe")
     params = inspect.signature(fn).parameters
-    p = ArgumentParser(prog="rlblocks-train", exit_on_error=False)
+    p = ArgumentParser(prog="rlblocks-train", exit_on_error=False, parser_mode=MODE)
     p.add_argument("--config", action=ActionConfigFile, help="a YAML file (the positional one)")
     p.add_argument("--recipe", type=Literal[tuple(RECIPES)], default=recipe, help="RECIPES")
     for key, (kind, default, help_) in RUN_KEYS.items():
@@ -246,7 +247,11 @@ def parse(argv: Sequence[str]) -> tuple[Namespace, ArgumentParser, bool]:
 
 def _read(file: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(file.read_text())
+        text = file.read_text()
+        check_unique_keys(text)
+        data = yaml.safe_load(text)
+    except DuplicateKeyError as error:
+        raise SystemExit(f"{file}, line {error.line}: {error}") from error
     except (OSError, yaml.YAMLError) as error:
         raise SystemExit(f"{file}: {error}") from error
     if not isinstance(data, dict):

@@ -153,3 +153,40 @@ def test_online_dpo_with_one_sample_per_prompt_is_refused(tmp_path):
     )
     with pytest.raises(ValueError, match=r"^online_dpo: group_size=1"):
         train.main([str(config), "--out", str(tmp_path / "out")])
+
+
+def test_duplicate_yaml_keys_are_refused_naming_the_key_and_both_lines(tmp_path):
+    # Before: PyYAML kept the last value: this run trained at lr 1e-3 and its saved config.yaml
+    # stated 1e-3 as if it had been asked.
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "recipe: grpo\nsteps: 2\nmodel:\n  name: tiny\ntrainer:\n  lr: 1.0e-5\n"
+        "  micro_batch_size: 4\n  lr: 1.0e-3\n"
+    )
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=rf"^{config}, line 8: trainer.lr is given twice \(first "
+                       r"at line 6\); YAML would keep only the last value, without a word: "
+                       r"remove one of them$"):  # fmt: skip
+        train.main([str(config), "--out", str(out)])
+    assert not out.exists()
+    # A file given as --config, and a mapping on the command line, are read the same way.
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("recipe: grpo\nsteps: 2\nsteps: 3\n")
+    with pytest.raises(SystemExit, match=r"steps is given twice \(first at line 2\)"):
+        train.parse(["--config", str(twice)])
+    with pytest.raises(SystemExit, match=r"(?s)command line: .*max_new_tokens is given twice"):
+        train.parse(
+            ["--model.name", "tiny", "--sampling", "{max_new_tokens: 3, max_new_tokens: 4}"]
+        )
+
+
+def test_yaml_merge_keys_and_aliases_are_not_duplicates():
+    # `<<: *anchor` followed by a key of its own is YAML's way to override on purpose.
+    from rlblocks import config_yaml  # new here: the rest of the file runs on older code too
+
+    text = "base: &b {lr: 1, clip: 2}\ntrainer:\n  <<: *b\n  lr: 3\nagain: *b\n"
+    assert config_yaml.load(text)["trainer"] == {"lr": 3, "clip": 2}
+    with pytest.raises(config_yaml.DuplicateKeyError, match=r"^base.clip is given twice"):
+        config_yaml.load("base: &b {lr: 1, clip: 2, clip: 3}\n")
+    with pytest.raises(config_yaml.DuplicateKeyError, match=r"^runs\[1\].seed is given twice"):
+        config_yaml.load("runs:\n- {seed: 1}\n- {seed: 2, seed: 2}\n")
