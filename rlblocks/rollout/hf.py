@@ -36,6 +36,7 @@ from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, TensorSpec, di
 from rlblocks.models import loading
 from rlblocks.models.context import check_lengths, context_length
 from rlblocks.renamed import moved_keywords
+from rlblocks.rollout.casting import check_cast
 from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
 from rlblocks.rollout.sampling import generation_config, sampled_logprobs, seeded
 from rlblocks.rollout.stopping import FiniteLogits, ResponseEnds, valid_tokens
@@ -150,7 +151,9 @@ class HFEngine:
         either name). A subset is fine (weights may arrive in several calls), but an unknown
         name or a shape mismatch raises ``ValueError`` naming it before anything of the call
         is copied. Values are cast to each parameter's dtype and device; a tensor that already
-        is the parameter (a shared model) is skipped.
+        is the parameter (a shared model) is skipped. A value that the cast would turn into
+        ±inf (a float32 weight past float16's range) raises ``FloatingPointError`` naming it,
+        before anything of the call is copied (`rlblocks.rollout.casting`).
         """
         targets = self.model.state_dict(keep_vars=True)
         pairs = list(weights)  # references: all are checked before the first copy
@@ -167,6 +170,7 @@ class HFEngine:
                     f"HFEngine.update_weights: {name!r} has shape {tuple(value.shape)}, "
                     f"the model's is {tuple(target.shape)}; send the weights of the engine's model"
                 )
+        check_cast(pairs, {n: targets[n].dtype for n, _ in pairs}, owner="HFEngine.update_weights")
         with torch.no_grad():
             for name, value in pairs:
                 if value is not targets[name]:

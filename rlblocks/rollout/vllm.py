@@ -48,6 +48,7 @@ from torch import Tensor
 from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, TensorSpec, dispatch
 from rlblocks.models.context import check_lengths
 from rlblocks.renamed import moved_keywords
+from rlblocks.rollout.casting import check_cast
 from rlblocks.rollout.prompts import check_metadata, render_prompts
 from rlblocks.rollouts import Rollouts
 
@@ -174,10 +175,14 @@ class VLLMEngine:
         the prefix cache; records ``weights_version = version``.
 
         A subset is fine (the Resharder sends buckets of whole layers). Tensors are moved to
-        the CPU here when vLLM runs on the CPU; vLLM casts them to its dtype while loading.
+        the CPU here when vLLM runs on the CPU; vLLM casts them to its dtype while loading. A
+        value that cast would turn into ±inf (a float32 weight past float16's range) raises
+        ``FloatingPointError`` naming it, before anything is loaded (`rlblocks.rollout.casting`).
         """
         self.wake_up()  # weights dropped by sleep(level=2) must be back before loading
         pairs = [(name, tensor.detach()) for name, tensor in weights]
+        engine_dtype = self.llm.model_config.dtype  # vLLM casts floating weights to it
+        check_cast(pairs, {n: engine_dtype for n, _ in pairs}, owner="VLLMEngine.update_weights")
         if pairs:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
         self.llm.reset_prefix_cache()
