@@ -90,7 +90,8 @@ class RewardModel:
     ``max_length`` / ``overlong``: the length policy. ``chat``: wrap text prompts as a user
     message. ``prompt_key``: the metadata key holding the original prompt (None: never read).
     ``label``: the logit column to read when the model has several. ``normalize``: raw scores
-    (b) to rewards (b).
+    (b) to rewards (b). A tokenizer with more ids than the model's input embedding has rows
+    is refused here (``ValueError``), not at the first forward.
     """
 
     def __init__(
@@ -121,6 +122,7 @@ class RewardModel:
         self.max_length = max_length or _default_max_length(model, tokenizer)
         self.label = _label(model, label)
         self.pad_token_id = _pad_token_id(model, tokenizer)
+        _check_vocabulary(model, tokenizer, self.pad_token_id)
         self.__name__ = "reward_model"  # what combine() names it
         self._warned_verbatim = False
 
@@ -342,6 +344,32 @@ def _label(model: Any, label: int | None) -> int:
             f"0..{labels - 1}"
         )
     return label
+
+
+def _check_vocabulary(model: Any, tokenizer: Any, pad_token_id: int) -> None:
+    """Refuse a tokenizer whose ids (or the padding id) run past the model's input embedding:
+    a row holding such an id would fail in the forward, far from the cause (an index error on
+    the CPU, a device-side assert on CUDA). Models without ``get_input_embeddings`` (any module
+    with ``logits``) are not checked."""
+    try:
+        rows = model.get_input_embeddings().num_embeddings
+    except (AttributeError, NotImplementedError):
+        return
+    ids = len(tokenizer)
+    if ids > rows:
+        first = tokenizer.convert_ids_to_tokens(rows)
+        raise ValueError(
+            f"RewardModel: the tokenizer has {ids} token ids but the model's input embedding has "
+            f"{rows} rows, so ids {rows}..{ids - 1} (the first: {first!r}) would index past it "
+            "and fail in the forward; give the reward model the tokenizer it was trained with "
+            "(RewardModel.from_pretrained loads both from one folder), or resize its embeddings "
+            "(model.resize_token_embeddings(len(tokenizer))) and train the new rows"
+        )
+    if not 0 <= pad_token_id < rows:
+        raise ValueError(
+            f"RewardModel: the padding id {pad_token_id} is outside the model's input embedding "
+            f"({rows} rows); set model.config.pad_token_id to an id below {rows}"
+        )
 
 
 def _pad_token_id(model: Any, tokenizer: Any) -> int:

@@ -215,18 +215,36 @@ def test_bad_prompts_name_the_row(make_rollouts):
         rb.rewards.RewardModel(qwen_rm(tokenizer), no_template)(ro)
 
 
-def test_a_failing_batch_names_its_rows(make_rollouts):
-    # A tokenizer that is not the model's: its ids run past the model's 300-row embedding.
+def test_a_failing_batch_names_its_rows():
+    # score_ids takes any ids: one past the model's 384-row embedding fails its batch's forward.
     tokenizer = rm_tokenizer()
-    model = qwen_rm(tokenizer, vocab_size=300)
-    rm = rb.rewards.RewardModel(model, tokenizer, batch_size=2)
-    ro = chat_rollouts(make_rollouts, n=3)
-    ids, _ = rm.encode(ro)
-    assert max(max(row) for row in ids) >= 300
-    longest = sorted(range(3), key=lambda i: -len(ids[i]))[:2]  # the first batch
-    message = f"scoring rows {longest} ({len(ids[longest[0]])} tokens the longest) on cpu failed"
-    with pytest.raises(RuntimeError, match=re.escape(message)):
-        rm(ro)
+    rm = rb.rewards.RewardModel(qwen_rm(tokenizer), tokenizer, batch_size=2)
+    ids = [[5, 6], [7, 8, 9, 10], [11, 12, 400]]
+    with pytest.raises(RuntimeError, match=re.escape("scoring rows [1, 2] (4 tokens the longest) "
+                                                     "on cpu failed")):  # fmt: skip
+        rm.score_ids(ids)
+
+
+def test_a_tokenizer_with_more_ids_than_the_embedding_is_refused_when_built(make_rollouts):
+    # Before: built without a word; the first row holding an id >= 300 failed in the forward
+    # ("index out of range in self" on the CPU, a device-side assert on CUDA), reported as a
+    # failing batch with advice about memory.
+    tokenizer = rm_tokenizer()  # 384 ids
+    model = qwen_rm(tokenizer, vocab_size=300)  # another model's embedding: 300 rows
+    first = tokenizer.convert_ids_to_tokens(300)
+    with pytest.raises(ValueError, match=rf"^RewardModel: the tokenizer has 384 token ids but the "
+                       rf"model's input embedding has 300 rows, so ids 300..383 \(the first: "
+                       rf"{re.escape(repr(first))}\) would index past it.*give the reward model "
+                       r"the tokenizer it was trained with"):  # fmt: skip
+        rb.rewards.RewardModel(model, tokenizer)
+    model = qwen_rm(tokenizer)
+    model.config.pad_token_id = 500  # e.g. set from another tokenizer after the model was built
+    with pytest.raises(ValueError, match=r"the padding id 500 is outside the model's input "
+                       r"embedding \(384 rows\)"):  # fmt: skip
+        rb.rewards.RewardModel(model, tokenizer)
+    # A larger embedding than the tokenizer (padded to a multiple of 64, as many models are).
+    rm = rb.rewards.RewardModel(qwen_rm(tokenizer, vocab_size=448), tokenizer)
+    assert rm(chat_rollouts(make_rollouts)).rewards.isfinite().all()
 
 
 # ---------------------------------------------------------------------- length, labels, scores
