@@ -31,7 +31,12 @@ Where a row runs decides what a time limit can do to it. Three modes, chosen by 
 Thread mode's limits, which users must know: a time limit only works while ``fn`` runs Python
 bytecode or waits on I/O (a C call that holds the GIL, like a catastrophically backtracking
 ``re`` pattern, blocks the whole process until it returns); an abandoned thread still uses CPU
-and memory, and children it started keep running; one that spins slows everything after it.
+and memory, and children it started keep running; one that spins slows everything after it,
+for good. So the first time a reward abandons a thread it says so (one logging warning per
+reward function, naming the fix: a ``pool``), and from then on ``{key}/abandoned_threads``
+counts its abandoned threads still running at the end of each call (0.0 once they have all
+returned; absent while none was ever abandoned): a curve that only climbs is a reward that
+spins.
 
 In every mode, a child process that ``fn`` forks with ``os.fork()`` and that returns out of
 ``fn`` exits at once (``os._exit``): it never runs the caller's code, so a reward cannot leave
@@ -90,7 +95,9 @@ def per_sample(
 
     Returns a `RewardFn`: ``rollouts -> RewardOutput(rewards (b) float32, metrics)``; the
     rewards carry no gradient. Metrics: ``{key}/mean`` (mean score, fallbacks included),
-    ``{key}/failures`` (rows that got the fallback, timeouts included) and ``{key}/timeouts``.
+    ``{key}/failures`` (rows that got the fallback, timeouts included), ``{key}/timeouts`` and
+    ``{key}/abandoned_threads`` (thread mode's timed-out rows still running, from the first
+    one on: module docstring).
 
     ``timeout``: seconds per row, counted from the moment a worker starts it (see the module
     docstring for what happens to a hung row); ``None`` runs rows in the calling thread with no
@@ -125,6 +132,7 @@ def per_sample(
             "and a pool has its own workers; leave max_workers at 1 (size the pool instead)"
         )
     label = name or _name_of(fn)
+    abandoned = Abandoned(label, key, fix=POOL_FIX)
 
     def reward(rollouts: Rollouts, /) -> RewardOutput:
         completions = rollouts.completions
@@ -136,11 +144,13 @@ def per_sample(
             outcomes = [score(i) for i in range(len(rows))]
         else:
             outcomes = _run_with_deadlines(
-                score, len(rows), timeout=timeout, max_workers=max_workers
+                score, len(rows), timeout=timeout, max_workers=max_workers, abandoned=abandoned
             )
-        return _summarize(
+        out = _summarize(
             outcomes, fallback=fallback, key=key, label=label, raise_errors=raise_errors
         )
+        abandoned.report(out.metrics)
+        return out
 
     reward.__name__ = reward.__qualname__ = label
     reward.__doc__ = f"Guarded batch reward (`per_sample`) around {label}."
@@ -167,16 +177,65 @@ def _score_row(fn: SampleFn, completions: list[str], rows: list[dict], i: int) -
     return checked_score(value)
 
 
+#: What `per_sample` says to do about a thread left running.
+POOL_FIX = (
+    "pass pool=rb.rewards.ProcessPool(workers=n) to per_sample: each row then runs in a worker "
+    "process, and a row past its deadline is killed"
+)
+
+
+class Abandoned:
+    """The threads one reward function left running past their rows' deadlines (thread mode).
+
+    Python cannot stop a thread: it runs on until ``fn`` returns, and one that spins slows the
+    process for good. The first one is reported (a logging warning with ``fix``, once per
+    reward function); `report` counts those still alive in ``{key}/abandoned_threads``.
+    """
+
+    def __init__(self, label: str, key: str, *, fix: str) -> None:
+        self.label, self.metric, self.fix = label, f"{key}/abandoned_threads", fix
+        self.threads: list[threading.Thread] = []
+        self._warned = False
+
+    def add(self, thread: threading.Thread, timeout: float) -> None:
+        """``thread`` ran a row past ``timeout`` s and is left running."""
+        self.threads.append(thread)
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "reward %r: a row ran past its %g s deadline in thread mode, and Python cannot "
+                "stop a thread: it keeps running (using CPU, holding what it holds) until the "
+                "function returns, a spinning one slowing everything after it. The metric %s "
+                "counts such threads still running; to stop them, %s. (Said once per reward "
+                "function.)",
+                self.label, timeout, self.metric, self.fix,
+            )  # fmt: skip
+
+    def report(self, metrics: dict[str, float]) -> None:
+        """Set ``{key}/abandoned_threads``: the abandoned threads still running (the finished
+        are forgotten). Only from the first one on: a reward that never timed out has no such
+        metric."""
+        if self._warned:
+            self.threads = [t for t in self.threads if t.is_alive()]
+            metrics[self.metric] = float(len(self.threads))
+
+
 def _run_with_deadlines(
-    score: Callable[[int], Outcome], n: int, *, timeout: float, max_workers: int
+    score: Callable[[int], Outcome],
+    n: int,
+    *,
+    timeout: float,
+    max_workers: int,
+    abandoned: Abandoned | None = None,
 ) -> list[Outcome]:
-    """Score rows ``0..n-1`` on daemon threads; a row running past ``timeout`` s is abandoned."""
+    """Score rows ``0..n-1`` on daemon threads; a row running past ``timeout`` s is abandoned
+    (its thread handed to ``abandoned``)."""
     outcomes: list[Outcome | None] = [None] * n
     todo: queue.SimpleQueue[int] = queue.SimpleQueue()
     for i in range(n):
         todo.put(i)
     done: queue.SimpleQueue[tuple[int, Outcome]] = queue.SimpleQueue()
-    running: dict[int, float] = {}  # row -> monotonic start time, while its fn runs
+    running: dict[int, tuple[float, threading.Thread]] = {}  # row -> (start, thread) while fn runs
     lock = threading.Lock()
 
     def worker() -> None:
@@ -186,7 +245,7 @@ def _run_with_deadlines(
             except queue.Empty:
                 return
             with lock:
-                running[i] = time.monotonic()
+                running[i] = (time.monotonic(), threading.current_thread())
             try:
                 out = score(i)
             except BaseException as e:  # noqa: BLE001 -- a dead worker would lose the row silently
@@ -203,7 +262,7 @@ def _run_with_deadlines(
     left = n
     while left:
         with lock:
-            first_start = min(running.values(), default=None)
+            first_start = min((start for start, _ in running.values()), default=None)
         wait = timeout if first_start is None else first_start + timeout - time.monotonic()
         finished = _drain(done, wait=max(wait, 0.0))
         for i, out in finished:
@@ -211,11 +270,14 @@ def _run_with_deadlines(
                 outcomes[i], left = out, left - 1
         now = time.monotonic()
         with lock:  # rows still running now have run for at least `timeout` seconds
-            overdue = [i for i, start in running.items() if now - start >= timeout]
-            for i in overdue:
+            overdue = [(i, thread) for i, (start, thread) in running.items()
+                       if now - start >= timeout]  # fmt: skip
+            for i, _ in overdue:
                 del running[i]
-        for i in overdue:
+        for i, thread in overdue:
             outcomes[i], left = Failure("timeout", f"no result after {timeout:g} s"), left - 1
+            if abandoned is not None:
+                abandoned.add(thread, timeout)
             start_worker()  # the stuck thread is abandoned: keep the remaining rows moving
     return outcomes  # type: ignore[return-value]  # every entry is set once `left` hits 0
 

@@ -34,7 +34,10 @@ Choices made here (not TRL's or verl's, which leave a failing function to crash 
   row; ``raise_errors=True`` raises `RewardRowError` naming it. A TRL function scores the whole
   batch in one call; when that call raises, it is called again once per row, so that only the
   rows at fault fail and the warning names them. A batch call past its deadline fails all
-  rows (which row hung is unknown, and b more deadlines would stall the step).
+  rows (which row hung is unknown, and b more deadlines would stall the step). The thread
+  of a call past its deadline keeps running (Python cannot stop it): as in `per_sample`, the
+  first is reported by one warning per reward function, and from then on
+  ``{key}/abandoned_threads`` counts those still running.
 - **None** (TRL's "no reward for this row") scores ``none_score``, 0.0 by default: what TRL's
   sum over several reward functions gives such a row (``nansum``), counted in ``{key}/none``
   and left out of no mean. TRL (recent versions) also drops a row that *every* function left
@@ -61,7 +64,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlblocks.interfaces import RewardFn, RewardOutput
-from rlblocks.rewards.guard import _name_of, _run_with_deadlines, _summarize
+from rlblocks.rewards.guard import Abandoned, _name_of, _run_with_deadlines, _summarize
 from rlblocks.rewards.outcome import Failure, Outcome, checked_score
 
 if TYPE_CHECKING:
@@ -71,6 +74,11 @@ __all__ = ["from_trl", "from_verl", "trl_inputs", "verl_inputs"]
 
 logger = logging.getLogger(__name__)
 
+#: What `from_trl` and `from_verl` say to do about a thread left running past its deadline.
+RETURN_FIX = (
+    "make the function return (or raise) within timeout=; a per-row function run by "
+    "rb.rewards.per_sample(fn, pool=rb.rewards.ProcessPool(workers=n)) is killed at its deadline"
+)
 #: TRL's keyword arguments that are not columns: passed besides `trl_inputs`.
 TRL_CALLBACKS = ("trainer_state", "log_extra", "log_metric")
 #: Keyword arguments TRL passes itself: a dataset column with one of these names is an error.
@@ -130,8 +138,8 @@ def from_trl(
 
     ``fn`` may be ``async def`` (run with ``asyncio.run``). ``timeout``: seconds for the batch
     call (each per-row retry gets as long); None calls in this thread, without a limit. Metrics:
-    ``{key}/mean``, ``{key}/failures``, ``{key}/timeouts``, ``{key}/none`` and ``{key}/{name}``
-    for each ``log_metric(name, value)``. ``name``: the function's ``__name__`` (for `combine`).
+    ``{key}/mean``, ``{key}/failures``, ``{key}/timeouts``, ``{key}/abandoned_threads`` (after
+    a first timeout), ``{key}/none`` and ``{key}/{name}`` for each ``log_metric(name, value)``. ``name``: the function's ``__name__`` (for `combine`).
     """
     for value, what in ((fallback, "fallback"), (none_score, "none_score")):
         if not math.isfinite(value):
@@ -139,6 +147,7 @@ def from_trl(
     label = name or _name_of(fn)
     signature = _signature(fn)
     _check_trl_signature(signature, label)
+    abandoned = Abandoned(label, key, fix=RETURN_FIX)
 
     def reward(rollouts: Rollouts, /) -> RewardOutput:
         inputs = trl_inputs(rollouts, prompt_key=prompt_key)
@@ -163,13 +172,13 @@ def from_trl(
                 )
             return list(out)
 
-        batch = _guarded(lambda _: call(range(b)), 1, timeout)[0] if b else []
+        batch = _guarded(lambda _: call(range(b)), 1, timeout, abandoned)[0] if b else []
         if isinstance(batch, Failure) and batch.kind == "error":
             logger.warning(
                 "reward %r: the batch call failed (%s); calling it once per row", label,
                 batch.message,
             )  # fmt: skip
-            per_row = _guarded(lambda i: call([i]), b, timeout)
+            per_row = _guarded(lambda i: call([i]), b, timeout, abandoned)
             values = [v[0] if isinstance(v, list) else v for v in per_row]
         else:
             values = [batch] * b if isinstance(batch, Failure) else batch
@@ -179,6 +188,7 @@ def from_trl(
             outcomes, fallback=fallback, key=key, label=label, raise_errors=raise_errors
         )
         out.metrics[f"{key}/none"] = float(len(none))
+        abandoned.report(out.metrics)
         out.metrics.update({f"{key}/{k}": v for k, v in logged.items()})
         return out
 
@@ -289,8 +299,11 @@ def _outcome(value: Any) -> Outcome:
     return value if isinstance(value, Failure) else checked_score(value)
 
 
-def _guarded(call: Callable[[int], Any], n: int, timeout: float | None) -> list[Any]:
-    """``call(i)`` for ``i < n``: its value, or a `Failure` if it raised or ran past ``timeout``."""
+def _guarded(
+    call: Callable[[int], Any], n: int, timeout: float | None, abandoned: Abandoned
+) -> list[Any]:
+    """``call(i)`` for ``i < n``: its value, or a `Failure` if it raised or ran past ``timeout``
+    (its thread then handed to ``abandoned``)."""
 
     def attempt(i: int) -> Any:
         try:
@@ -300,7 +313,7 @@ def _guarded(call: Callable[[int], Any], n: int, timeout: float | None) -> list[
 
     if timeout is None:
         return [attempt(i) for i in range(n)]
-    return _run_with_deadlines(attempt, n, timeout=timeout, max_workers=1)
+    return _run_with_deadlines(attempt, n, timeout=timeout, max_workers=1, abandoned=abandoned)
 
 
 def _named(reward: Callable[..., RewardOutput], label: str) -> RewardFn:
@@ -366,13 +379,15 @@ def from_verl(
 
     verl puts the score on the last response token; an outcome reward (b) is the same for
     every advantage estimator here. Metrics: ``{key}/mean``, ``{key}/failures``,
-    ``{key}/timeouts`` and ``{key}/{k}``, the mean over the rows that returned a number for
-    ``k``, for every other key of returned dicts (verl's ``reward_extra_info``).
+    ``{key}/timeouts``, ``{key}/abandoned_threads`` (after a first timeout) and ``{key}/{k}``,
+    the mean over the rows that returned a number for ``k``, for every other key of returned
+    dicts (verl's ``reward_extra_info``).
     """
     if not math.isfinite(fallback):
         raise ValueError(f"from_verl: fallback must be finite, got {fallback}; pass a finite score")
     label = name or _name_of(compute_score)
     _check_verl_signature(_signature(compute_score), label)
+    abandoned = Abandoned(label, key, fix=RETURN_FIX)
 
     def reward(rollouts: Rollouts, /) -> RewardOutput:
         extras: dict[int, Mapping[str, Any]] = {}
@@ -386,11 +401,12 @@ def from_verl(
                 value = value["score"]
             return checked_score(value)
 
-        outcomes = [_outcome(o) for o in _guarded(score, len(rollouts), timeout)]
+        outcomes = [_outcome(o) for o in _guarded(score, len(rollouts), timeout, abandoned)]
         out = _summarize(
             outcomes, fallback=fallback, key=key, label=label, raise_errors=raise_errors
         )
         out.metrics.update(_extra_means(list(extras.values()), key))
+        abandoned.report(out.metrics)
         return out
 
     return _named(reward, label)

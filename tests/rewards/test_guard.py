@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from rlblocks.rewards import ProcessPool
 from rlblocks.rewards.guard import RewardRowError, per_sample
 
 LIMIT = 0.2  # seconds: short time limits keep the suite fast
@@ -88,7 +89,8 @@ def test_a_row_that_sleeps_past_the_limit_times_out(make_rollouts, caplog) -> No
     elapsed = time.monotonic() - start
     # The hung row scores -1; rows after it still run (on a fresh worker) and score 1.
     torch.testing.assert_close(rewards, torch.tensor([1.0, -1.0, 1.0, 1.0]))
-    assert metrics == {"reward/mean": 0.5, "reward/failures": 1.0, "reward/timeouts": 1.0}
+    assert metrics == {"reward/mean": 0.5, "reward/failures": 1.0, "reward/timeouts": 1.0,
+                       "reward/abandoned_threads": 1.0}  # fmt: skip  # still asleep: 1.0 s
     assert LIMIT <= elapsed < 4 * LIMIT  # waited for the deadline, not for the sleep (1.0 s)
     assert "row 1" in caplog.text and "no result after 0.2 s" in caplog.text
 
@@ -187,3 +189,51 @@ def test_bad_arguments() -> None:
         per_sample(length_score, timeout=0)
     with pytest.raises(ValueError, match="max_workers"):
         per_sample(length_score, max_workers=0)
+
+
+def test_a_spinning_row_in_thread_mode_is_said_once_and_its_threads_counted(make_rollouts, caplog):
+    # Before: the abandoned threads spun on for good, slowing the process, and nothing but the
+    # per-batch timeout warning said anything; no metric counted them.
+    stop = threading.Event()
+
+    def spin(completion: str, **row: object) -> float:
+        while not stop.is_set():  # pure Python: a deadline cannot stop this thread
+            pass
+        return 1.0
+
+    reward = per_sample(spin, timeout=LIMIT)
+    ro = make_rollouts(["a", "b"])
+    try:
+        with caplog.at_level(logging.WARNING, logger="rlblocks.rewards.guard"):
+            _, first = reward(ro)  # each row times out; its thread spins on
+            _, second = reward(ro)
+    finally:
+        stop.set()
+    assert first["reward/timeouts"] == 2.0 and first["reward/abandoned_threads"] == 2.0
+    assert second["reward/abandoned_threads"] == 4.0  # the first call's two still spin
+    said = [r.getMessage() for r in caplog.records if "keeps running" in r.getMessage()]
+    assert len(said) == 1, said  # once per reward function, not per call
+    assert said[0].startswith("reward 'spin': a row ran past its 0.2 s deadline in thread mode")
+    assert "reward/abandoned_threads" in said[0]
+    assert "pass pool=rb.rewards.ProcessPool(workers=n) to per_sample" in said[0]
+    # Stopped, the threads return: they are no longer counted (the metric stays, at 0).
+    for _ in range(100):
+        rewards, metrics = reward(ro)
+        if metrics["reward/abandoned_threads"] == 0.0:
+            break
+        time.sleep(0.01)
+    assert metrics["reward/abandoned_threads"] == 0.0 and rewards.tolist() == [1.0, 1.0]
+    # A reward that never timed out has no such metric.
+    assert "reward/abandoned_threads" not in per_sample(length_score, timeout=LIMIT)(ro)[1]
+
+    # The fix the warning names: in a process pool the worker of a row past its deadline is
+    # killed, and nothing is left running.
+    def spin_forever(completion: str, **row: object) -> float:
+        while True:
+            pass
+
+    caplog.clear()
+    with ProcessPool(workers=1) as pool, caplog.at_level(logging.WARNING):
+        rewards, metrics = per_sample(spin_forever, timeout=LIMIT, pool=pool)(ro.select([0]))
+    assert rewards.tolist() == [0.0] and metrics["reward/timeouts"] == 1.0
+    assert "reward/abandoned_threads" not in metrics and "keeps running" not in caplog.text

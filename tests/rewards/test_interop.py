@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import threading
 
 import pytest
 import torch
@@ -335,3 +336,29 @@ def test_a_verl_compute_score_that_cannot_be_called_as_verl_calls_it_is_refused(
         from_verl(needs_tokenizer)
     from_verl(gsm8k_compute_score)  # verl's own, as verl writes it
     from_verl(lambda **kwargs: 0.0)
+
+
+def test_a_hanging_verl_or_trl_call_is_said_once_and_its_thread_counted(make_rollouts, caplog):
+    stop = threading.Event()
+
+    def hangs(data_source, solution_str, ground_truth, extra_info=None):
+        stop.wait()  # until the test ends: its thread outlives the deadline
+        return 1.0
+
+    def hangs_trl(completions, **kwargs):
+        stop.wait()
+        return [1.0] * len(completions)
+
+    ro = make_rollouts(["a"], [{"data_source": "x", "ground_truth": "1"}])
+    try:
+        with caplog.at_level(logging.WARNING):
+            for reward in (from_verl(hangs, timeout=0.1), from_trl(hangs_trl, timeout=0.1)):
+                _, first = reward(ro)
+                _, second = reward(ro)
+                assert (first["reward/abandoned_threads"], second["reward/abandoned_threads"]) == (
+                    1.0, 2.0)  # fmt: skip
+    finally:
+        stop.set()
+    said = [r.getMessage() for r in caplog.records if "keeps running" in r.getMessage()]
+    assert [m.split(":")[0] for m in said] == ["reward 'hangs'", "reward 'hangs_trl'"]
+    assert all("make the function return (or raise) within timeout=" in m for m in said)
