@@ -117,7 +117,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m rlblocks.demo", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m", help="built-in name or model folder")
     p.add_argument("--task", default="arithmetic", choices=sorted(TASKS))
-    p.add_argument("--steps", type=int, default=12, help="GRPO (or distillation) steps")
+    p.add_argument(
+        "--steps", type=int, default=12, help="GRPO (or distillation) steps (0: none, SFT only)"
+    )
     p.add_argument(
         "--sft-steps",
         type=int,
@@ -427,7 +429,9 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
                 old_logprobs="rollout" if args.one_step_off else "auto",
             ),
         }
-        if args.teacher is not None:  # the reverse KL to the teacher is the only signal
+        if not args.steps:  # no RL stage (the SFT warm start alone): recipes refuse 0 steps
+            history = []
+        elif args.teacher is not None:  # the reverse KL to the teacher is the only signal
             history = rb.recipes.distill(policy, engine, teacher, **common)
         else:
             history = rb.recipes.grpo(policy, engine, reward, advantage=advantage, **common)

@@ -190,3 +190,45 @@ def test_yaml_merge_keys_and_aliases_are_not_duplicates():
         config_yaml.load("base: &b {lr: 1, clip: 2, clip: 3}\n")
     with pytest.raises(config_yaml.DuplicateKeyError, match=r"^runs\[1\].seed is given twice"):
         config_yaml.load("runs:\n- {seed: 1}\n- {seed: 2, seed: 2}\n")
+
+
+# ---------------------------------------------------------------------- stopped with the reason
+def _no_grader(completion: str, **row) -> float:
+    raise RuntimeError("grader service unreachable")
+
+
+ALWAYS_RAISES = rb.rewards.per_sample(_no_grader, timeout=None)
+"""A reward whose every row fails: for the CLI's ``reward: test_silent_no_learning:ALWAYS_RAISES``."""
+
+
+def test_a_reward_failing_on_every_row_stops_the_run_after_five_steps(tmp_path):
+    # Before: all 8 steps ran, each row scored the fallback 0, every advantage was 0: the run
+    # "succeeded" having learnt nothing, with one warning a step.
+    seen = []
+    run = rb.run.RunOptions(
+        on_step=lambda i, m, r: seen.append(m["reward/failures"]), progress=False,
+        checkpoint=tmp_path / "run",
+    )  # fmt: skip
+    policy = tiny_trainer()
+    with pytest.raises(rb.rewards.RewardFailedError, match=r"^RewardFn: _no_grader fell back on "
+                       r"every row in 5 reward calls in a row \(the last: reward/failures = 4 of "
+                       r"4 rows\).*first: row 0: RuntimeError: grader service unreachable"):  # fmt: skip
+        rb.recipes.grpo(
+            policy, tiny_engine(policy), rb.rewards.per_sample(_no_grader, timeout=None),
+            PromptBatches(count_prompts(), prompts_per_step=2, seed=0), steps=8, group_size=2,
+            sampling=rb.SamplingParams(max_new_tokens=4), run=run,
+        )  # fmt: skip
+    assert seen == [4.0] * 4  # steps 0-3 ran, step 4's reward call stopped the run
+    saved = rb.checkpoint.Checkpointer(tmp_path / "run").latest()
+    assert saved == 4  # the steps before it are checkpointed, to resume once the reward works
+
+
+def test_the_cli_stops_too_instead_of_exiting_0(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "recipe: grpo\nsteps: 7\ngroup_size: 2\nprompts_per_step: 2\nmodel:\n  name: tiny\n"
+        "  device: cpu\nsampling:\n  max_new_tokens: 4\ndata:\n  name: arithmetic\n  n: 16\n"
+        "reward: test_silent_no_learning:ALWAYS_RAISES\n"
+    )
+    with pytest.raises(rb.rewards.RewardFailedError, match=r"in 5 reward calls in a row"):
+        train.main([str(config), "--out", str(tmp_path / "out")])

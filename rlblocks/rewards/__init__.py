@@ -6,7 +6,8 @@
   manager, called with the arguments those give them, guarded like `per_sample`.
 - `format_reward` / `think_answer_format`: whole-completion regular-expression match.
 - `checked`: the `RewardFn` contract enforced where rewards enter a loop (every recipe uses
-  it): a clear error for a wrong output, the fallback score for a NaN/inf row, counted.
+  it): a clear error for a wrong output, the fallback score for a NaN/inf row, counted, and
+  `RewardFailedError` after ``max_failed_calls`` (5) calls in a row whose every row fell back.
 - `per_sample`: any ``fn(completion, **row) -> float`` as a batch reward, with a time limit,
   a fallback score and failure counts. The two rewards above are built with it.
 - `ProcessPool`: worker processes for `per_sample(fn, pool=...)`, for rewards whose time limit
@@ -24,7 +25,7 @@ pass the functions themselves.
 """
 
 from rlblocks.interfaces import RewardFn, RewardOutput
-from rlblocks.rewards.checked import checked
+from rlblocks.rewards.checked import RewardFailedError, checked
 from rlblocks.rewards.code_tests import code_reward, extract_program
 from rlblocks.rewards.combine import combine
 from rlblocks.rewards.filters import GroupFilter, keep_informative_groups
@@ -62,6 +63,7 @@ __all__ = [
     "GroupFilter",
     "ProcessPool",
     "RemoteSandbox",
+    "RewardFailedError",
     "RewardFn",
     "RewardModel",
     "RewardOutput",

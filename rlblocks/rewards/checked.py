@@ -16,6 +16,25 @@ step silently:
   ``logging``: Python's ``warnings`` would show it once per process).
 - ``reward/mean`` is recomputed over the scores actually used when the function's own is
   missing or not finite.
+- **A reward that fails on every row, call after call, stops the run.** A guarded reward
+  (`per_sample`, `from_trl`, `from_verl`, the rule rewards) gives a row that raised or timed
+  out the fallback score and goes on, which is right for one odd completion; when *every* row
+  of a call fell back (``…/failures`` equal to the rows, for the reward or for one component
+  of a `combine`, or every score non-finite), every group's rewards are equal, every advantage
+  is 0, and the step trains on nothing. After ``max_failed_calls`` such calls in a row
+  (`MAX_FAILED_CALLS`, 5, by default) the call raises `RewardFailedError`, naming the reward,
+  the metric and the last failure as the reward logged it (`rlblocks.rewards.outcome`); the
+  run stops there, its earlier checkpoints kept. Any call in which one row scored ends the
+  streak. Every recipe makes one call a step, except DAPO, whose dynamic sampling scores each
+  generation round: there it counts rounds.
+
+  Why 5, and why here: a scorer that is down for a moment (a remote sandbox restarting, a
+  spike of timeouts) costs a step or two and the run goes on; a reward broken from the start
+  (a column renamed, a package missing in the workers) stops after 5 steps instead of training
+  on nothing to the end. It lives in `checked`, the one place every recipe passes each reward
+  call through, which sees the rows and the metrics of each call; a run chooses another K by
+  passing its own ``rb.rewards.checked(reward, max_failed_calls=K)`` (None: never stop) as the
+  recipe's reward, which the recipe then uses as it is.
 """
 
 from __future__ import annotations
@@ -30,6 +49,7 @@ import torch
 from torch import Tensor
 
 from rlblocks.interfaces import RewardFn, RewardOutput
+from rlblocks.rewards.outcome import failure_notes
 
 if TYPE_CHECKING:
     from rlblocks.rollouts import Rollouts
@@ -43,23 +63,53 @@ CONTRACT = (
 )
 
 
-def checked(reward_fn: RewardFn, *, fallback: float = 0.0) -> RewardFn:
-    """``reward_fn`` with its output checked and its non-finite scores replaced by
-    ``fallback`` (module docstring). A reward already checked is returned as it is."""
-    return reward_fn if isinstance(reward_fn, Checked) else Checked(reward_fn, fallback)
+#: Reward calls in a row that may fall back on every row before `checked` stops the run.
+MAX_FAILED_CALLS = 5
+
+
+class RewardFailedError(RuntimeError):
+    """Raised by a `checked` reward after ``max_failed_calls`` calls in a row in which every
+    row fell back to the fallback score (module docstring)."""
+
+
+def checked(
+    reward_fn: RewardFn,
+    *,
+    fallback: float = 0.0,
+    max_failed_calls: int | None = MAX_FAILED_CALLS,
+) -> RewardFn:
+    """``reward_fn`` with its output checked, its non-finite scores replaced by ``fallback``,
+    and `RewardFailedError` raised after ``max_failed_calls`` calls in a row that fell back on
+    every row (None: never; module docstring). A reward already checked is returned as it is."""
+    if isinstance(reward_fn, Checked):
+        return reward_fn
+    if max_failed_calls is not None and max_failed_calls < 1:
+        raise ValueError(
+            f"checked: max_failed_calls must be >= 1 or None, got {max_failed_calls}; pass the "
+            "number of all-failed reward calls in a row that stops the run, or None for never"
+        )
+    return Checked(reward_fn, fallback, max_failed_calls)
 
 
 class Checked:
     """The reward function `checked` returns."""
 
-    def __init__(self, reward_fn: RewardFn, fallback: float) -> None:
+    def __init__(self, reward_fn: RewardFn, fallback: float, max_failed_calls: int | None) -> None:
         self.reward_fn, self.fallback, self.name = reward_fn, float(fallback), _name(reward_fn)
+        self.max_failed_calls = max_failed_calls
+        self.failed_calls = 0
+        """Calls in a row, up to now, in which every row fell back."""
 
     def __repr__(self) -> str:
-        return f"checked({self.name}, fallback={self.fallback})"
+        return (
+            f"checked({self.name}, fallback={self.fallback}, "
+            f"max_failed_calls={self.max_failed_calls})"
+        )
 
     def __call__(self, rollouts: Rollouts, /) -> RewardOutput:
-        rewards, metrics = _unpack(self.reward_fn(rollouts), self.name, len(rollouts))
+        with failure_notes() as notes:
+            out = self.reward_fn(rollouts)
+        rewards, metrics = _unpack(out, self.name, len(rollouts))
         bad = ~torch.isfinite(rewards)
         metrics["reward/nonfinite"] = float(bad.sum())
         if bad.any():
@@ -74,7 +124,36 @@ class Checked:
         mean = metrics.get("reward/mean")
         if not isinstance(mean, numbers.Real) or not math.isfinite(mean):
             metrics["reward/mean"] = float(rewards.mean()) if len(rewards) else float("nan")
+        self._count(len(rollouts), metrics, notes)
         return RewardOutput(rewards, metrics)
+
+    def _count(self, rows: int, metrics: Mapping[str, Any], notes: list[str]) -> None:
+        """Count a call that fell back on every row; raise `RewardFailedError` at the limit."""
+        if not rows:
+            return  # nothing scored: neither a failure nor a success
+        failed = _all_failed(rows, metrics)
+        self.failed_calls = self.failed_calls + 1 if failed else 0
+        if failed is None or self.max_failed_calls is None:
+            return
+        if self.failed_calls >= self.max_failed_calls:
+            reason = notes[-1] if notes else "the reward's own warnings say why"
+            raise RewardFailedError(
+                f"RewardFn: {self.name} fell back on every row in {self.failed_calls} reward "
+                f"calls in a row (the last: {failed} = {metrics[failed]:g} of {rows} rows), so "
+                f"every advantage was 0 and those steps trained on nothing; the last failure: "
+                f"{reason}. Fix the reward (or the data it reads), or pass rb.rewards.checked("
+                f"reward, max_failed_calls=None) as the recipe's reward to go on regardless"
+            )
+
+
+def _all_failed(rows: int, metrics: Mapping[str, Any]) -> str | None:
+    """The metric saying that every one of ``rows`` fell back (``reward/nonfinite``, or a
+    guard's ``…/failures``: the reward's own or a `combine` component's), else None."""
+    for key, value in metrics.items():
+        counts = key == "reward/nonfinite" or key.endswith("/failures")
+        if counts and isinstance(value, numbers.Real) and value >= rows:
+            return key
+    return None
 
 
 def _unpack(out: Any, name: str, rows: int) -> tuple[Tensor, dict[str, Any]]:
@@ -116,4 +195,4 @@ def _name(fn: Any) -> str:
     return name or type(fn).__name__
 
 
-__all__ = ["CONTRACT", "Checked", "checked"]
+__all__ = ["CONTRACT", "MAX_FAILED_CALLS", "Checked", "RewardFailedError", "checked"]

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlblocks.interfaces import RewardFn, RewardOutput
-from rlblocks.rewards.outcome import Failure, Outcome, checked_score
+from rlblocks.rewards.outcome import Failure, Outcome, checked_score, note_failure
 
 if TYPE_CHECKING:
     from rlblocks.rewards.isolation import ProcessPool
@@ -308,10 +308,12 @@ def _summarize(
     timeouts = sum(o.kind == "timeout" for _, o in failures)
     if failures:
         i, first = failures[0]
-        logger.warning(
-            "reward %r: %d of %d rows failed (%d timed out) and scored %g; first: row %d: %s",
-            label, len(failures), len(outcomes), timeouts, fallback, i, first.message,
-        )  # fmt: skip
+        text = (
+            f"reward {label!r}: {len(failures)} of {len(outcomes)} rows failed ({timeouts} timed "
+            f"out) and scored {fallback:g}; first: row {i}: {first.message}"
+        )
+        logger.warning("%s", text)
+        note_failure(text)
     metrics = {
         f"{key}/mean": float(rewards.mean()) if len(scores) else 0.0,
         f"{key}/failures": float(len(failures)),
