@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 from builders import tiny_engine, tiny_trainer
@@ -232,3 +233,12 @@ def test_the_cli_stops_too_instead_of_exiting_0(tmp_path):
     )
     with pytest.raises(rb.rewards.RewardFailedError, match=r"in 5 reward calls in a row"):
         train.main([str(config), "--out", str(tmp_path / "out")])
+
+
+def test_steps_must_be_a_count_and_numpy_integers_are_one():
+    from rlblocks.run.preflight import check_steps  # new: the file runs on older code too
+
+    check_steps("GRPO", np.int64(3))  # what range() takes is taken
+    for wrong in (2.0, "3", True, None):
+        with pytest.raises(ValueError, match=rf"^GRPO: steps={wrong!r} is not a count of steps"):
+            check_steps("GRPO", wrong)
