@@ -210,7 +210,7 @@ def run_steps(
         if resumed:
             restored = saver.load(state)
             start, history = restored.step, list(restored.history)
-            check_resumed(restored.config, config, done=start, steps=steps, where=restored.path)
+            check_resumed(restored.config, config, done=start, steps=steps, where=saver.root)
             source.resync()
         elif saver is not None:  # from step 0: what a run that never checkpointed left goes
             rerun = start_over(saver)
