@@ -81,15 +81,15 @@ TRAINERS = ("policy", "critic")
 
 def run_config(recipe: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
     """``{"recipe": recipe, **arguments}`` as JSON values (`describe`), without the
-    `LOOP_ARGUMENTS`; the trainers (`TRAINERS`) are described by their type and their
-    ``config`` (`TrainConfig`), as ``policy_config`` and ``critic_config``.
+    `LOOP_ARGUMENTS`; the trainers (`TRAINERS`) are described by their type and, when they
+    have one, their ``config`` (`TrainConfig`), as ``policy_config`` and ``critic_config``.
     A recipe passes its ``locals()`` before anything else."""
     config: dict[str, Any] = {"recipe": recipe}
     for name, value in arguments.items():
         if name in LOOP_ARGUMENTS:
             continue
         config[name] = describe(value)
-        if name in TRAINERS:  # its declared TrainConfig: lr, schedule, batch sizes, aggregation
+        if name in TRAINERS and hasattr(value, "config"):  # its TrainConfig: lr, schedule, ...
             config[f"{name}_config"] = describe(value.config)
     return config
 
