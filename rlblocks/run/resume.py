@@ -47,7 +47,7 @@ def check_resumed(
     effect. ``saved``/``now``: the run configuration saved with the checkpoint, and this
     run's."""
     recipe, asked = saved.get("recipe"), now.get("recipe")
-    if recipe != asked:
+    if None not in (recipe, asked) and recipe != asked:  # a bare run_steps names no recipe
         raise ResumeRefused(
             f"RunOptions.resume: the checkpoint of step {done} in {where} is of a {recipe!r} "
             f"run, this run is {asked!r}; resume it with {recipe!r}, or run {asked!r} in "
