@@ -74,6 +74,12 @@ def slot_group(slot: int, memory_bytes: int) -> Group | None:
         return _groups[key]
 
 
+def available() -> int | None:
+    """The cgroup version (2 or 1) that bounds a run's memory here, or None (pid 1's watch)."""
+    base = _base()
+    return base.version if base else None
+
+
 @functools.cache
 def _base() -> Group | None:
     """This process's own cgroup, v2 if it can give children a memory limit, else v1."""

@@ -35,6 +35,8 @@ import struct
 DEPTH = 64  # nesting beyond this travels as a reference
 NOT_ERRORS = ("StopIteration", "StopAsyncIteration", "GeneratorExit", "SystemExit",
               "KeyboardInterrupt", "BaseException", "BaseExceptionGroup")  # fmt: skip
+_MALFORMED = ("Sandbox.run: the program answered its test with {what}; nothing to fix in the "
+              "test: a program that tampers with its answers fails it")  # fmt: skip
 _SEQUENCES = {list: "l", tuple: "t", set: "s", frozenset: "fs"}
 _REBUILD = {"l": list, "t": tuple, "s": set, "fs": frozenset}
 
@@ -69,7 +71,7 @@ def encode(value: object, refer, depth: int = 0) -> tuple:
 def decode(node: object, resolve) -> object:
     """The value of an `encode`d node; ``resolve(index)`` gives a reference's object."""
     if type(node) is not tuple or not node or type(node[0]) is not str:
-        raise ValueError("sandbox: malformed value from the other side")
+        raise ValueError(_MALFORMED.format(what="a value that is not a tagged tuple"))
     tag, rest = node[0], node[1:]
     if tag == "v" and len(rest) == 1 and (rest[0] is None or type(rest[0]) in (bool, int, str,
                                                                               bytes)):  # fmt: skip
@@ -84,7 +86,7 @@ def decode(node: object, resolve) -> object:
         return {decode(k, resolve): decode(v, resolve) for k, v in rest[0]}
     if tag == "h" and len(rest) == 1 and type(rest[0]) is int:
         return resolve(rest[0])
-    raise ValueError(f"sandbox: malformed value from the other side (tag {tag!r})")
+    raise ValueError(_MALFORMED.format(what=f"a value tagged {tag!r}"[:200]))
 
 
 def send(fd: int, message: object) -> None:
@@ -101,7 +103,11 @@ def receive(fd: int, limit: int) -> object:
     """One message (``ast.literal_eval`` of its text); `ProgramGone` at the end of the pipe."""
     (size,) = struct.unpack(">Q", _read_exactly(fd, 8))
     if size > limit:
-        raise ValueError(f"sandbox: a message of {size} bytes, over the limit of {limit}")
+        raise ValueError(
+            f"Sandbox.run: a value of {size} bytes crossed between the program and its test, "
+            f"over the limit of {limit} (SandboxLimits.file_bytes); compare smaller values, or "
+            "raise the limit"
+        )
     return ast.literal_eval(_read_exactly(fd, size).decode())
 
 
@@ -167,7 +173,8 @@ def _answer(request: tuple, scope: dict, objects: list) -> object:
         return list(target)
     if op == "len":
         return len(target)
-    raise ValueError(f"sandbox: unknown request {op!r}")
+    raise ValueError(f"Sandbox.run: unknown request {op!r} to the program; this is a bug of the "
+                     "checker: report it")  # fmt: skip
 
 
 # ---------------------------------------------------------------------- Q: the checker's side
@@ -184,7 +191,7 @@ class Link:
             return decode(reply[1], lambda i: Remote(self, i))
         if type(reply) is tuple and len(reply) == 3 and reply[0] == "raise":
             raise _program_exception(str(reply[1]), str(reply[2]))
-        raise ValueError("sandbox: malformed reply from the program")
+        raise ValueError(_MALFORMED.format(what="a reply that is neither ok nor raise"))
 
     def plain(self, value: object) -> tuple:
         """``value`` for the wire: plain data and `Remote` references only."""
@@ -193,8 +200,8 @@ class Link:
             if type(obj) is Remote:
                 return object.__getattribute__(obj, "_index")
             raise TypeError(
-                f"sandbox: only plain data and the program's own objects can be passed to "
-                f"the program, not {type(obj).__name__}"
+                f"Sandbox.run: the test passed a {type(obj).__name__} to the program; pass "
+                "plain data (numbers, strings, lists, dicts...) or the program's own objects"
             )
 
         return encode(value, refer)
@@ -211,8 +218,8 @@ def _program_exception(name: str, message: str) -> BaseException:
 
 def _compared(*_: object) -> bool:
     raise TypeError(
-        "sandbox: the test compared or tested a program object that is not plain data; "
-        "compare plain values (numbers, strings, lists, dicts...)"
+        "Sandbox.run: the test compared, or tested the truth of, a program object that is not "
+        "plain data; compare plain values (numbers, strings, lists, dicts...)"
     )
 
 
@@ -248,7 +255,10 @@ class Remote:
     def __len__(self) -> int:
         size = self._ask("len")
         if type(size) is not int:
-            raise TypeError("sandbox: the program's len() is not an int")
+            raise TypeError(
+                f"Sandbox.run: the program's len() gave a {type(size).__name__}, not an int; "
+                "return an int from __len__"
+            )
         return size
 
     def __hash__(self) -> int:
