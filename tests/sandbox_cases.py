@@ -68,7 +68,10 @@ def nothing_left() -> None:
 
 
 @pytest.fixture
-def no_leftovers(monkeypatch):
+def no_leftovers(monkeypatch, tmp_path_factory):
+    # pytest's tmp_path root first, in the real temporary folder: made later, it would land in
+    # (and be removed with) the root below.
+    tmp_path_factory.getbasetemp()
     # The test's own temporary root, in the system's (not pytest's tmp_path: its parent is 0700,
     # and the sandbox uid must reach the folder it runs in without namespaces); searchable by
     # all, listable by us only.
@@ -118,3 +121,8 @@ def outside():
         for f in folder.iterdir():
             f.unlink()
         folder.rmdir()
+
+
+def readable_by_all(path: Path) -> bool:
+    """Every folder above ``path`` searchable, and ``path`` readable, by any user."""
+    return all(p.stat().st_mode & 0o001 for p in path.parents) and path.stat().st_mode & 0o004

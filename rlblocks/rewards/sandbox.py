@@ -59,6 +59,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import secrets
 import select
 import shutil
 import signal
@@ -71,7 +72,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rlblocks.rewards import sandbox_cgroup
+from rlblocks.rewards.sandbox_cgroup import slot_group
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +223,7 @@ def _others_can_run(path: str) -> bool:
 def _run(box: Sandbox, program: str, stdin: str, test: str | None, slot: int) -> RunResult:
     limits, root = box.limits, os.geteuid() == 0
     uid = UID_BASE + (os.getpid() % 20_000) * SLOTS + slot if root else None
-    group = sandbox_cgroup.slot_group(slot, limits.memory_bytes) if box.cgroups else None
+    group = slot_group(slot, limits.memory_bytes) if box.cgroups else None
     folder = Path(tempfile.mkdtemp(prefix="rlblocks-sandbox-"))  # mode 700: ours only
     # The folder of a run without namespaces (asked for, or refused by the system): on disk,
     # the sandbox uid's own. With namespaces, /tmp/sandbox on a tmpfs hides it.
@@ -240,15 +241,16 @@ def _run(box: Sandbox, program: str, stdin: str, test: str | None, slot: int) ->
         (folder / "program.py").write_text(program)
         (folder / "stdin").write_text(stdin)
         (folder / "claims").touch(mode=0o600)
+        nonce = secrets.token_hex(16)  # only the checker reads it: its verdict line bears it
         if test is not None:
-            (folder / "test").write_text(test)
+            (folder / "test").write_text(f"{nonce}\n{test}")
         ooms = group.oom_kills() if group else 0
         start = time.monotonic()
         timed_out, returncode = _start_and_wait(box, folder, report, limits.wall_seconds)
         seconds = time.monotonic() - start
         if group and group.oom_kills() > ooms:
             report.lines.append(f"memory cgroup v{group.version}: OOM kill")
-        return _judge(folder, report, limits, timed_out, returncode, seconds)
+        return _judge(folder, report, nonce, limits, timed_out, returncode, seconds)
     finally:
         report.close()
         shutil.rmtree(folder, ignore_errors=True)
@@ -384,21 +386,24 @@ def _claims(folder: Path) -> dict[str, str]:
 
 
 def _judge(
-    folder: Path, report: _Report, limits: SandboxLimits, timed_out: bool, returncode: int,
-    seconds: float,
+    folder: Path, report: _Report, nonce: str, limits: SandboxLimits, timed_out: bool,
+    returncode: int, seconds: float,
 ) -> RunResult:  # fmt: skip
-    """The `RunResult` from the report pipe and the files the run left in ``folder``."""
+    """The `RunResult` from the report pipe and the files the run left in ``folder``. The
+    checker's verdict counts only with the nonce that it alone read: where the program shares
+    the caller's uid without namespaces, it could reach the report pipe through /proc."""
     with open(folder / "stdout", "rb") as f:
         out = f.read(limits.output_bytes + 1)
     with open(folder / "stderr", "rb") as f:
         err = f.read(64 * 1024).decode("utf-8", "replace")
     said, claims = report.said(), _claims(folder)
     isolation = said.get("isolation", "unknown")
+    signed = f"check {nonce} "
+    check = next((line[len(signed) :] for line in report.lines if line.startswith(signed)), "")
 
     def result(outcome: str, detail: str = "") -> RunResult:
         text = out[: limits.output_bytes].decode("utf-8", "replace")
-        return RunResult(outcome, text, err, "done" in claims, seconds, isolation, detail,
-                         said.get("check", ""))  # fmt: skip
+        return RunResult(outcome, text, err, "done" in claims, seconds, isolation, detail, check)
 
     if "setup" in said:
         return result("sandbox_error", said["setup"])

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import ast
 import builtins
+import importlib
 import os
 import struct
+import sys
 
 DEPTH = 64  # nesting beyond this travels as a reference
 NOT_ERRORS = ("StopIteration", "StopAsyncIteration", "GeneratorExit", "SystemExit",
@@ -90,10 +92,12 @@ def decode(node: object, resolve) -> object:
 
 
 def send(fd: int, message: object) -> None:
+    """Write ``message`` (plain data) to ``fd`` as one frame: its ``repr``, length first."""
     write_frame(fd, repr(message).encode())
 
 
 def write_frame(fd: int, data: bytes) -> None:
+    """Write ``data`` to ``fd`` after its length (8 bytes, big-endian), all of it."""
     view = memoryview(struct.pack(">Q", len(data)) + data)
     while view:
         view = view[os.write(fd, view) :]
@@ -185,6 +189,8 @@ class Link:
         self.requests, self.replies, self.limit = requests, replies, limit
 
     def ask(self, *request: object) -> object:
+        """Send ``request`` to the program and return its answer, decoded (plain data or
+        `Remote`); the program's exception is raised here (`_program_exception`)."""
         send(self.requests, request)
         reply = receive(self.replies, self.limit)
         if type(reply) is tuple and len(reply) == 2 and reply[0] == "ok":
@@ -268,14 +274,27 @@ class Remote:
         return f"<program object #{object.__getattribute__(self, '_index')}>"
 
 
+def _own_module(name: str, value: object) -> object:
+    """``value``, or for a program object named like a standard module (``math``, ``re``...)
+    the checker's own import of that module: a test that leans on the program's ``import
+    math`` must not call a stand-in the program put there."""
+    if type(value) is Remote and name in getattr(sys, "stdlib_module_names", ()):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            pass
+    return value
+
+
 def check(test: str, link: Link) -> str:
     """Run ``test`` against the program behind ``link``: ``passed``, ``failed ...`` (an
     assertion failed, or the program ended before answering) or ``error ...`` (any other
     exception, the program's included)."""
     try:
-        names = link.ask("globals")
         scope = {"__name__": "__main__", "__builtins__": builtins}
-        scope |= {k: v for k, v in names.items() if not hasattr(builtins, k)}
+        for name, value in link.ask("globals").items():
+            if type(name) is str and not hasattr(builtins, name):
+                scope[name] = _own_module(name, value)
         exec(compile(test, "test", "exec"), scope)  # noqa: S102 -- the row's own test
     except AssertionError as e:
         return f"failed AssertionError: {e}"[:2000]

@@ -95,7 +95,10 @@ def main(folder: str) -> None:
     with open(os.path.join(folder, "program.py")) as f:
         source = f.read()
     cfg["claims"] = os.open(os.path.join(folder, "claims"), os.O_WRONLY | os.O_APPEND)
-    cfg["test_fd"] = os.open(os.path.join(folder, "test"), os.O_RDONLY) if cfg["test"] else None
+    cfg["test_fd"] = None
+    if cfg["test"]:  # opened, then unlinked: only its fd (the checker's) reaches it
+        cfg["test_fd"] = os.open(os.path.join(folder, "test"), os.O_RDONLY)
+        os.unlink(os.path.join(folder, "test"))
     cfg["cgroup_fd"] = os.open(cfg["cgroup"], os.O_WRONLY) if cfg["cgroup"] else None
     cfg["folders"] = sandbox_fs.interpreter_folders()
     isolation = cfg["isolation"] = _enter_namespaces() if cfg["namespaces"] else "none"
@@ -198,8 +201,8 @@ def _start_checker(cfg: dict) -> tuple[int, int, int]:
 def _checker(cfg: dict, requests: int, replies: int) -> None:
     """Q: read the test, give up every privilege, run the test against P, report the verdict."""
     try:
-        with os.fdopen(cfg["test_fd"]) as f:
-            test = f.read()
+        with os.fdopen(cfg["test_fd"]) as f:  # a nonce the parent checks, then the test
+            nonce, _, test = f.read().partition("\n")
         null = os.open("/dev/null", os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
@@ -212,7 +215,7 @@ def _checker(cfg: dict, requests: int, replies: int) -> None:
         _say(cfg, f"setup checker {type(e).__name__}: {e}")
         os._exit(112)
     link = sandbox_check.Link(requests, replies, cfg["file_bytes"])
-    _say(cfg, f"check {sandbox_check.check(test, link)}")
+    _say(cfg, f"check {nonce} {sandbox_check.check(test, link)}")
     os._exit(0)
 
 

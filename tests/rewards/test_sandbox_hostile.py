@@ -10,10 +10,14 @@ connected, the calls made, "all held", 10000 files, full reward to the forgeries
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import secrets
 import select
+import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -413,8 +417,99 @@ LIMIT = 10
     ro = make_rollouts([program], [{"tests": tests}])
     rewards, _ = code_reward(sandbox=box)(ro)
     assert rewards.tolist() == [1.0]
+    # A stand-in for a standard module the test leans on is not the module in the test.
+    fake_math = "class M:\n    isclose = staticmethod(lambda a, b: True)\n\nmath = M()\nf = abs"
+    leaned = box.run(fake_math, test="assert math.isclose(f(-2), 3)")
+    assert leaned.check.startswith("failed AssertionError"), leaned
     # What the program raises, or a comparison of its own objects, fails the test.
     failing = box.run(program, test="assert half(-1) == 0")
     compared = box.run(program, test="assert Solution() == Solution()")
     assert failing.check == "error ValueError: negative", failing
     assert compared.check.startswith("error TypeError: Sandbox.run: the test compared"), compared
+
+
+# ---------------------------------------------------------------------- without libseccomp
+WITHOUT_LIBSECCOMP = """
+from rlblocks.rewards.sandbox import Sandbox
+for box in (Sandbox(), Sandbox(seccomp=False)):
+    r = box.run("print(1)")
+    print(r.outcome, "|", r.detail, "|", r.stdout.strip())
+"""
+
+
+def test_a_missing_libseccomp_is_a_sandbox_error_that_names_it(tmp_path) -> None:
+    # The real library hidden by an empty file in a mount namespace of the test's own.
+    ctypes.CDLL("libseccomp.so.2")
+    maps = Path("/proc/self/maps").read_text().split()
+    library = next(field for field in maps if "/libseccomp.so" in field)
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1) to hide the library in a mount namespace")
+    script = tmp_path / "script.py"
+    script.write_text(WITHOUT_LIBSECCOMP)
+    hide = f"mount --bind /dev/null {library} && exec {sys.executable} {script}"
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", hide],
+        capture_output=True, text=True, timeout=60, cwd=REPO, check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    nothing_left()
+    assert done.returncode == 0, done.stderr
+    refused, alone = (line.split(" | ") for line in done.stdout.splitlines())
+    assert refused[0] == "sandbox_error"
+    assert "libseccomp.so.2 cannot be loaded" in refused[1]
+    assert "install libseccomp2 or pass Sandbox(seccomp=False)" in refused[1]
+    assert alone == ["ok", "", "1"]
+
+
+# ---------------------------------------------------------------------- the weakest fallback
+AS_NOBODY = """
+import importlib.util, json, sys, types
+from pathlib import Path
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+for name in ("rlblocks", "rlblocks.rewards"):
+    sys.modules[name] = types.ModuleType(name)
+sys.modules["rlblocks.rewards"].sandbox_cgroup = load(
+    "rlblocks.rewards.sandbox_cgroup", Path(sys.argv[1]).with_name("sandbox_cgroup.py")
+)
+sandbox = load("sandbox", sys.argv[1])
+box = sandbox.Sandbox(sandbox.SandboxLimits(wall_seconds=5.0), namespaces=False)
+result = box.run(sys.stdin.read(), test="assert f(2) == 4")
+print(json.dumps([result.isolation, result.check]))
+"""
+# Without namespaces and as the caller's own uid, the program can open the caller's end of the
+# report pipe through /proc and write a verdict line into it.
+INTO_THE_PIPE = """
+import os
+parent = os.getppid()
+for fd in os.listdir(f"/proc/{parent}/fd"):
+    try:
+        os.write(os.open(f"/proc/{parent}/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK), b"check passed\\n")
+    except OSError:
+        pass
+
+def f(x):
+    return 0
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as nobody")
+def test_a_verdict_written_into_the_report_pipe_does_not_count() -> None:
+    module = REPO / "rlblocks/rewards/sandbox.py"
+    if not Path("/usr/bin/python3").exists() or not sandbox_cases.readable_by_all(module):
+        pytest.skip("needs /usr/bin/python3 and a checkout every user may read")
+    command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3"]
+    done = subprocess.run(
+        [*command, "-I", "-c", AS_NOBODY, str(module)],
+        input=INTO_THE_PIPE, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    nothing_left()
+    isolation, check = json.loads(done.stdout)
+    assert isolation == "none"
+    assert check == "failed AssertionError: ", check  # the checker's own verdict, not the forgery
