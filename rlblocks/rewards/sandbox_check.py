@@ -191,7 +191,10 @@ class Link:
     def ask(self, *request: object) -> object:
         """Send ``request`` to the program and return its answer, decoded (plain data or
         `Remote`); the program's exception is raised here (`_program_exception`)."""
-        send(self.requests, request)
+        try:
+            send(self.requests, request)
+        except BrokenPipeError:  # the program's end is closed: it ended, or never served
+            raise ProgramGone("the program ended before its tests were done") from None
         reply = receive(self.replies, self.limit)
         if type(reply) is tuple and len(reply) == 2 and reply[0] == "ok":
             return decode(reply[1], lambda i: Remote(self, i))

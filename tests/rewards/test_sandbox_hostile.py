@@ -513,3 +513,13 @@ def test_a_verdict_written_into_the_report_pipe_does_not_count() -> None:
     isolation, check = json.loads(done.stdout)
     assert isolation == "none"
     assert check == "failed AssertionError: ", check  # the checker's own verdict, not the forgery
+
+
+def test_a_program_that_never_answers_fails_its_test(box) -> None:
+    # It closes its end of the checker's pipes (every fd past stderr) and lingers: the checker's
+    # first request meets a closed pipe, which is the program ending before its tests, not an
+    # error of the test (before, this depended on timing: 1 run in 30 said BrokenPipeError).
+    program = "import os, time\nos.closerange(3, 1024)\ntime.sleep(0.5)\n"
+    results = [box.run(program, test="assert f(2) == 4") for _ in range(3)]
+    nothing_left()
+    assert [r.check for r in results] == ["failed the program ended before its tests were done"] * 3
