@@ -126,3 +126,27 @@ def outside():
 def readable_by_all(path: Path) -> bool:
     """Every folder above ``path`` searchable, and ``path`` readable, by any user."""
     return all(p.stat().st_mode & 0o001 for p in path.parents) and path.stat().st_mode & 0o004
+
+
+# The start of a script that loads rlblocks/rewards/sandbox.py (its path in argv[1]) by path,
+# under an interpreter that cannot import rlblocks' dependencies (the system's, as nobody).
+LOAD_SANDBOX = """
+import importlib.util, json, sys, types
+from pathlib import Path
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+# sandbox.py and its sibling sandbox_cgroup.py need only the standard library; the package
+# around them (torch...) is not importable here, so it is stood in for by empty modules.
+for name in ("rlblocks", "rlblocks.rewards"):
+    sys.modules[name] = types.ModuleType(name)
+sys.modules["rlblocks.rewards"].sandbox_cgroup = load(
+    "rlblocks.rewards.sandbox_cgroup", Path(sys.argv[1]).with_name("sandbox_cgroup.py")
+)
+sandbox = load("sandbox", sys.argv[1])
+"""

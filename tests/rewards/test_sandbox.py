@@ -323,30 +323,15 @@ def test_runs_in_parallel_do_not_share_a_uid(box) -> None:
 
 
 # ---------------------------------------------------------------------- without root
-AS_NOBODY = """
-import importlib.util, json, sys, types
-from pathlib import Path
-
-def load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-# sandbox.py and its sibling sandbox_cgroup.py need only the standard library; the package
-# around them (torch...) is not importable here, so it is stood in for by empty modules.
-for name in ("rlblocks", "rlblocks.rewards"):
-    sys.modules[name] = types.ModuleType(name)
-sys.modules["rlblocks.rewards"].sandbox_cgroup = load(
-    "rlblocks.rewards.sandbox_cgroup", Path(sys.argv[1]).with_name("sandbox_cgroup.py")
-)
-sandbox = load("sandbox", sys.argv[1])
+AS_NOBODY = (
+    sandbox_cases.LOAD_SANDBOX
+    + """
 limits = sandbox.SandboxLimits(processes=16, wall_seconds=5.0)
 box = sandbox.Sandbox(limits, python=sys.executable)
 results = [box.run(program) for program in json.loads(sys.stdin.read())]
 print(json.dumps([[r.isolation, r.outcome, r.detail, r.stdout] for r in results]))
 """
+)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as nobody")
@@ -355,7 +340,9 @@ def test_without_root_user_namespaces_hold(outside) -> None:
     # python3 as uid 65534 (nobody), which cannot reach this interpreter or rlblocks' deps.
     # The folder must be searchable by nobody (0755 up to the root) for the module to load.
     python = "/usr/bin/python3"
-    if not Path(python).exists() or not sandbox_module_readable():
+    if not Path(python).exists() or not sandbox_cases.readable_by_all(
+        REPO / "rlblocks/rewards/sandbox.py"
+    ):
         pytest.skip("needs /usr/bin/python3 and a checkout every user may read")
     programs = [
         FORK_SLEEPERS,
@@ -376,11 +363,6 @@ def test_without_root_user_namespaces_hold(outside) -> None:
     assert net[:3] == ["user-namespaces", "error", "PermissionError"]  # the seccomp filter
     assert write[:2] == ["user-namespaces", "error"] and write[2] in CONTAINED
     assert not (outside / "written.txt").exists()
-
-
-def sandbox_module_readable() -> bool:
-    path = REPO / "rlblocks/rewards/sandbox.py"
-    return all(p.stat().st_mode & 0o001 for p in path.parents) and path.stat().st_mode & 0o004
 
 
 def test_identical_rows_run_once(make_rollouts, box) -> None:

@@ -462,27 +462,14 @@ def test_a_missing_libseccomp_is_a_sandbox_error_that_names_it(tmp_path) -> None
 
 
 # ---------------------------------------------------------------------- the weakest fallback
-AS_NOBODY = """
-import importlib.util, json, sys, types
-from pathlib import Path
-
-def load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-for name in ("rlblocks", "rlblocks.rewards"):
-    sys.modules[name] = types.ModuleType(name)
-sys.modules["rlblocks.rewards"].sandbox_cgroup = load(
-    "rlblocks.rewards.sandbox_cgroup", Path(sys.argv[1]).with_name("sandbox_cgroup.py")
-)
-sandbox = load("sandbox", sys.argv[1])
+AS_NOBODY = (
+    sandbox_cases.LOAD_SANDBOX
+    + """
 box = sandbox.Sandbox(sandbox.SandboxLimits(wall_seconds=5.0), namespaces=False)
 result = box.run(sys.stdin.read(), test="assert f(2) == 4")
 print(json.dumps([result.isolation, result.check]))
 """
+)
 # Without namespaces and as the caller's own uid, the program can open the caller's end of the
 # report pipe through /proc and write a verdict line into it.
 INTO_THE_PIPE = """
