@@ -123,7 +123,8 @@ class RunResult:
     stdout: str
     stderr: str
     finished: bool
-    """The program ran to its last line (no exit, no exception); assert-style tests need it."""
+    """The program ran to its last line (no exit, no exception), as its own process says: a
+    hostile program can claim it, so no reward is decided by it (assert tests use `check`)."""
     seconds: float
     isolation: str
     """"namespaces" (root), "user-namespaces" (not root), "none" (the audit-hook fallback)."""
