@@ -7,12 +7,16 @@ fresh runner process, namespaces, tmpfs, limits, uid), ``workers`` at a time:
 
 - **trivial**: ``print(1)``: the sandbox's own cost per run;
 - **test suite**: a small solution (``is_prime`` and a ``fib`` with a loop) followed by 12
-  ``assert`` lines, as the assert-style `code_reward` runs it.
+  ``assert`` lines, all in one program;
+- **checked suite**: the same solution as the program and the 12 asserts as its ``test``, run
+  in the checker process that asks the program for each value (``Sandbox.run(test=...)``), as
+  the assert-style `code_reward` runs it.
 - **floor**: ``python -I -c "print(1)"`` by `subprocess.run`, the same interpreter with no
   sandbox: what starting a process costs on this machine at that moment, so that the other
   rows can be read against it on a busy machine.
 
-Each run's outcome is checked (``ok`` and finished, else the benchmark fails: a fast sandbox
+Each run's outcome is checked (``ok`` and finished, and the checker's ``passed`` where there
+is a test; else the benchmark fails: a fast sandbox
 that fails its programs would measure nothing). A row reports the median programs/s over
 ``--repeats`` rounds (the order of the settings rotates between rounds, so a busy spell of a
 shared machine is spread over all of them), with the min and max, and the setup line says
@@ -29,6 +33,7 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from rlblocks.rewards import sandbox_cgroup
 from rlblocks.rewards.sandbox import Sandbox
 
 TRIVIAL = "print(1)\n"
@@ -62,15 +67,23 @@ assert sum(is_prime(k) for k in range(100)) == 25
 assert [fib(k) for k in range(6)] == [0, 1, 1, 2, 3, 5]
 assert fib(90) == 2880067194370816120
 """
-PROGRAMS = {"trivial": TRIVIAL, "test suite": SUITE}
+SOLUTION, ASSERTS = SUITE.split("\nassert ", 1)
+PROGRAMS = {  # name: (program, test run by the checker or None)
+    "trivial": (TRIVIAL, None),
+    "test suite": (SUITE, None),
+    "checked suite": (SOLUTION, "assert " + ASSERTS),
+}
 
 
-def rate(box: Sandbox, program: str, n: int) -> float:
-    """Programs per second over ``n`` runs of ``program``; every run must end ``ok``."""
+def rate(box: Sandbox, program: tuple[str, str | None], n: int) -> float:
+    """Programs per second over ``n`` runs of ``(program, test)``; every run must pass."""
+    source, test = program
     start = time.perf_counter()
-    results = box.run_many([(program, "")] * n)
+    with ThreadPoolExecutor(box.workers) as ex:
+        results = list(ex.map(lambda _: box.run(source, test=test), range(n)))
     seconds = time.perf_counter() - start
-    bad = [r for r in results if r.outcome != "ok" or not r.finished]
+    bad = [r for r in results if r.outcome != "ok" or not r.finished or
+           r.check != ("" if test is None else "passed")]  # fmt: skip
     if bad:
         raise RuntimeError(f"{len(bad)} of {n} runs failed; first: {bad[0]}")
     return n / seconds
@@ -97,10 +110,11 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, int], float]:
     args = parser.parse_args(argv)
     boxes = {w: Sandbox(workers=w) for w in args.workers}
     first = next(iter(boxes.values())).run(TRIVIAL)
+    memory = sandbox_cgroup.available()
     load = os.getloadavg()  # other jobs on a shared machine: said beside the numbers
     settings = [(name, w) for name in (*PROGRAMS, "floor") for w in args.workers]
     for box in boxes.values():
-        rate(box, TRIVIAL, 2 * max(args.workers))  # warm the page cache
+        rate(box, PROGRAMS["trivial"], 2 * max(args.workers))  # warm the page cache
     rates: dict[tuple[str, int], list[float]] = {s: [] for s in settings}
     for r in range(args.repeats):
         for name, w in settings[r % len(settings) :] + settings[: r % len(settings)]:
@@ -112,6 +126,7 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, int], float]:
         f"setup: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
         f"Linux {platform.release()}, programs run by {boxes[args.workers[0]].python}, "
         f"isolation {first.isolation}, uid drop {os.geteuid() == 0}, "
+        f"run memory by {f'cgroup v{memory}' if memory else 'pid 1 watch'}, "
         f"{args.programs} runs x {args.repeats} rounds per row, "
         f"load average before {load[0]:.1f}, after {os.getloadavg()[0]:.1f}"
     )

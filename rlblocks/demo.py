@@ -29,7 +29,8 @@ A run that was killed goes on where it stopped::
 
     python -m rlblocks.demo --out runs/demo --resume     # the same arguments plus --resume
 
-``--out`` of an existing run without ``--resume`` is refused: two runs' metrics never mix.
+``--out`` of an existing run without ``--resume`` is refused: two runs' metrics never mix; a
+run that stopped before its first checkpoint is started over.
 ``--report-to tensorboard wandb mlflow trackio`` also sends the metrics there
 (``rlblocks.tracking``).
 """
@@ -313,18 +314,21 @@ def _teacher_score(args, teacher, held_out, greedy, reward) -> None:
 
 
 def _check_out(out: Path, *, resume: bool) -> None:
-    """Refuse to mix two runs in ``out``: a new run needs an unused folder, --resume a
-    checkpoint to go on from."""
+    """Refuse to mix two runs in ``out``: a new run needs a folder without checkpoints,
+    --resume a checkpoint to go on from. A run that stopped before its first checkpoint is
+    started over (the run floor drops its records: `rlblocks.run.resume.start_over`)."""
     checkpoints = rb.checkpoint.Checkpointer(out / "checkpoints").latest()
     if checkpoints is None:  # a run killed during its SFT stage resumes from there
         checkpoints = rb.checkpoint.Checkpointer(out / "checkpoints-sft").latest()
-    used = checkpoints is not None or (out / "metrics.jsonl").exists()
-    if not resume and used:
+    if not resume and checkpoints is not None:
         raise SystemExit(
             f"{out} holds a run already: pass --resume to continue it, or choose another --out"
         )
     if resume and checkpoints is None:
-        raise SystemExit(f"--resume: {out / 'checkpoints'} holds no complete checkpoint")
+        raise SystemExit(
+            f"--resume: {out / 'checkpoints'} holds no complete checkpoint, nothing to resume; "
+            "run again without --resume to start over"
+        )
 
 
 def _placement(workers: int, gpu: bool) -> rb.placement.Local | rb.placement.Ray:

@@ -12,7 +12,9 @@ keyword arguments (``steps``, ``group_size``, DAPO's ``max_rounds`` ...) or one 
 `rlblocks.interfaces.SamplingParams`'s, ``engine`` `rlblocks.rollout.HFEngine`'s, and
 ``data``, ``advantage`` and ``loss`` are a ``name`` from a registry (or ``package.module:fn``)
 plus that function's keyword arguments, bound with ``functools.partial``. The resolved
-configuration is written to ``<out>/config.yaml``; a run relaunched from it is the same run.
+configuration is written to ``<out>/config.yaml`` when the run starts; a run relaunched from it
+is the same run. A resume with overrides (``--trainer.lr 1e-6 --resume``) trains with them from
+its first step and rewrites the file, which always states what is in effect (`main`).
 
 The library is jsonargparse (the parser of LightningCLI), chosen over OmegaConf and over plain
 PyYAML with hand-written checks because it builds the parser *from the dataclasses and function
@@ -46,6 +48,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 from rlblocks import recipes
 from rlblocks.advantage import ESTIMATORS
 from rlblocks.checkpoint import Checkpointer
+from rlblocks.checkpoint.lock import FolderInUseError
 from rlblocks.config_yaml import MODE, DuplicateKeyError, check_unique_keys
 from rlblocks.critic import CriticTrainer
 from rlblocks.data import PromptBatches, arithmetic_prompts, gsm8k, load_prompts
@@ -68,6 +71,7 @@ from rlblocks.rewards import REWARDS
 from rlblocks.rollout import HFEngine
 from rlblocks.run import RunOptions
 from rlblocks.run.state import LOOP_ARGUMENTS
+from rlblocks.runlog import write_atomic
 from rlblocks.tracking import Tracker
 from rlblocks.trainer import PolicyTrainer, TrainConfig
 
@@ -393,19 +397,69 @@ def dump(config: Namespace, p: ArgumentParser) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """``rlblocks-train CONFIG.yaml [--key.sub value ...] [--resume]``: parse, write
-    ``<out>/config.yaml``, run; returns the recipe's metrics, one dict per step."""
+    """``rlblocks-train CONFIG.yaml [--key.sub value ...] [--resume]``: parse, run, with
+    ``<out>/config.yaml`` written when the run starts; returns the recipe's metrics, one dict
+    per step.
+
+    The run holds ``<out>/checkpoints``' lock from the start (a second run on ``out`` fails at
+    once). ``out`` with a checkpoint of a step needs ``--resume``; ``--resume`` needs one. A run
+    that stopped before its first checkpoint is started over without ``--resume`` (its records
+    are dropped). ``config.yaml`` is written once the checkpoint is loaded and the resume
+    checks passed (`rlblocks.run.resume`): it states the settings in effect, the overrides of a
+    resume included, and a refused resume leaves the old file."""
     config, p, resume = parse(sys.argv[1:] if argv is None else argv)
     out = Path(config.out)
+    checkpoint = Checkpointer(out / "checkpoints", every=config.checkpoint_every, keep_last=1)
+    try:
+        with checkpoint.lock.holding():
+            _check_out(out, checkpoint, resume=resume)
+            fn, arguments = build(config)
+            saved = SavedConfig(out / "config.yaml", dump(config, p))
+            with Tracker(out, report_to=[*config.tracking, saved]) as tracker:
+                run = run_options(config, checkpoint=checkpoint, resume=resume, tracker=tracker)
+                return fn(**arguments, run=run)
+    except FolderInUseError as error:
+        raise SystemExit(str(error)) from error
+
+
+def _check_out(out: Path, checkpoint: Checkpointer, *, resume: bool) -> None:
+    """Refuse to mix two runs in ``out``, and a ``--resume`` with nothing to resume."""
+    latest = checkpoint.latest()
+    if not resume and latest:
+        raise SystemExit(
+            f"{out} holds a run already (checkpointed after step {latest}): pass --resume to "
+            "continue it, or another out"
+        )
+    if resume and latest is None:
+        raise SystemExit(
+            f"--resume: {checkpoint.root} holds no complete checkpoint, nothing to resume (a run "
+            "that stopped before its first checkpoint leaves none); run again without --resume "
+            "to start it over"
+        )
     if not resume and ((out / "config.yaml").exists() or (out / "metrics.jsonl").exists()):
-        raise SystemExit(f"{out} holds a run already: pass --resume to continue it, or another out")
-    fn, arguments = build(config)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(dump(config, p))
-    with Tracker(out, report_to=config.tracking) as tracker:
-        checkpoint = Checkpointer(out / "checkpoints", every=config.checkpoint_every, keep_last=1)
-        run = run_options(config, checkpoint=checkpoint, resume=resume, tracker=tracker)
-        return fn(**arguments, run=run)
+        print(f"{out} holds a run that stopped before its first checkpoint: starting it over")
+
+
+class SavedConfig:
+    """A tracking backend that writes the CLI's resolved ``config.yaml`` when the run starts:
+    after the tracker's own checks and the resume checks, so that the file always states the
+    configuration in effect."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path, self.text = path, text
+
+    def start(self, config: Mapping[str, Any], resume_step: int | None = None) -> None:
+        """Write the file (atomically: a crash leaves the old one or the new one)."""
+        write_atomic(self.path, self.text)
+
+    def log_metrics(self, step: int, scalars: Mapping[str, float]) -> None:
+        """Nothing: the metrics go to ``metrics.jsonl`` and the other backends."""
+
+    def log_samples(self, step: int, rows: Sequence[Any]) -> None:
+        """Nothing: the samples go to ``samples.jsonl`` and the other backends."""
+
+    def close(self) -> None:
+        """Nothing to flush."""
 
 
 def run_options(config: Namespace, **loop: Any) -> RunOptions:

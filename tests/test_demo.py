@@ -258,3 +258,35 @@ def test_demo_sft_targets_are_the_worked_answer_or_the_number():
     assert eval(expression) == int(answer)
     assert demo.sft_completion(row, "worked") == f"{expression} = {answer}"
     assert demo.sft_completion(row, "answer") == answer
+
+
+class FailsInSecondStep:
+    """The digits reward, raising on its third call: the held-out evaluation before training
+    and step 0 score, step 1 fails (before the first checkpoint, due every 5 steps)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, rollouts):
+        self.calls += 1
+        if self.calls == 3:
+            raise RuntimeError("the reward fails")
+        return DIGITS.reward(rollouts)
+
+
+def test_demo_run_that_failed_before_its_first_checkpoint_is_run_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLBLOCKS_CACHE", str(tmp_path / "cache"))
+    failing = demo.Task(difficulty=1, instruction="", reward=FailsInSecondStep())
+    monkeypatch.setitem(demo.TASKS, "failing", failing)
+    monkeypatch.setitem(demo.TASKS, "digits", DIGITS)
+    out = tmp_path / "run"
+    argv = ["--model", "tiny", "--eval-size", "4", "--group-size", "2", "--out", str(out)]
+    argv += ["--prompts-per-step", "2", "--max-new-tokens", "4", "--checkpoint-every", "5"]
+    with pytest.raises(RuntimeError, match="the reward fails"):
+        demo.main([*argv, "--steps", "3", "--task", "failing"])
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0]  # never checkpointed
+    with pytest.raises(SystemExit, match="holds no complete checkpoint, nothing to resume"):
+        demo.main([*argv, "--steps", "3", "--task", "digits", "--resume"])
+    summary = demo.main([*argv, "--steps", "3", "--task", "digits"])  # started over
+    assert summary["steps"] == 3
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]

@@ -24,10 +24,13 @@ def test_sandbox_benchmark_prints_its_table(capsys) -> None:
     spec.loader.exec_module(bench)
     rates = bench.main(["--programs", "2", "--repeats", "1", "--workers", "1", "2"])
     out = capsys.readouterr().out
-    names = [(p, w) for p in ("trivial", "test suite", "floor") for w in (1, 2)]
+    names = [(p, w) for p in ("trivial", "test suite", "checked suite", "floor") for w in (1, 2)]
     assert list(rates) == names and all(r > 0 for r in rates.values())
     assert "setup: " in out and "load average before" in out
     assert (
-        sum(line.startswith(("| trivial", "| test suite", "| floor")) for line in out.splitlines())
-        == 6
+        sum(
+            line.startswith(("| trivial", "| test suite", "| checked suite", "| floor"))
+            for line in out.splitlines()
+        )
+        == 8
     )

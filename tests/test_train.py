@@ -2,15 +2,18 @@
 metrics, step by step), overrides win over the file, bad keys are named with their file and
 line, and the saved ``config.yaml`` relaunches and resumes the same run."""
 
+import warnings
 from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from toy_tasks import digit_fraction
 
 import rlblocks as rb
 from rlblocks import train
+from rlblocks.runlog import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -47,6 +50,11 @@ loss:
 """
 
 DIGITS = rb.rewards.per_sample(digit_fraction, timeout=None)
+
+
+def failing_reward(rollouts):
+    """A reward that raises: the run fails in its first step."""
+    raise RuntimeError("the reward fails")
 
 
 def python_call() -> list[dict]:
@@ -109,6 +117,45 @@ def test_resume_from_the_saved_config_goes_on_like_the_whole_run(tmp_path, confi
         train.main([str(saved)])
     resumed = train.main([str(saved), "--steps", "2", "--resume"])
     assert measured(resumed)[-1] == measured(whole)[-1]
+
+
+def test_a_resume_with_a_lower_lr_trains_at_it_and_config_yaml_says_so(tmp_path, config_file):
+    out = tmp_path / "run"
+    train.main([str(config_file), "--out", str(out), "--steps", "1"])
+    saved = out / "config.yaml"
+    with pytest.warns(UserWarning, match=r"policy_config\.lr 0\.01 -> 0\.001"):
+        lowered = train.main([str(saved), "--steps", "2", "--resume", "--trainer.lr", "1e-3"])
+    assert [h["lr"] for h in lowered] == [1e-2, 1e-3]  # the asked lr from the resumed step on
+    assert yaml.safe_load(saved.read_text())["trainer"]["lr"] == 1e-3  # what is in effect
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = train.main([str(saved), "--steps", "3", "--resume"])  # from the rewritten file
+    assert [h["lr"] for h in again] == [1e-2, 1e-3, 1e-3]
+    assert not [w for w in caught if "changed settings" in str(w.message)]  # nothing changed
+
+
+def test_a_refused_resume_leaves_config_yaml_as_it_was(tmp_path, config_file):
+    out = tmp_path / "run"
+    train.main([str(config_file), "--out", str(out), "--steps", "1"])
+    before = (out / "config.yaml").read_text()
+    with pytest.raises(ValueError, match=r"saved prompts_per_step=2, this one has 4"):
+        train.main(
+            [str(out / "config.yaml"), "--steps", "2", "--resume", "--prompts_per_step", "4"]
+        )
+    assert (out / "config.yaml").read_text() == before
+
+
+def test_a_run_that_failed_in_its_first_step_is_run_again(tmp_path, config_file):
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="the reward fails"):
+        train.main([str(config_file), "--out", str(out), "--reward", "test_train:failing_reward"])
+    saved = out / "config.yaml"
+    assert "reward: test_train:failing_reward" in saved.read_text()  # the run had started
+    with pytest.raises(SystemExit, match=r"holds no complete checkpoint, nothing to resume.*run "):
+        train.main([str(saved), "--resume"])
+    history = train.main([str(saved), "--reward", "test_train:DIGITS"])  # fixed, run again
+    assert len(history) == 2 and [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1]
+    assert "reward: test_train:DIGITS" in saved.read_text()
 
 
 def test_command_line_overrides_the_file(config_file):

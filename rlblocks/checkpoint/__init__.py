@@ -5,7 +5,8 @@
                    run=rb.run.RunOptions(checkpoint=ckpt, resume="auto"))
 
 See `rlblocks.checkpoint.checkpointer` for what a checkpoint holds, `rlblocks.checkpoint.folders`
-for how it is written so that a kill or a full disk never leaves a half-written one selected.
+for how it is written so that a kill or a full disk never leaves a half-written one selected,
+`rlblocks.checkpoint.lock` for the lock that keeps one run per folder.
 """
 
 from rlblocks.checkpoint.checkpointer import (
@@ -15,11 +16,13 @@ from rlblocks.checkpoint.checkpointer import (
     Resume,
     warn_if_config_differs,
 )
+from rlblocks.checkpoint.lock import FolderInUseError
 from rlblocks.rng import rng_state, set_rng_state
 
 __all__ = [
     "CheckpointError",
     "Checkpointer",
+    "FolderInUseError",
     "Restored",
     "Resume",
     "rng_state",

@@ -48,11 +48,14 @@ from rlblocks.checkpoint.folders import (
     sweep,
     to_prune,
 )
+from rlblocks.checkpoint.lock import FolderLock, locked
 from rlblocks.interfaces import Checkpointable, Stateful
 from rlblocks.rng import rng_state, set_rng_state
 
 Resume = bool | Literal["auto"]
 FORMAT = 1
+LOCK = ".checkpointer.lock"
+IN_USE = "wait for that run to end (or stop it), or give this run another folder"
 
 
 class CheckpointError(RuntimeError):
@@ -96,6 +99,8 @@ class Checkpointer:
             )
         self.root = Path(folder)
         self.every, self.keep_last, self.keep_every = every, keep_last, keep_every
+        self.lock = FolderLock(self.root, LOCK, owner="Checkpointer", advice=IN_USE)
+        """Held by a run for its whole length, and by every `save` (`rlblocks.checkpoint.lock`)."""
 
     def __repr__(self) -> str:
         return f"Checkpointer({str(self.root)!r}, every={self.every}, keep_last={self.keep_last})"
@@ -116,10 +121,12 @@ class Checkpointer:
 
     def resume_step(self, resume: Resume) -> int | None:
         """The step to resume from, as ``resume`` asks: False refuses a folder that already
-        holds a checkpoint (two runs would mix), True needs one, ``"auto"`` takes the newest if
-        there is one. None means start from the beginning."""
+        holds a checkpoint of a step (two runs would mix), True needs one, ``"auto"`` takes the
+        newest if there is one. None means start from the beginning. A folder holding at most
+        the checkpoint of step 0 (a run that never checkpointed a step) starts over with False
+        (`rlblocks.run.resume.start_over`)."""
         latest = self.latest()
-        if resume is False and latest is not None:
+        if resume is False and latest:
             raise FileExistsError(
                 f"Checkpointer.resume_step: {self.root} already holds checkpoints of a run (the "
                 f"newest after step {latest}); pass run=rb.run.RunOptions(resume=True) (or "
@@ -128,16 +135,18 @@ class Checkpointer:
         if resume is True and latest is None:
             raise FileNotFoundError(
                 f"Checkpointer.resume_step: resume=True but {self.root} holds no complete "
-                'checkpoint; start without resume (or with resume="auto")'
+                "checkpoint: nothing to resume (a run that failed before its first checkpoint "
+                'leaves none); start the run over with resume=False (or resume="auto")'
             )
         if resume not in (True, False, "auto"):
             raise ValueError(
                 f"Checkpointer.resume_step: resume must be True, False or 'auto', got "
                 f"{resume!r}; pass one of them"
             )
-        return latest
+        return None if resume is False else latest
 
     # ------------------------------------------------------------------ saving
+    @locked
     def save(
         self,
         step: int,

@@ -40,7 +40,7 @@ from rlblocks.losses.value import value_loss
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.batches import scored_in_pieces, token_advantages
 from rlblocks.trainer.checkpoint import load_trainer, save_trainer
-from rlblocks.trainer.config import TrainConfig
+from rlblocks.trainer.config import TrainConfig, apply_config
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.update import assign, rebuild_optimizer, run_update, start_training
@@ -237,6 +237,7 @@ class CriticTrainer:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        apply_config(self.optimizer, self.scheduler, self.config)  # its own lr, schedule, ...
         for name, value in state["counters"].items():
             setattr(self, name, int(value))
 

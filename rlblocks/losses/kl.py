@@ -246,7 +246,10 @@ def kl_penalty_rewards(
 class FixedKLController:
     """A constant KL coefficient β, with the same interface as :class:`AdaptiveKLController`.
 
-    ``value`` is β; ``update`` does nothing. State: ``{"value": β}``.
+    ``value`` is β; ``update`` does nothing. A fixed β is configuration, not state: ``state_dict``
+    records it (``{"value": β}``), and ``load_state_dict`` keeps the β this controller was built
+    with, so that a run resumed with another ``kl_coef`` trains with the new one (an
+    :class:`AdaptiveKLController`'s β is state, and goes on from the saved one).
     """
 
     @moved_keywords(coef="kl_coef=")
@@ -258,12 +261,11 @@ class FixedKLController:
         return self.value
 
     def state_dict(self) -> dict[str, float]:
-        """The current coefficient, ``{"value": β}``, for checkpointing."""
+        """The coefficient, ``{"value": β}``, recorded in checkpoints."""
         return {"value": self.value}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
-        """Restore β from :meth:`state_dict`."""
-        self.value = float(state["value"])
+        """Nothing to restore: β is this controller's configuration (class docstring)."""
 
 
 class AdaptiveKLController:

@@ -7,8 +7,13 @@ Each row's ``metadata[tests_key]`` holds its tests, in one of two styles:
   stdin; the case passes when the program ends normally (exit 0) and its stdout equals
   ``output`` after dropping trailing spaces on every line and blank lines at both ends;
 - **assert**: ``"assert f(2) == 4"`` or a list of such snippets: the program runs once per
-  snippet with the snippet appended; it passes when the whole file runs to its last line (a
-  program that exits early, even with code 0, never reached the asserts and fails).
+  snippet, then the snippet runs in a checker process of the `Sandbox` that never holds a
+  program object (`sandbox_check`): it asks the program for ``f(2)`` and gets plain data
+  back, so ``==`` is the checker's own, an object whose ``__eq__`` always returns True fails
+  (comparing a program object raises ``TypeError``: ``error``), and the verdict comes on a
+  pipe the program does not hold. A program that ends before answering (``sys.exit(0)``)
+  fails. On a `RemoteSandbox` the snippet is appended to the program and passes when the
+  file runs to its last line: there, a program can forge that (see `remote_sandbox`).
 
 The reward of row i is the fraction of its tests that passed, or with ``all_or_nothing`` 1.0
 when all passed and 0.0 otherwise (its tests then stop at the first failure). Rows with the
@@ -128,7 +133,12 @@ def _run_test(
 ) -> tuple[str, RunResult]:
     """Run one test; its outcome is one of `TEST_OUTCOMES` or ``sandbox_error``."""
     code_or_input, expected = test
-    if expected is None:  # assert style: the snippet runs after the program, in one file
+    if expected is None and isinstance(box, Sandbox):  # assert style, checked apart
+        result = box.run(program, test=code_or_input)
+        if result.outcome == "ok":
+            verdict = result.check.partition(" ")[0] or "failed"  # no verdict: not passed
+            return verdict, result
+    elif expected is None:  # assert style on a service: the snippet after the program
         result = box.run(f"{program}\n\n{code_or_input}\n")
         if result.outcome in ("ok", "assertion"):
             return ("passed" if result.outcome == "ok" and result.finished else "failed"), result

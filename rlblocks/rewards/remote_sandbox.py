@@ -13,7 +13,10 @@ service does the isolation; what this class adds is the same `RunResult` as the 
   within ``wall_seconds + request_slack`` is ``sandbox_error``.
 - ``finished`` (assert-style tests need it) comes from a line the sandbox appends to the
   program: it writes a random nonce to stderr, so a program that exits early never writes it.
-  The nonce is in the program's own source, so a program that reads its file can find it.
+  The nonce is in the program's own source, so a program that reads its file can find it,
+  and the test's ``==`` runs on the program's objects (an always-equal object passes): unlike
+  the local `Sandbox`, whose checker process never holds a program object (`sandbox_check`),
+  a remote assert verdict can be forged. Stdin/stdout tests are compared here, by the caller.
 
 Only the standard library (``urllib``): no client package to install.
 """

@@ -5,7 +5,9 @@
 - `RolloutSource`: the one place that decides where each step's rollouts and π_old come from
   (sampled in the step, or one step ahead) and when the new weights reach the engine;
 - `run_steps` and `Clock`: the loop every recipe shares (`rlblocks.run.loop`);
-- `Drawn` and `run_config`: the run's state besides its blocks (`rlblocks.run.state`).
+- `Drawn` and `run_config`: the run's state besides its blocks (`rlblocks.run.state`);
+- what a resumed run may change (honoured, or refused with `ResumeRefused`), and how a run
+  that never checkpointed a step is run again (`rlblocks.run.resume`).
 
 Blocks never import this package, and it imports no recipe; checkpoints
 (`rlblocks.checkpoint`) and trackers (`rlblocks.tracking`) sit beside it. docs/run.md.
@@ -13,6 +15,7 @@ Blocks never import this package, and it imports no recipe; checkpoints
 
 from rlblocks.run.loop import KL_LOSS_METRICS, PHASES, Clock, OutOfData, Source, Step, run_steps
 from rlblocks.run.options import RunOptions, StepCallback, Tracker, recipe
+from rlblocks.run.resume import ResumeRefused
 from rlblocks.run.source import Batches, RolloutSource, samples_with_policy
 from rlblocks.run.state import Drawn, describe, run_config
 
@@ -23,6 +26,7 @@ __all__ = [
     "Clock",
     "Drawn",
     "OutOfData",
+    "ResumeRefused",
     "RolloutSource",
     "RunOptions",
     "Source",

@@ -60,10 +60,11 @@ from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
 
 from tqdm.auto import tqdm
 
-from rlblocks.checkpoint import Checkpointer, warn_if_config_differs
+from rlblocks.checkpoint import Checkpointer
 from rlblocks.interfaces import Rollouts
 from rlblocks.run.options import RunOptions
 from rlblocks.run.preflight import check_steps
+from rlblocks.run.resume import check_resumed, start_over
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -184,10 +185,15 @@ def run_steps(
     that saves every step) saves ``blocks`` (name -> block: the trainers, the KL controller,
     ...), the source (data position, a batch sampled ahead, the resharder), the random state,
     the history and ``config`` every ``checkpoint.every`` steps and when the run ends (after
-    the last step, an early stop, or when the data ran out). ``run.resume``: False refuses a
-    folder that already holds a checkpoint, True resumes from its newest, ``"auto"`` resumes if
-    there is one; a resumed source pushes the restored weights into its engine
-    (``source.resync()``). ``run.tracker``: started with ``config`` (and the step resumed from).
+    the last step, an early stop, or when the data ran out). The run holds the folder's lock
+    (`rlblocks.checkpoint.lock`) from start to end: a second run there fails at once.
+    ``run.resume``: False refuses a folder that already holds a checkpoint of a step, True
+    resumes from its newest, ``"auto"`` resumes if there is one; a resumed source pushes the
+    restored weights into its engine (``source.resync()``). What a resumed run may change is in
+    `rlblocks.run.resume`: honoured from the first resumed step on, or refused before it. A run
+    that starts at step 0 in a folder where a run never checkpointed a step starts it over
+    (`rlblocks.run.resume.start_over`). ``run.tracker``: started with ``config`` (and the step
+    resumed from; 0 for a run started over, so that the old run's records go).
     """
     check_steps(name, steps)  # before any folder is made or anything runs
     run = run or RunOptions()
@@ -196,16 +202,23 @@ def run_steps(
     )
     state = {**(blocks or {}), **source.blocks()}
     config = {**dict(config or {}), "run": run.describe()}
-    start, history = 0, []
-    resumed = saver is not None and saver.resume_step(run.resume) is not None
+    start, history, rerun = 0, [], False
+    acquired = False
     try:
+        if saver is not None:
+            saver.lock.acquire()  # one run per folder: a second one fails here, at once
+            acquired = True
+        resumed = saver is not None and saver.resume_step(run.resume) is not None
         if resumed:
             restored = saver.load(state)
-            warn_if_config_differs(restored.config, config)
             start, history = restored.step, list(restored.history)
+            check_resumed(restored.config, config, done=start, steps=steps, where=saver.root)
             source.resync()
+        elif saver is not None:  # from step 0: what a run that never checkpointed left goes
+            rerun = start_over(saver)
         if run.tracker is not None:
-            run.tracker.start(config, resume_step=start if resumed else None)
+            # a rerun drops the records of that run, as a resume from step 0 would
+            run.tracker.start(config, resume_step=start if resumed or rerun else None)
         bar = tqdm(total=steps, initial=start, desc=name, disable=not run.progress, unit="step")
         with bar:
             for index in range(start, steps):
@@ -232,6 +245,8 @@ def run_steps(
             saver.save(len(history), state, history=history, config=config)  # however it ended
     finally:
         source.close()
+        if acquired:
+            saver.lock.release()
     return history
 
 

@@ -8,8 +8,8 @@ from a fresh iterator as the saved run had drawn (exact for a list, or any sourc
 the same batches in the same order each time).
 
 `run_config` turns a recipe's arguments into JSON (numbers, strings, dataclasses as dicts,
-functions by qualified name), for the checkpoint (a resumed run warns when it changed) and the
-trackers (logged once).
+functions by qualified name), for the checkpoint (a resumed run names what changed,
+`rlblocks.run.resume`) and the trackers (logged once).
 """
 
 from __future__ import annotations
@@ -75,18 +75,22 @@ class Drawn:
 #: loop adds what of ``run`` changes the numbers, `RunOptions.describe`).
 LOOP_ARGUMENTS = frozenset({"run"})
 
+#: Arguments of a recipe that are trainers: their ``config`` is part of the run's.
+TRAINERS = ("policy", "critic")
+
 
 def run_config(recipe: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
     """``{"recipe": recipe, **arguments}`` as JSON values (`describe`), without the
-    `LOOP_ARGUMENTS`; the policy is described by its type and its ``config`` (`TrainConfig`).
+    `LOOP_ARGUMENTS`; the trainers (`TRAINERS`) are described by their type and, when they
+    have one, their ``config`` (`TrainConfig`), as ``policy_config`` and ``critic_config``.
     A recipe passes its ``locals()`` before anything else."""
     config: dict[str, Any] = {"recipe": recipe}
     for name, value in arguments.items():
         if name in LOOP_ARGUMENTS:
             continue
         config[name] = describe(value)
-        if name == "policy":  # its declared TrainConfig: lr, batch sizes, aggregation
-            config["policy_config"] = describe(value.config)
+        if name in TRAINERS and hasattr(value, "config"):  # its TrainConfig: lr, schedule, ...
+            config[f"{name}_config"] = describe(value.config)
     return config
 
 
@@ -113,4 +117,4 @@ def describe(value: Any) -> Any:
     return type(value).__name__
 
 
-__all__ = ["LOOP_ARGUMENTS", "Drawn", "describe", "run_config"]
+__all__ = ["LOOP_ARGUMENTS", "TRAINERS", "Drawn", "describe", "run_config"]

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlblocks.checkpoint.lock import FolderLock
 from rlblocks.extras import is_installed
 from rlblocks.runlog import RunLog
 from rlblocks.tracking.backend import TrackingBackend
@@ -41,6 +42,14 @@ BACKENDS: dict[str, tuple[Callable[..., TrackingBackend], str]] = {
 }
 
 ReportTo = str | TrackingBackend | Sequence[str | TrackingBackend]
+
+#: The lock file of a tracker's folder (`rlblocks.checkpoint.lock`), and what its message says.
+LOCK = ".tracker.lock"
+IN_USE = {
+    "owner": "Tracker.start",
+    "advice": "close the tracker that holds it (tracker.close(), or open trackers with "
+    "`with Tracker(...)`), or give this one another folder",
+}
 
 
 class Tracker:
@@ -77,6 +86,8 @@ class Tracker:
         self.samples = samples
         self.backends = resolve(report_to, self.folder, project=project, run_name=self.run_name)
         self.files = None if self.folder is None else JsonlFiles(self.folder)
+        self.lock = None if self.folder is None else FolderLock(self.folder, LOCK, **IN_USE)
+        """Held from `start` to `close`: one tracker writes into a folder at a time."""
         self.log_file = RunLog()
         self.started = False
         self.closed = False
@@ -91,14 +102,23 @@ class Tracker:
         backend. ``resume_step=k``: the run resumes from a checkpoint taken after ``k`` steps;
         records with step >= k are dropped from the JSONL files and each backend does what it
         supports (docs/tracking.md). Without it, a folder whose ``metrics.jsonl`` is not empty is
-        an error (FileExistsError naming the file): two runs' metrics never mix."""
+        an error (FileExistsError naming the file): two runs' metrics never mix. From here to
+        `close` the tracker holds its folder's lock: another tracker started on the folder
+        meanwhile fails at once (`rlblocks.checkpoint.lock.FolderInUseError`)."""
         if self.started:
             raise RuntimeError(
                 "Tracker.start: this Tracker has already started its run; start a Tracker once "
                 "(create a new one for another run)"
             )
         config = dict(config or {})
-        kept = [] if self.files is None else self.files.start(config, resume_step)
+        if self.lock is not None:
+            self.lock.acquire()  # a second tracker on the folder fails here, before writing
+        try:
+            kept = [] if self.files is None else self.files.start(config, resume_step)
+        except BaseException:
+            if self.lock is not None:
+                self.lock.release()
+            raise
         path = None if self.folder is None else self.folder / METRICS
         self.log_file = RunLog(path, records=kept)
         self.started = True
@@ -144,8 +164,12 @@ class Tracker:
         if self.closed:
             return
         self.closed = True
-        for backend in self.backends:
-            backend.close()
+        try:
+            for backend in self.backends:
+                backend.close()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
 
     def __enter__(self) -> Self:
         return self

@@ -36,6 +36,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from rlblocks.rng import rng_state, set_rng_state
+from rlblocks.trainer.config import apply_config
 from rlblocks.trainer.export import tied_names
 
 COUNTERS = ("steps", "optimizer_steps", "skipped_steps")
@@ -94,6 +95,7 @@ def load_trainer(
             set_model_state_dict(trainer.model, state["model"])
         set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"])
     trainer.scheduler.load_state_dict(meta["scheduler"])
+    apply_config(trainer.optimizer, trainer.scheduler, trainer.config)  # the asked lr, schedule
     for name, value in meta["counters"].items():
         setattr(trainer, name, int(value))
     rng = folder / f"rng-{trainer.dp.rank}.pt"

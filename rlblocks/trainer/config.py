@@ -7,6 +7,7 @@ keywords: ``PolicyTrainer(model, lr=1e-5, epochs=2)`` is
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -127,4 +128,35 @@ def optimizer_and_schedule(
             "to train (or attach a LoRA adapter)"
         )
     optimizer = adamw(trainable, config)
-    return optimizer, LambdaLR(optimizer, config.schedule or constant())
+    # A copy: LambdaLR.load_state_dict writes the saved schedule's fields into the object it
+    # holds, and config.schedule must stay what the user built (apply_config reads it).
+    return optimizer, LambdaLR(optimizer, copy.copy(config.schedule or constant()))
+
+
+def apply_config(
+    optimizer: torch.optim.Optimizer, scheduler: LambdaLR, config: TrainConfig
+) -> None:
+    """Put ``config`` back in effect on an optimizer and its schedule whose state was just
+    loaded (a resumed run): without it the saved ``lr``, ``betas``, ``eps``, ``weight_decay``
+    and ``schedule`` would win over the ones the trainer was built with, silently.
+
+    What is state stays: AdamW's moments and step counts, and k, the optimizer steps the
+    schedule has taken. What is configuration is the trainer's: every parameter group gets
+    ``config``'s betas, eps and weight decay, the schedule becomes ``config.schedule`` with
+    ``config.lr`` as its base, and the learning rate in effect is ``lr · schedule(k)``, as in a
+    run that had used them from the start. So a run resumed with another ``lr`` goes on where
+    its schedule was, with the new peak (after warmup: the new lr; in a cosine decay: the new
+    lr times the decay reached), and a new schedule is read at the same k.
+    """
+    schedule = config.schedule or constant()
+    done = scheduler.last_epoch  # the guard steps the schedule with every applied update
+    scheduler.lr_lambdas = [copy.copy(schedule) for _ in optimizer.param_groups]
+    scheduler.base_lrs = [config.lr for _ in optimizer.param_groups]
+    for group, base, factor in zip(
+        optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
+    ):
+        group["initial_lr"] = base
+        group["lr"] = base * factor(done)  # LambdaLR.get_lr's own expression
+        group["betas"], group["eps"] = tuple(config.betas), config.eps
+        group["weight_decay"] = config.weight_decay
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # get_last_lr()

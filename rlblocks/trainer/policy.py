@@ -60,7 +60,7 @@ from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.allocator import keep_freed_memory
 from rlblocks.trainer.batches import scored_in_pieces, token_advantages
 from rlblocks.trainer.checkpoint import load_trainer, load_weights, save_trainer, save_weights
-from rlblocks.trainer.config import TrainConfig
+from rlblocks.trainer.config import TrainConfig, apply_config
 from rlblocks.trainer.export import DEFAULT_COMMIT_MESSAGE, push_to_hub, save_pretrained
 from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
@@ -487,6 +487,7 @@ class PolicyTrainer:
             load_trainable_state(self.model, state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        apply_config(self.optimizer, self.scheduler, self.config)  # its own lr, schedule, ...
         for name, value in state["counters"].items():
             setattr(self, name, int(value))
         set_rng_state(state["rng"])

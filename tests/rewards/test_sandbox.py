@@ -1,13 +1,6 @@
 """The sandbox against hostile programs, for real: every case is contained, reported, and leaves
-no process and no file behind.
-
-Every test ends with the `no_leftovers` check: no process runs as one of this test process's
-sandbox uids, no descendant of the test process is alive (the test process is made a child
-subreaper, so an orphan would be re-parented to it rather than vanish from view), and no
-``rlblocks-sandbox-*`` folder is left in the test's own temporary root (`Sandbox.run` makes its
-folders with `tempfile.mkdtemp`, pointed there for the test, so that such folders made in /tmp
-by other processes on the machine are never counted). Most cases assert the first two at the
-very moment `Sandbox.run` returns, without waiting.
+no process and no file behind (`sandbox_cases.no_leftovers`, after every test; most cases
+also assert `nothing_left` at the very moment `Sandbox.run` returns, without waiting).
 
 The fork bomb runs only after `test_the_process_limit_binds` shows, with a bounded program,
 that the limit holds; these cases need root or user namespaces (Linux), and skip otherwise.
@@ -15,104 +8,29 @@ that the limit holds; these cases need root or user namespaces (Linux), and skip
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 import pytest
+import sandbox_cases
 import torch
-from proc_helpers import live_descendants
+from sandbox_cases import CONTAINED, FAST, REPO, nothing_left
 
 from rlblocks.rewards.code_tests import code_reward, extract_program
-from rlblocks.rewards.sandbox import SLOTS, UID_BASE, Sandbox, SandboxLimits
+from rlblocks.rewards.sandbox import Sandbox, SandboxLimits
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists("/proc/self/ns/net"), reason="Linux only: reads /proc, uses namespaces"
-)
-
-PR_SET_CHILD_SUBREAPER = 36
-FAST = SandboxLimits(cpu_seconds=2, wall_seconds=3.0, memory_bytes=256 << 20, processes=16)
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _proc_field(pid: str, name: str) -> str | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(name + ":"):
-                return line.split()[1]
-    except OSError:  # exited while we read
-        return None
-    return None
-
-
-def sandbox_processes() -> list[int]:
-    """Live processes whose real uid is one of this test process's sandbox uids."""
-    first = UID_BASE + (os.getpid() % 20_000) * SLOTS
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            uid = _proc_field(entry.name, "Uid")
-            state = _proc_field(entry.name, "State")
-            if uid and state and first <= int(uid) < first + SLOTS and state not in "ZX":
-                found.append(int(entry.name))
-    return found
-
-
-def sandbox_folders(root: Path) -> set[Path]:
-    return set(root.glob("rlblocks-sandbox-*"))
-
-
-_BASELINE: set[int] = set()  # our descendants before the test (e.g. a Ray started earlier)
-
-
-def nothing_left() -> None:
-    """Assert, now, that no sandboxed process and no new descendant of ours is alive."""
-    assert sandbox_processes() == []
-    assert live_descendants(os.getpid()) - _BASELINE == set()
-
-
-@pytest.fixture(autouse=True)
-def no_leftovers(monkeypatch):
-    # The test's own temporary root, in the system's (not pytest's tmp_path: its parent is 0700,
-    # and the sandbox uid must reach the folder it runs in without namespaces); searchable by
-    # all, listable by us only.
-    root = Path(tempfile.mkdtemp(prefix="rlblocks-test-tmp-"))
-    root.chmod(0o711)
-    monkeypatch.setattr(tempfile, "tempdir", str(root))
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    threads = set(threading.enumerate())
-    _BASELINE.clear()
-    _BASELINE.update(live_descendants(os.getpid()))
-    yield
-    try:
-        nothing_left()
-        assert sandbox_folders(root) == set(), "sandbox folders were left behind"
-        assert set(threading.enumerate()) <= threads, "threads outlived the test"
-    finally:
-        while True:  # orphans re-parented to us (zombies by now): reap them
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def box() -> Sandbox:
-    box = Sandbox(FAST, workers=2)
-    if box.run("print(1)").isolation == "none":
-        pytest.skip("no namespaces here: the hostile suite needs them (see the fallback tests)")
-    return box
-
+# The guard and the shared fixtures, found by pytest among this module's names.
+no_leftovers, box, outside = sandbox_cases.no_leftovers, sandbox_cases.box, sandbox_cases.outside
+pytestmark = [
+    pytest.mark.skipif(
+        not os.path.exists("/proc/self/ns/net"), reason="Linux only: reads /proc, uses namespaces"
+    ),
+    pytest.mark.usefixtures("no_leftovers"),
+]
 
 # ---------------------------------------------------------------------- the limits bind
 # Forks children that sleep, until fork fails or 40 are made, then prints how many it made
@@ -205,22 +123,6 @@ print("parent done")
     assert (result.outcome, result.stdout.strip()) == ("ok", "parent done")
 
 
-CONTAINED = ("PermissionError", "FileNotFoundError")  # refused, or not visible in the sandbox
-
-
-@pytest.fixture
-def outside():
-    """A folder outside the sandbox, owned by us, like a home or a project folder (0755)."""
-    folder = Path(tempfile.mkdtemp(prefix="outside-", dir=REPO))
-    folder.chmod(0o755)
-    try:
-        yield folder
-    finally:
-        for f in folder.iterdir():
-            f.unlink()
-        folder.rmdir()
-
-
 def test_writing_outside_the_sandbox_folder(box, outside, tmp_path) -> None:
     target = outside / "written.txt"
     result = box.run(f"open({str(target)!r}, 'w').write('pwned')")
@@ -302,11 +204,17 @@ socket.create_connection(("1.1.1.1", 53), timeout=2)
 def test_opening_a_network_connection(box, listener) -> None:
     port, accepted = listener
     result = box.run(NETWORK.format(port=port))
+    # Without the seccomp filter, the network namespace alone: its loopback is down and is
+    # not the host's, so both connections fail at once.
+    alone = Sandbox(FAST, seccomp=False).run(NETWORK.format(port=port))
     nothing_left()
-    # The namespace's loopback is down and is not the host's: both connections fail at once.
-    assert result.stdout.strip() == "OSError"  # ENETUNREACH, not ECONNREFUSED: no route at all
-    assert (result.outcome, result.detail) == ("error", "OSError")
-    assert "Network is unreachable" in result.stderr
+    # The seccomp filter refuses the IP socket itself (EPERM), before any route is looked up.
+    assert result.stdout.strip() == "PermissionError"
+    assert (result.outcome, result.detail) == ("error", "PermissionError")
+    assert "Operation not permitted" in result.stderr
+    assert alone.stdout.strip() == "OSError"  # ENETUNREACH, not ECONNREFUSED: no route at all
+    assert (alone.outcome, alone.detail) == ("error", "OSError")
+    assert "Network is unreachable" in alone.stderr
     assert accepted == []
 
 
@@ -415,17 +323,15 @@ def test_runs_in_parallel_do_not_share_a_uid(box) -> None:
 
 
 # ---------------------------------------------------------------------- without root
-AS_NOBODY = """
-import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
-sandbox = importlib.util.module_from_spec(spec)
-sys.modules["sandbox"] = sandbox  # dataclasses look their module up
-spec.loader.exec_module(sandbox)
+AS_NOBODY = (
+    sandbox_cases.LOAD_SANDBOX
+    + """
 limits = sandbox.SandboxLimits(processes=16, wall_seconds=5.0)
 box = sandbox.Sandbox(limits, python=sys.executable)
 results = [box.run(program) for program in json.loads(sys.stdin.read())]
 print(json.dumps([[r.isolation, r.outcome, r.detail, r.stdout] for r in results]))
 """
+)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as nobody")
@@ -434,7 +340,9 @@ def test_without_root_user_namespaces_hold(outside) -> None:
     # python3 as uid 65534 (nobody), which cannot reach this interpreter or rlblocks' deps.
     # The folder must be searchable by nobody (0755 up to the root) for the module to load.
     python = "/usr/bin/python3"
-    if not Path(python).exists() or not sandbox_module_readable():
+    if not Path(python).exists() or not sandbox_cases.readable_by_all(
+        REPO / "rlblocks/rewards/sandbox.py"
+    ):
         pytest.skip("needs /usr/bin/python3 and a checkout every user may read")
     programs = [
         FORK_SLEEPERS,
@@ -452,14 +360,9 @@ def test_without_root_user_namespaces_hold(outside) -> None:
         pytest.skip("this system refuses unprivileged user namespaces")
     # 15 forks (processes=16 binds inside the user namespace), as uid 0 there.
     assert fork[:3] == ["user-namespaces", "ok", ""] and fork[3].split()[:2] == ["15", "0"]
-    assert net[:3] == ["user-namespaces", "error", "OSError"]
+    assert net[:3] == ["user-namespaces", "error", "PermissionError"]  # the seccomp filter
     assert write[:2] == ["user-namespaces", "error"] and write[2] in CONTAINED
     assert not (outside / "written.txt").exists()
-
-
-def sandbox_module_readable() -> bool:
-    path = REPO / "rlblocks/rewards/sandbox.py"
-    return all(p.stat().st_mode & 0o001 for p in path.parents) and path.stat().st_mode & 0o004
 
 
 def test_identical_rows_run_once(make_rollouts, box) -> None:

@@ -49,6 +49,7 @@ def test_resume_drops_the_steps_after_the_checkpoint_and_keeps_the_rest(tmp_path
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [0, 0, 2, 2, 4, 4]  # step 2's old rows are gone
     assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".tracker.lock",  # one tracker per folder (rlblocks.checkpoint.lock): it stays
         "config.json",
         "metrics.jsonl",
         "samples.jsonl",
