@@ -16,3 +16,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 
 torch.set_num_threads(1)
+
+# Hypothesis keeps nothing in the working directory: by default it writes .hypothesis/ there
+# (an example database it replays, a constants cache), so a run would depend on an earlier one's
+# leftovers. Its home is a folder of this session's own, removed at exit; failures worth keeping
+# are pinned with @example in the test.
+import atexit
+import shutil
+import tempfile
+
+from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
+
+_HYPOTHESIS_HOME = tempfile.mkdtemp(prefix="rlblocks-hypothesis-")
+atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, ignore_errors=True)
+set_hypothesis_home_dir(_HYPOTHESIS_HOME)
+settings.register_profile("rlblocks", database=None)
+settings.load_profile("rlblocks")

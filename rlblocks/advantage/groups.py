@@ -3,7 +3,9 @@
 Ids need not be contiguous, sorted or start at 0: ``torch.unique(return_inverse=True)`` maps
 them to ``0..n_groups-1`` and the reductions are ``index_add`` / ``scatter_reduce`` over that
 index. Every function returns the group statistic *broadcast back to the rows*, a ``(b)``
-tensor, because that is what the estimators consume.
+tensor, because that is what the estimators consume. They work in float32, or in float64 when
+given float64 values (`_floating`): an estimator whose statistics may overflow float32 (squares
+of rewards past ~1.8e19) passes float64.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ def warn_if_no_group(group_ids: Tensor, *, estimator: str) -> None:
         )  # fmt: skip
 
 
+def _floating(values: Tensor) -> Tensor:
+    """``values`` as float64 if they are, else float32: the dtype the statistics are taken in."""
+    return values if values.dtype == torch.float64 else values.float()
+
+
 def group_size(group_ids: Tensor) -> Tensor:
     """Number of rows in each row's group, ``(b)`` int64."""
     index, n = group_index(group_ids)
@@ -51,10 +58,10 @@ def group_size(group_ids: Tensor) -> Tensor:
 
 
 def group_sum(values: Tensor, group_ids: Tensor) -> Tensor:
-    """Σ of ``values`` ``(b)`` over each row's group, ``(b)`` float32."""
+    """Σ of ``values`` ``(b)`` over each row's group, ``(b)`` float32 (float64 for float64)."""
     index, n = group_index(group_ids)
-    values = values.float()
-    sums = torch.zeros(n, dtype=torch.float32, device=values.device)
+    values = _floating(values)
+    sums = torch.zeros(n, dtype=values.dtype, device=values.device)
     sums.index_add_(0, index, values)
     return sums[index]
 
@@ -69,12 +76,12 @@ def group_mean(values: Tensor, group_ids: Tensor, *, weights: Tensor | None = No
     of equal values then has exactly that value as its mean (a plain float32 Σx / n of equal
     values can miss it by an ulp, which a division by a tiny std would blow up).
     """
-    values = values.float()
+    values = _floating(values)
     anchor = group_max(values, group_ids)
     offsets = values - anchor
     plain = group_sum(offsets, group_ids) / group_size(group_ids)
     if weights is not None:
-        weights = weights.float()
+        weights = weights.to(values.dtype)
         total = group_sum(weights, group_ids)
         weighted = group_sum(weights * offsets, group_ids) / torch.where(total == 0, 1.0, total)
         plain = torch.where(total == 0, plain, weighted)
@@ -87,7 +94,7 @@ def group_std(values: Tensor, group_ids: Tensor, *, unbiased: bool = True) -> Te
     ``unbiased`` divides by n - 1 (Bessel, like ``torch.std``); a group of one has std 0.
     Two passes (mean first, then squared deviations) for accuracy.
     """
-    values = values.float()
+    values = _floating(values)
     size = group_size(group_ids)
     sq = group_sum((values - group_mean(values, group_ids)) ** 2, group_ids)
     denom = (size - 1 if unbiased else size).clamp(min=1)
@@ -106,7 +113,7 @@ def group_min(values: Tensor, group_ids: Tensor) -> Tensor:
 
 def _group_reduce(values: Tensor, group_ids: Tensor, reduce: str) -> Tensor:
     index, n = group_index(group_ids)
-    values = values.float()
-    out = torch.zeros(n, dtype=torch.float32, device=values.device)
+    values = _floating(values)
+    out = torch.zeros(n, dtype=values.dtype, device=values.device)
     out = out.scatter_reduce(0, index, values, reduce=reduce, include_self=False)
     return out[index]

@@ -43,9 +43,10 @@ def grpo(
         undiscounted reward-to-go (the outcome reward on every valid token for ``(b)`` rewards).
         Both zero where ``mask`` is False, detached (computed under ``no_grad``).
     """
-    scores = group_scores(rewards, mask, group_ids, estimator="rb.advantage.grpo")
+    # float64: a float32 reward near 3.4e38 overflows the centring and the squares of the std
+    scores = group_scores(rewards, mask, group_ids, estimator="rb.advantage.grpo").double()
     centered = scores - group_mean(scores, group_ids)
     if scale_by_std:
         centered = centered / (group_std(scores, group_ids) + eps)
     centered = torch.where(group_size(group_ids) > 1, centered, 0.0)
-    return outcome_advantages(centered, rewards, mask)
+    return outcome_advantages(centered.float(), rewards, mask)

@@ -123,7 +123,8 @@ class Checked:
             rewards = torch.where(bad, torch.full_like(rewards, self.fallback), rewards)
         mean = metrics.get("reward/mean")
         if not isinstance(mean, numbers.Real) or not math.isfinite(mean):
-            metrics["reward/mean"] = float(rewards.mean()) if len(rewards) else float("nan")
+            # in float64: finite float32 scores near 3.4e38 sum past float32's range
+            metrics["reward/mean"] = float(rewards.double().mean()) if len(rewards) else math.nan
         self._count(len(rollouts), metrics, notes)
         return RewardOutput(rewards, metrics)
 

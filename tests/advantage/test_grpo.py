@@ -100,3 +100,19 @@ def test_pure_and_detached():
     assert not out.advantages.requires_grad
     assert_close(rewards.detach(), REWARDS)
     assert out.advantages.dtype == torch.float32
+
+
+def test_rewards_at_the_float32_limits_give_the_float64_advantage():
+    # Rewards near float32's largest value (3.4e38): the group's squared deviations overflow a
+    # float32 sum, so a float32 std is inf (or the centred reward itself is). Hand-worked for
+    # the pair (r, -r): mean 0, unbiased std = r·√2, A = ±r / (r·√2) = ±1/√2, whatever r is.
+    r = 1.13e38
+    rewards = torch.tensor([r, -r, 3e38, 3e38, -3e38, 0.5])
+    ids = torch.tensor([0, 0, 1, 1, 1, 1])
+    advantages = grpo(rewards, torch.ones(6, 1, dtype=torch.bool), ids).advantages[:, 0]
+    assert torch.isfinite(advantages).all(), advantages
+    assert_close(advantages[:2], torch.tensor([1, -1]) / math.sqrt(2))
+    group = [3e38, 3e38, -3e38, 0.5]  # the slow reference, in Python's float64
+    mean, std = statistics.fmean(group), statistics.stdev(group)
+    expected = torch.tensor([(x - mean) / (std + EPS) for x in group], dtype=torch.float32)
+    assert_close(advantages[2:], expected)
