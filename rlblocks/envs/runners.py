@@ -1,0 +1,281 @@
+"""Where a tool call runs: `ProcessRunner` (the default: a worker process a time limit kills) or
+`ThreadRunner` (a thread of this process, which nothing can stop).
+
+Both do the same with a call (`rlblocks.envs.tool_worker.run`: the value as text, cut to a
+size, never raising) and answer ``(text, ok)``; they differ in what a call past its time limit
+leaves behind.
+
+**`ProcessRunner`.** One worker process per runner (so per `ToolEnv`), started on the first
+call by `subprocess.Popen` as a fresh interpreter in its own session, and kept for the calls
+after it; calls run one at a time. A call past its limit gets SIGKILL for the worker's whole
+process group (the tool and any program it started), is answered ``"Error: ... did not
+finish"``, and the next call starts a fresh worker. When a call's answer comes back, its
+process is gone: nothing of a timed-out call outlives it. A worker that dies (a segfault,
+``os._exit``) fails its call, not the caller. Design choices, the same as
+`rlblocks.rewards.ProcessPool`'s and for the same reasons: no ``fork`` of the training process
+(torch, CUDA and Ray state), no ``spawn`` (it re-runs an unguarded ``__main__``); tools travel
+by cloudpickle (a notebook's functions and closures by value, a module's by reference: the
+worker then imports that module, once, with this process's ``sys.path``).
+
+The cost: one process; its start and each tool's first load (imports included, at most
+``LOAD_LIMIT`` s, not counted in the call's limit); per call, a round trip over a socket
+(~0.1 ms plus pickling the arguments and the text). `rlblocks.envs.calculator` imports only
+the standard library and travels by value, so its worker never imports torch.
+
+**`ThreadRunner`.** A call runs in a daemon thread of this process and is waited for at most
+its limit. A thread cannot be stopped: a call past its limit goes on until the function
+returns, and a spinning one keeps a core busy for as long. So that such threads cannot pile
+up, a tool whose earlier call still runs is answered with an error instead of a new thread:
+at most one per tool. Use it for tools that must run in this process (they hold what cannot
+be pickled) and whose time is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from multiprocessing.connection import Connection
+from pathlib import Path
+from socket import socketpair
+from typing import Any, Protocol
+
+import rlblocks.envs.calculator as calculator_module
+from rlblocks.envs.tool_worker import describe, run, shown
+
+LOAD_LIMIT = 120.0  # seconds a worker may take to load a tool (its imports included)
+WORKER_SCRIPT = Path(__file__).with_name("tool_worker.py")
+# Run the worker file without importing the rlblocks package (whose __init__ imports torch).
+BOOTSTRAP = "import runpy, sys; del sys.argv[0]; runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
+class ToolRunner(Protocol):
+    """Where `ToolEnv` runs its calls."""
+
+    def prepare(self, fn: Callable[..., Any]) -> None:
+        """Check, when the environment is built, that ``fn`` can run here; raise if not."""
+        ...
+
+    def call(
+        self, fn: Callable[..., Any], arguments: Mapping[str, Any], *, timeout: float, limit: int
+    ) -> tuple[str, bool]:
+        """``(text, ok)`` of ``fn(**arguments)``, its text at most ``limit`` characters (plus
+        the cut marker), within ``timeout`` seconds. Never raises for what the tool does."""
+        ...
+
+    def close(self) -> None:
+        """Stop whatever the runner started."""
+        ...
+
+
+class ProcessRunner:
+    """Runs each tool call in a worker process that a call past its time limit kills (module
+    docstring). Pickles as a fresh runner (a `ToolEnv` sent to a Ray worker starts its own)."""
+
+    def __init__(self) -> None:
+        self._slot: list[_Worker] = []  # the live worker, if any; the finalizer empties it
+        self._tools: dict[int, tuple[Callable[..., Any], bytes]] = {}  # id(fn) -> (fn, pickled)
+        self._lock = threading.Lock()  # one call at a time
+        self._finalizer = weakref.finalize(self, _kill_all, self._slot)
+
+    def prepare(self, fn: Callable[..., Any]) -> None:
+        """Pickle ``fn`` now: a tool that cannot travel to the worker is refused when the
+        environment is built, not at its first call."""
+        self._pickled(fn)
+
+    def call(
+        self, fn: Callable[..., Any], arguments: Mapping[str, Any], *, timeout: float, limit: int
+    ) -> tuple[str, bool]:
+        """``(text, ok)`` of one call, run in the worker (`ToolRunner.call`)."""
+        name = tool_name(fn)
+        try:
+            message = pickle.dumps(("call", id(fn), dict(arguments), limit))
+        except Exception as error:  # noqa: BLE001 - arguments a custom parser made
+            text = f"Error: the arguments cannot be sent to {name}: {describe(error)}"
+            return shown(text, limit), False
+        fn_bytes = self._pickled(fn)
+        with self._lock:
+            worker = self._worker()
+            if id(fn) not in worker.loaded:
+                self._load(worker, name, id(fn), fn_bytes)
+            reply = worker.ask(message, timeout)
+            if reply is None:  # past its limit: the worker and all it started are killed
+                self._retire(worker)
+                return f"Error: {name} did not finish within {timeout:g} s; it was stopped", False
+            if reply[0] == "failed":
+                self._retire(worker)
+                return f"Error: {name} {reply[1]}", False
+            return reply[1], reply[2]
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id (also its process group's), None before the first call."""
+        return self._slot[0].proc.pid if self._slot else None
+
+    def close(self) -> None:
+        """Kill the worker with its process group; a later call starts a new one."""
+        _kill_all(self._slot)
+
+    def __reduce__(self) -> tuple:
+        return (ProcessRunner, ())
+
+    def __repr__(self) -> str:
+        return f"ProcessRunner(pid={self.pid})"
+
+    def _pickled(self, fn: Callable[..., Any]) -> bytes:
+        import cloudpickle  # here: only a process runner needs it
+
+        # The calculator imports only the standard library: by value, its worker skips
+        # importing rlblocks (and torch, transformers: 6 s and 340 MB).
+        cloudpickle.register_pickle_by_value(calculator_module)
+        if id(fn) not in self._tools:
+            try:
+                self._tools[id(fn)] = (fn, cloudpickle.dumps(fn))
+            except Exception as error:
+                name = tool_name(fn)
+                raise ValueError(
+                    f"ProcessRunner: cannot pickle the tool {name!r} for its worker process "
+                    f"({describe(error)}); define it at module level or in the notebook and make "
+                    "what it captures picklable, or pass runner=rb.envs.ThreadRunner() to run it "
+                    "in this process"
+                ) from error
+        return self._tools[id(fn)][1]
+
+    def _worker(self) -> _Worker:
+        if self._slot and self._slot[0].proc.poll() is not None:  # died while idle
+            self._retire(self._slot[0])
+        if not self._slot:
+            self._slot.append(_Worker())
+        return self._slot[0]
+
+    def _load(self, worker: _Worker, name: str, key: int, fn_bytes: bytes) -> None:
+        reply = worker.ask(("load", key, fn_bytes, list(sys.path)), LOAD_LIMIT)
+        if reply is None or reply[0] != "loaded":
+            self._retire(worker)
+            why = f"took over {LOAD_LIMIT:g} s" if reply is None else reply[1]
+            raise RuntimeError(
+                f"ProcessRunner: the worker process cannot load the tool {name!r} ({why}); "
+                "define it where a fresh Python can import it (the worker gets this process's "
+                "sys.path), or pass runner=rb.envs.ThreadRunner() to run it in this process"
+            )
+        worker.loaded.add(key)
+
+    def _retire(self, worker: _Worker) -> None:
+        worker.kill()
+        self._slot.remove(worker)
+
+
+class _Worker:
+    """One worker process and the runner's end of its socket."""
+
+    def __init__(self) -> None:
+        ours, theirs = socketpair()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", "-c", BOOTSTRAP, str(WORKER_SCRIPT), str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: killpg reaches its children too
+        )
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        self.loaded: set[int] = set()  # keys of the tools it has unpickled
+
+    def ask(self, message: Any, timeout: float) -> tuple | None:
+        """Send ``message`` (a tuple, or its pickle) and wait at most ``timeout`` s for the
+        reply: the reply, ``("failed", what happened)`` if the worker ended or its reply is not
+        the worker's JSON (it is then killed), None if time ran out."""
+        deadline = time.monotonic() + timeout
+        try:
+            self.conn.send_bytes(message if isinstance(message, bytes) else pickle.dumps(message))
+            if not self.conn.poll(max(deadline - time.monotonic(), 0.0)):
+                return None
+            reply = self.conn.recv_bytes()
+        except (EOFError, OSError):
+            return ("failed", f"ended its worker process ({_death_note(self.kill())})")
+        try:
+            return tuple(json.loads(reply))
+        except ValueError:  # the tool wrote on the socket itself
+            self.kill()
+            return ("failed", "wrote on its worker's socket; the worker was stopped")
+
+    def kill(self) -> int:
+        """SIGKILL the worker's whole process group, reap the worker, return its exit status
+        (once: a reaped worker's id may belong to another process by now)."""
+        if self.proc.returncode is not None:
+            return self.proc.returncode
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # the group is already empty
+            pass
+        code = self.proc.wait()
+        self.conn.close()
+        return code
+
+
+def _death_note(code: int) -> str:
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _kill_all(workers: list[_Worker]) -> None:
+    while workers:
+        workers.pop().kill()
+
+
+class ThreadRunner:
+    """Runs each tool call in a daemon thread of this process (module docstring): a call past
+    its limit cannot be stopped, and at most one such call per tool is left running."""
+
+    def __init__(self) -> None:
+        self._late: dict[int, tuple[Callable[..., Any], threading.Thread]] = {}
+
+    def prepare(self, fn: Callable[..., Any]) -> None:
+        """Nothing to check: the tool runs in this process."""
+
+    def call(
+        self, fn: Callable[..., Any], arguments: Mapping[str, Any], *, timeout: float, limit: int
+    ) -> tuple[str, bool]:
+        """``(text, ok)`` of one call, run in a thread (`ToolRunner.call`)."""
+        name = tool_name(fn)
+        late = self._late.get(id(fn))
+        if late is not None and late[1].is_alive():
+            text = f"Error: {name} is still running an earlier call that passed its time limit"
+            return f"{text}; it was not called again", False
+        box: dict[str, tuple[str, bool]] = {}
+        worker = threading.Thread(
+            target=lambda: box.update(answer=run(fn, arguments, limit)),
+            daemon=True,
+            name=f"tool-{name}",
+        )
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            self._late[id(fn)] = (fn, worker)
+            return f"Error: {name} did not finish within {timeout:g} s", False
+        return box["answer"]
+
+    def running(self) -> list[threading.Thread]:
+        """The threads of calls that passed their limit and still run."""
+        return [thread for _, thread in self._late.values() if thread.is_alive()]
+
+    def close(self) -> None:
+        """Nothing to stop (threads cannot be)."""
+
+    def __reduce__(self) -> tuple:
+        return (ThreadRunner, ())
+
+
+def tool_name(fn: Callable[..., Any]) -> str:
+    """A tool's name: its function's ``__name__`` (the name in its schema)."""
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+__all__ = ["LOAD_LIMIT", "ProcessRunner", "ThreadRunner", "ToolRunner"]
