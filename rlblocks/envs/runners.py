@@ -103,9 +103,14 @@ class ProcessRunner:
         fn_bytes = self._pickled(fn)
         with self._lock:
             worker = self._worker()
-            if id(fn) not in worker.loaded:
-                self._load(worker, name, id(fn), fn_bytes)
-            reply = worker.ask(message, timeout)
+            try:
+                if id(fn) not in worker.loaded:
+                    self._load(worker, name, id(fn), fn_bytes)
+                reply = worker.ask(message, timeout)
+            except BaseException:  # Ctrl-C mid-call: its late reply must not answer the next
+                if worker in self._slot:
+                    self._retire(worker)
+                raise
             if reply is None:  # past its limit: the worker and all it started are killed
                 self._retire(worker)
                 return f"Error: {name} did not finish within {timeout:g} s; it was stopped", False

@@ -234,6 +234,21 @@ def test_a_thread_runner_leaves_a_late_call_running_until_it_returns_and_only_on
     assert runner.call(nap, {"seconds": 0.0}, timeout=1.0, limit=100) == ("awake", True)
 
 
+def test_an_interrupted_call_does_not_answer_the_next_one(no_leftovers):
+    # Ctrl-C in a notebook while a tool runs: the worker, still busy with the interrupted
+    # call, is stopped; otherwise its late "awake" would be read as the next call's answer.
+    with ToolEnv([nap, calculator]) as env:
+        interrupt = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        interrupt.start()
+        with pytest.raises(KeyboardInterrupt):
+            env.runner.call(nap, {"seconds": 1.5}, timeout=10.0, limit=100)
+        interrupt.join()
+        assert env.runner.pid is None
+        time.sleep(1.5)  # past the end of the interrupted nap
+        answer = env.runner.call(calculator, {"expression": "1 + 1"}, timeout=10.0, limit=100)
+        assert answer == ("2", True)
+
+
 def test_the_worker_kills_itself_and_its_programs_when_its_runner_dies(tmp_path, no_leftovers):
     # A stand-in for a training process killed outright: it starts the worker exactly as
     # ProcessRunner does, makes a call that runs `sleep 60`, and is SIGKILLed mid-call.
