@@ -19,7 +19,7 @@ import cloudpickle
 import pytest
 from agent_cases import ScriptedEngine
 
-from rlblocks.envs import AgentEngine, EnvStep, ToolEnv, calculator
+from rlblocks.envs import AgentEngine, EnvStep, ToolEnv, calculator, env_reward
 from rlblocks.envs.base import initial_messages
 
 # The tools below travel to ToolEnv's worker process by value (the worker needs no tests/).
@@ -45,9 +45,11 @@ def call(name: str, arguments: str = "{}") -> str:
 
 
 def episode(turns: list[str], env: Any) -> dict:
-    """One episode of ``env`` on the scripted turns; its ``metadata["agent"]``."""
+    """One episode of ``env`` on the scripted turns; its ``metadata["agent"]``, with the
+    batch's `env_reward` metrics under ``"metrics"``."""
     agent = AgentEngine(ScriptedEngine(turns), env, max_turns=len(turns))
-    return agent.generate(["Use the tools."]).metadata[0]["agent"]
+    ro = agent.generate(["Use the tools."])
+    return {**ro.metadata[0]["agent"], "metrics": env_reward(ro).metrics}
 
 
 def tool_messages(info: dict) -> list[str]:
@@ -67,6 +69,7 @@ def test_model_text_the_parser_cannot_read_is_an_error_observation(tool_env, arg
     info = episode([call("calculator", arguments), "The answer is 4."], tool_env([calculator]))
     assert info["end"] == "done" and info["turns"] == 2  # the episode went on
     assert info["malformed"] == info["tool_errors"] == info["tool_calls"] == 1
+    assert info["metrics"]["agent/malformed"] == info["metrics"]["agent/tool_errors"] == 1.0
     (content,) = tool_messages(info)
     assert content.startswith("Error: ") and error in content, content[:300]
 
