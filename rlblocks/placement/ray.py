@@ -61,8 +61,8 @@ class Ray:
     """A Ray cluster placement (see the module docstring).
 
     ``address``: a running cluster (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``); None
-    uses the Ray instance already initialized in this process or starts a local one, which
-    listens on 127.0.0.1 only.
+    (or ``"local"``) uses the Ray instance already initialized in this process or starts a
+    local one, which listens on 127.0.0.1 only.
     ``workers``: shorthand for one pool of that many workers on one node holding every role.
     ``pools`` / ``roles``: named pools and which pool each role uses (roles left out use the
     first pool). ``collective_timeout``: seconds any collective may wait for a peer. ``env``:
@@ -174,7 +174,9 @@ class Ray:
         if ray.is_initialized():
             return
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-        if self.address is None:  # a new instance, even if `ray start` runs on this machine
+        # A new instance, even if `ray start` runs on this machine ("local" is Ray's own word
+        # for that, not a cluster's address: it listens on loopback too).
+        if self.address in (None, "local"):
             kwargs["address"] = "local"
             needed = sum(p.size * p.cpus_per_worker for p in self.pools.values())
             kwargs["num_cpus"] = max(int(-(-needed // 1)), os.cpu_count() or 1)

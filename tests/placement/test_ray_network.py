@@ -98,10 +98,19 @@ def test_a_local_placement_listens_on_loopback_only_and_refuses_calls_after_shut
 
 
 def test_a_handle_whose_ray_instance_was_stopped_refuses_calls_without_starting_one():
-    placement = rb.placement.Ray(workers=1)
+    # address="local" is Ray's word for "start a new instance here", not a cluster's address:
+    # before, it went to ray.init as it was, and the instance listened on every interface.
+    me = psutil.Process()
+    earlier = {p.pid for p in me.children(recursive=True)}
+    placement = rb.placement.Ray(address="local", workers=1)
     try:
         group = placement.build("actor", Summer)
         assert group.total(2.0) == 2.0
+        started = [p for p in me.children(recursive=True) if p.pid not in earlier]
+        listening = _listening(started)
+        assert {pid for pid, _ in listening} >= _ray_servers()
+        exposed = {key: ip for key, ip in listening.items() if not _is_loopback(ip)}
+        assert exposed == {}, exposed
         ray.shutdown()  # behind the placement's back
         start = time.monotonic()
         with pytest.raises(PoolBroken) as refused:
