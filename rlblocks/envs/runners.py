@@ -13,14 +13,21 @@ finish"``, and the next call starts a fresh worker. When a call's answer comes b
 process is gone: nothing of a timed-out call outlives it. A worker that dies (a segfault,
 ``os._exit``) fails its call, not the caller. Design choices, the same as
 `rlblocks.rewards.ProcessPool`'s and for the same reasons: no ``fork`` of the training process
-(torch, CUDA and Ray state), no ``spawn`` (it re-runs an unguarded ``__main__``); tools travel
-by cloudpickle (a notebook's functions and closures by value, a module's by reference: the
-worker then imports that module, once, with this process's ``sys.path``).
+(torch, CUDA and Ray state), no ``spawn`` (it re-runs an unguarded ``__main__``).
 
-The cost: one process; its start and each tool's first load (imports included, at most
-``LOAD_LIMIT`` s, not counted in the call's limit); per call, a round trip over a socket
-(~0.1 ms plus pickling the arguments and the text). `rlblocks.envs.calculator` imports only
-the standard library and travels by value, so its worker never imports torch.
+**How a tool travels** (cloudpickle, `pickled_tool`): by value when it is code of yours (a
+notebook's or a script's function, a closure, a function of a module outside the standard
+library and the installed packages: a test file, a project checkout on ``sys.path``), so the
+worker does not import that module and whatever it imports at its top (a test module or a
+training script may import torch and transformers: 6 s in a fresh worker); by reference when
+it comes from an installed package, or when by value fails (the function's module holds what
+cannot be pickled): the worker then imports the module, once, with this process's
+``sys.path``. `rlblocks.envs.calculator` imports only the standard library and always travels
+by value.
+
+The cost: one process; its start and each tool's first load (at most ``LOAD_LIMIT`` s, not
+counted in the call's limit); per call, a round trip over a socket (~0.1 ms plus pickling the
+arguments and the text).
 
 **`ThreadRunner`.** A call runs in a daemon thread of this process and is waited for at most
 its limit. A thread cannot be stopped: a call past its limit goes on until the function
@@ -32,19 +39,22 @@ be pickled) and whose time is bounded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
 import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
 from socket import socketpair
+from types import ModuleType
 from typing import Any, Protocol
 
 import rlblocks.envs.calculator as calculator_module
@@ -135,22 +145,8 @@ class ProcessRunner:
         return f"ProcessRunner(pid={self.pid})"
 
     def _pickled(self, fn: Callable[..., Any]) -> bytes:
-        import cloudpickle  # here: only a process runner needs it
-
-        # The calculator imports only the standard library: by value, its worker skips
-        # importing rlblocks (and torch, transformers: 6 s and 340 MB).
-        cloudpickle.register_pickle_by_value(calculator_module)
         if id(fn) not in self._tools:
-            try:
-                self._tools[id(fn)] = (fn, cloudpickle.dumps(fn))
-            except Exception as error:
-                name = tool_name(fn)
-                raise ValueError(
-                    f"ProcessRunner: cannot pickle the tool {name!r} for its worker process "
-                    f"({describe(error)}); define it at module level or in the notebook and make "
-                    "what it captures picklable, or pass runner=rb.envs.ThreadRunner() to run it "
-                    "in this process"
-                ) from error
+            self._tools[id(fn)] = (fn, pickled_tool(fn))
         return self._tools[id(fn)][1]
 
     def _worker(self) -> _Worker:
@@ -224,6 +220,59 @@ class _Worker:
         return code
 
 
+def pickled_tool(fn: Callable[..., Any]) -> bytes:
+    """``fn`` pickled for the worker (module docstring): by value when it is code of yours, else
+    (or when that fails) by reference. Raises ``ValueError`` naming the tool when neither
+    works."""
+    import cloudpickle  # here: only a process runner needs it
+
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    if module is calculator_module or (module is not None and _own_code(module)):
+        with _by_value(cloudpickle, module):
+            try:
+                return cloudpickle.dumps(fn)
+            except Exception:  # noqa: BLE001, S110 - its module holds what cannot travel: by name
+                pass
+    try:
+        return cloudpickle.dumps(fn)
+    except Exception as error:
+        raise ValueError(
+            f"ProcessRunner: cannot pickle the tool {tool_name(fn)!r} for its worker process "
+            f"({describe(error)}); define it at module level or in the notebook and make what "
+            "it captures picklable, or pass runner=rb.envs.ThreadRunner() to run it in this "
+            "process"
+        ) from error
+
+
+def _own_code(module: ModuleType) -> bool:
+    """True for a module with a file outside the standard library and the installed packages."""
+    file = getattr(module, "__file__", None)
+    if not file or module.__name__ == "__main__":
+        return False  # built in; __main__'s functions travel by value anyway
+    installed = {
+        sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")
+    }
+    path = Path(file).resolve()
+    return not any(path.is_relative_to(Path(root).resolve()) for root in installed)
+
+
+@contextlib.contextmanager
+def _by_value(cloudpickle: ModuleType, module: ModuleType) -> Iterator[None]:
+    """Let cloudpickle pickle ``module``'s functions and classes by value for a moment; a
+    module registered before stays registered."""
+    try:
+        cloudpickle.unregister_pickle_by_value(module)
+        registered = True
+    except ValueError:  # it was not registered: the usual case
+        registered = False
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        yield
+    finally:
+        if not registered:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
 def _death_note(code: int) -> str:
     if code < 0:
         return f"killed by {signal.Signals(-code).name}"
@@ -283,4 +332,4 @@ def tool_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
-__all__ = ["LOAD_LIMIT", "ProcessRunner", "ThreadRunner", "ToolRunner"]
+__all__ = ["LOAD_LIMIT", "ProcessRunner", "ThreadRunner", "ToolRunner", "pickled_tool"]

@@ -11,19 +11,14 @@ tokenizer and the observation rule.
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
-import cloudpickle
 import pytest
 from agent_cases import ScriptedEngine
 
 from rlblocks.envs import AgentEngine, EnvStep, ToolEnv, calculator, env_reward
 from rlblocks.envs.base import initial_messages
-
-# The tools below travel to ToolEnv's worker process by value (the worker needs no tests/).
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture

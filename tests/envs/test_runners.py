@@ -37,7 +37,6 @@ from rlblocks.envs.runners import BOOTSTRAP, WORKER_SCRIPT
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # tools travel by value
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -183,23 +182,32 @@ def test_what_a_tool_writes_on_the_socket_is_never_unpickled(tmp_path, no_leftov
     assert not (tmp_path / "pwned").exists()
 
 
-def test_a_tool_the_worker_cannot_import_is_an_error_naming_it(tmp_path, no_leftovers):
-    # Pickled by reference from a module only this process can find: every call would fail the
-    # same way, so the call raises (a setup error, not the model's) instead of answering.
-    (tmp_path / "gone_tool.py").write_text(
+def test_module_tools_travel_by_value_and_fall_back_to_their_module(tmp_path, no_leftovers):
+    # A tool of a module of yours travels by value: the worker never imports the module (here
+    # it could not: the module's folder leaves sys.path). One whose module holds what cannot be
+    # pickled (a lock) travels by name, and the worker cannot import it: that call raises,
+    # naming the tool (every call would fail the same way; a setup error, not the model's).
+    (tmp_path / "user_tools.py").write_text(
+        "import threading\n"
+        "LOCK = threading.Lock()\n\n"
         'def shout(word: str) -> str:\n    """Shout.\n\n    Args:\n        word: A word.\n    """\n'
-        "    return word.upper()\n"
+        "    return word.upper()\n\n"
+        'def locked(word: str) -> str:\n    """Shout, holding the lock.\n\n    Args:\n'
+        '        word: A word.\n    """\n'
+        "    with LOCK:\n        return word.upper()\n"
     )
     sys.path.insert(0, str(tmp_path))
     try:
-        from gone_tool import shout
+        from user_tools import locked, shout
     finally:
         sys.path.remove(str(tmp_path))
-    with ToolEnv([shout]) as env:
+    with ToolEnv([shout, locked]) as env:
         text = '<tool_call>{"name": "shout", "arguments": {"word": "a"}}</tool_call>'
-        with pytest.raises(RuntimeError, match="cannot load the tool 'shout'.*gone_tool"):
+        assert [m["content"] for m in env.step(turn(text), {}).messages] == ["A"]
+        text = '<tool_call>{"name": "locked", "arguments": {"word": "a"}}</tool_call>'
+        with pytest.raises(RuntimeError, match="cannot load the tool 'locked'.*user_tools"):
             env.step(turn(text), {})
-    sys.modules.pop("gone_tool")
+    sys.modules.pop("user_tools")
 
 
 def nap(seconds: float) -> str:

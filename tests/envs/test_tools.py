@@ -3,17 +3,13 @@ time limits, and `ToolEnv` answering every call (errors included) without raisin
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 
-import cloudpickle
 import pytest
 
 from rlblocks.envs import ModelTurn, ToolCall, ToolEnv, calculator, parse_tool_calls, tool_schema
 from rlblocks.envs.tools import MAX_DEPTH, call_tool, nesting_depth
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # tools go to the worker by value
 
 
 def turn(text: str, index: int = 0) -> ModelTurn:
