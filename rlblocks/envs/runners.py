@@ -10,8 +10,9 @@ call by `subprocess.Popen` as a fresh interpreter in its own session, and kept f
 after it; calls run one at a time. A call past its limit gets SIGKILL for the worker's whole
 process group (the tool and any program it started), is answered ``"Error: ... did not
 finish"``, and the next call starts a fresh worker. When a call's answer comes back, its
-process is gone: nothing of a timed-out call outlives it. A worker that dies (a segfault,
-``os._exit``) fails its call, not the caller. Design choices, the same as
+process is gone: nothing of a timed-out call outlives it (a program that a call which did
+return left running lives on until the worker is replaced or the runner closed). A worker
+that dies (a segfault, ``os._exit``) fails its call, not the caller. Design choices, the same as
 `rlblocks.rewards.ProcessPool`'s and for the same reasons: no ``fork`` of the training process
 (torch, CUDA and Ray state), no ``spawn`` (it re-runs an unguarded ``__main__``).
 

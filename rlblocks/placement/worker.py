@@ -19,6 +19,7 @@ from typing import Any
 
 import ray
 import torch
+from torch.torch_version import TorchVersion
 
 from rlblocks.interfaces import Shardable, dispatch_of
 from rlblocks.placement.errors import WorkerError
@@ -29,6 +30,9 @@ NOOP = "__noop__"  # a rank with nothing to do in a call answers None at once
 GETATTR = "__getattr__"  # a plain attribute read, answered by rank 0
 LOOPBACK = "127.0.0.1"  # where a local Ray instance and a one-node pool listen
 IFF_LOOPBACK = 0x8  # the loopback flag of a network interface (Linux's <net/if.h>)
+# torch's libuv store server listens on a socket it is handed only from 2.8 on (pytorch PR
+# 150215 added the missing uv_listen); before, only the older (non-libuv) backend does.
+LIBUV_TAKES_SOCKET = TorchVersion(torch.__version__) >= "2.8"
 
 
 class Worker:
@@ -71,8 +75,9 @@ class Worker:
             listener, self._listener = self._listener, None
             fd = listener.detach()
             store = dist.TCPStore(
-                *address, self.size, True, wait, wait_for_workers=False, master_listen_fd=fd
-            )
+                *address, self.size, True, wait, wait_for_workers=False, master_listen_fd=fd,
+                use_libuv=LIBUV_TAKES_SOCKET,
+            )  # fmt: skip
         else:
             store = dist.TCPStore(*address, self.size, False, wait)
         dist.init_process_group(
