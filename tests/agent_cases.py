@@ -1,5 +1,6 @@
 """Shared set-up of the agent rollout tests: an environment whose observations do not depend on
-what the model writes, a recording engine, and the expected rows rebuilt from the recordings.
+what the model writes, a recording engine, the expected rows rebuilt from the recordings, and
+an engine that writes scripted text (for what a model may write that the loop must survive).
 
 The tiny model writes noise, so the main tests drive the episodes with `ScriptedEnv`: each turn
 is answered with a fixed user message (``Observation k: go on``) until ``turns`` turns are done.
@@ -43,6 +44,30 @@ class ScriptedEnv:
 
     def reward(self, state: dict) -> float:
         return float(len(state.get("seen", [])))
+
+
+class ScriptedEngine:
+    """A rollout engine whose k-th call answers every prompt with ``turns[k]`` (the last one
+    again after the script ends), then ``<|im_end|>``: the model's text, exactly."""
+
+    model = None  # no module here: AgentEngine sets no token limit of its own
+    serves_adapters = False
+
+    def __init__(self, turns: list[str]) -> None:
+        self.turns, self.calls = turns, 0
+        self.tokenizer = rb.models.tiny_tokenizer()
+        self.sampling = rb.SamplingParams(max_new_tokens=4096)
+
+    def generate(self, prompts, *, group_size=1, sampling=None, metadata=None) -> rb.Rollouts:
+        text = self.turns[min(self.calls, len(self.turns) - 1)]
+        self.calls += 1
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = [*ids, self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        return rb.Rollouts.from_lists(
+            [list(p) for p in prompts],
+            [ids] * len(prompts),
+            rollout_logprobs=[[0.0] * len(ids)] * len(prompts),
+        )
 
 
 class RecordingHFEngine(rb.rollout.HFEngine):

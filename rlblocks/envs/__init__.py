@@ -5,7 +5,9 @@
   are what passes between it and the rollout.
 - `ToolEnv`: the model answers a question and may call tools (plain Python functions with a
   docstring; `tool_schema` builds their JSON schema); `parse_tool_calls` reads the
-  ``<tool_call>{...}</tool_call>`` format; `calculator` is a safe arithmetic tool.
+  ``<tool_call>{...}</tool_call>`` format; `calculator` is a safe arithmetic tool;
+  `ProcessRunner` (the default: a worker process a time limit kills) and `ThreadRunner` are
+  where its tool calls run.
 - `AgentEngine`: wraps any rollout engine (HF, vLLM, local or behind a Ray placement) and is one
   itself: ``generate`` runs whole episodes, token in and token out across turns, one
   ``Rollouts`` row per episode with the observation tokens masked out of the loss.
@@ -21,6 +23,7 @@ from rlblocks.envs.base import Environment, EnvStep, Message, ModelTurn, ToolCal
 from rlblocks.envs.calculator import CalculatorError, calculator
 from rlblocks.envs.chat import ChatFormat
 from rlblocks.envs.reward import agent_metrics, env_reward
+from rlblocks.envs.runners import ProcessRunner, ThreadRunner
 from rlblocks.envs.tools import ToolEnv, call_tool, parse_tool_calls, tool_schema
 
 __all__ = [
@@ -32,6 +35,8 @@ __all__ = [
     "Environment",
     "Message",
     "ModelTurn",
+    "ProcessRunner",
+    "ThreadRunner",
     "ToolCall",
     "ToolEnv",
     "agent_metrics",

@@ -15,7 +15,10 @@ One call, turn by turn:
 3. The turn's text (decoded, special tokens skipped) and its parsed tool calls go to
    ``env.step``; its observation messages become ids by the observation rule
    (`rlblocks.envs.ChatFormat.observation_ids`) and are appended with ``response_mask`` False
-   and rollout log-prob 0: attended to, never trained on.
+   and rollout log-prob 0: attended to, never trained on. Nothing the model writes raises here:
+   the default parser flags what it cannot read, and `ToolEnv` answers every failure with an
+   error message (`rlblocks.envs.tools`); a parser or an environment of your own that raises
+   stops the call with an error naming it, the prompt and the turn.
 4. When an episode ends, ``env.reward(state)`` gives its reward.
 
 An episode ends, and ``metadata["agent"]["end"]`` says why:
@@ -49,7 +52,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rlblocks.envs.base import Environment, ModelTurn, ToolCall, last_answer
+from rlblocks.envs.base import Environment, Message, ModelTurn, ToolCall, last_answer
 from rlblocks.envs.chat import TOOLS_PROMPT, ChatFormat
 from rlblocks.envs.tools import parse_tool_calls
 from rlblocks.interfaces import (
@@ -287,7 +290,7 @@ class AgentEngine:
         if self._cut_off(ids, params):
             episode.end = "truncated"
             return
-        model_turn = ModelTurn(text, tuple(self.parser(text)), turn, tuple(ids))
+        model_turn = ModelTurn(text, self._parse(text, episode, turn), turn, tuple(ids))
         try:
             step = self.env.step(model_turn, episode.state)
         except Exception as error:
@@ -305,7 +308,7 @@ class AgentEngine:
         if turn + 1 >= self.max_turns:
             episode.end = "max_turns"
             return
-        observation = list(step.messages)
+        observation = self._observation(step, episode, turn)
         obs_ids = self.chat.observation_ids(episode.state["messages"], observation, ids)
         limit = self.max_total_tokens
         if limit is not None and len(episode) + len(obs_ids) + params.max_new_tokens > limit:
@@ -313,6 +316,32 @@ class AgentEngine:
             return
         episode.state["messages"].extend(observation)
         episode.append(obs_ids, [False] * len(obs_ids), [0.0] * len(obs_ids))
+
+    def _parse(self, text: str, episode: _Episode, turn: int) -> tuple[ToolCall, ...]:
+        """The turn's tool calls. The default parser never raises (a call it cannot read is
+        flagged); a parser of your own that raises is a bug in it, named here."""
+        try:
+            return tuple(self.parser(text))
+        except Exception as error:
+            name = getattr(self.parser, "__name__", type(self.parser).__name__)
+            raise RuntimeError(
+                f"AgentEngine: the parser {name} raised on prompt {episode.prompt}, turn {turn}: "
+                f"{error}; make it return ToolCall(..., error=...) for text it cannot read (its "
+                "traceback is chained above)"
+            ) from error
+
+    def _observation(self, step: Any, episode: _Episode, turn: int) -> list[Message]:
+        """The observation messages of ``step``, each a chat message with a string role (their
+        content may be anything: `ChatFormat` renders None as "" and other values as text)."""
+        messages = list(step.messages)
+        for k, message in enumerate(messages):
+            if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+                raise TypeError(
+                    f"AgentEngine: {type(self.env).__name__}.step returned observation message "
+                    f"{k} {message!r:.80} on prompt {episode.prompt}, turn {turn}, which is not a "
+                    'chat message; return dicts with a "role" and a "content"'
+                )
+        return messages
 
     def _cut_off(self, ids: list[int], params: SamplingParams) -> bool:
         """True when the turn used every token it had without ending: no EOS / end-of-turn

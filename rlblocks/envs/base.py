@@ -62,7 +62,8 @@ class EnvStep:
 
     messages: Sequence[Message] = ()
     """Observation messages appended to the conversation (tool results, feedback); their tokens
-    enter the sequence masked out of the loss. Ignored when ``done``."""
+    enter the sequence masked out of the loss. Ignored when ``done``. A ``content`` of None is
+    rendered as "" (`rlblocks.envs.ChatFormat`)."""
     done: bool = False
     """The episode is over (the model answered, the game ended)."""
     reward: float | None = None

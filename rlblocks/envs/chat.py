@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlblocks.envs.base import Message
+from rlblocks.envs.tool_worker import result_text, valid_utf8
 
 PLACEHOLDER = "RLBLOCKS_TURN_PLACEHOLDER"
 
@@ -84,7 +85,7 @@ class ChatFormat:
     def messages(self, conversation: Sequence[Message]) -> list[Message]:
         """The conversation as the template gets it: with the tools in the system message when
         the template does not describe them itself."""
-        messages = [dict(m) for m in conversation]
+        messages = [_for_template(m) for m in conversation]
         if not self.tools or self.describes_tools:
             return messages
         schemas = "\n".join(json.dumps(t.get("function", t)) for t in self.tools)
@@ -169,6 +170,23 @@ class ChatFormat:
             probe, tools=self.tools, tokenize=False, add_generation_prompt=True
         )
         return plain != with_tools
+
+
+def _for_template(message: Message) -> Message:
+    """A copy of ``message`` whose content a chat template can render: OpenAI's "no content"
+    (``None``, or no key: an assistant turn that only calls tools, a tool that returned
+    nothing) as ``""``, which every template takes (they concatenate strings, ``trim`` them,
+    or test them for truth); a list (content parts) as it is; any other value as its JSON or
+    ``repr`` text; lone surrogates (no tokenizer takes them) as ``?``."""
+    message = dict(message)
+    content = message.get("content")
+    if content is None:
+        message["content"] = ""
+    elif isinstance(content, str):
+        message["content"] = valid_utf8(content)
+    elif not isinstance(content, list):
+        message["content"] = valid_utf8(result_text(content)[0])
+    return message
 
 
 def _after(text: str, marker: str) -> str:

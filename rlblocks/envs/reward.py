@@ -27,7 +27,8 @@ def env_reward(rollouts: Rollouts) -> RewardOutput:
 
 def agent_metrics(rollouts: Rollouts) -> dict[str, float]:
     """Means over the episodes of a multi-turn batch: ``agent/turns``, ``agent/tool_calls``,
-    ``agent/tool_errors``, ``agent/tool_call_rate`` (share of episodes with at least one call),
+    ``agent/tool_errors``, ``agent/malformed`` (calls that could not be read: bad JSON, too
+    deep a nesting, ...), ``agent/tool_call_rate`` (share of episodes with at least one call),
     ``agent/observation_tokens`` (response tokens not sampled by the model) and
     ``agent/end/<reason>`` for every reason in `rlblocks.envs.agent.ENDS`."""
     infos = _infos(rollouts, "agent_metrics")
@@ -37,6 +38,7 @@ def agent_metrics(rollouts: Rollouts) -> dict[str, float]:
         "agent/turns": sum(info["turns"] for info in infos) / b,
         "agent/tool_calls": sum(info["tool_calls"] for info in infos) / b,
         "agent/tool_errors": sum(info["tool_errors"] for info in infos) / b,
+        "agent/malformed": sum(info["malformed"] for info in infos) / b,
         "agent/tool_call_rate": sum(info["tool_calls"] > 0 for info in infos) / b,
         "agent/observation_tokens": float(observation.sum()) / b,
     }

@@ -7,22 +7,24 @@
   between tags,
   ``<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>``, any
   number of them in a turn. `parse_tool_calls` reads them; a call it cannot read (bad JSON, no
-  name, arguments that are not an object, a tag never closed) comes back with ``error`` set.
-- **Running a call never raises.** An unknown tool, wrong arguments, an exception in the tool
-  and a tool past its time limit all become the tool message's content, ``"Error: ..."``, so
-  the model reads what went wrong and the episode goes on.
-- **Time limits** are per tool. A call runs in its own daemon thread and is waited for at most
-  its limit; a thread cannot be killed, so a tool that never returns keeps its thread (and any
-  CPU it burns) until it ends. Tools that may hang or burn CPU (running model-written code)
-  belong in a process that a limit can kill: give such a tool a function that runs the work in
-  a subprocess with its own timeout (``subprocess.run(..., timeout=...)``).
+  name, arguments that are not an object, a tag never closed, brackets nested deeper than
+  ``MAX_DEPTH``, a number Python refuses to read) comes back with ``error`` set. The nesting
+  is measured by one pass over the text before the JSON parser (which recurses) sees it: a
+  model writing a thousand ``[`` is an error message, not a ``RecursionError``.
+- **Running a call never raises.** An unknown tool, wrong arguments, an exception in the tool,
+  a tool past its time limit, a value that cannot be shown as text and a worker process that
+  died all become the tool message's content, ``"Error: ..."``, so the model reads what went
+  wrong and the episode goes on. The value becomes text inside the call's guard
+  (`rlblocks.envs.tool_worker.run`), and the text is cut to ``max_result_chars``.
+- **Time limits** are per tool. By default a call runs in a worker process that a call past
+  its limit kills, with everything it started (`rlblocks.envs.runners.ProcessRunner`); a
+  `ThreadRunner` runs calls in this process instead, where a late call cannot be stopped.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -36,8 +38,14 @@ from rlblocks.envs.base import (
     initial_messages,
     last_answer,
 )
+from rlblocks.envs.runners import ProcessRunner, ThreadRunner, ToolRunner, tool_name
+from rlblocks.envs.tool_worker import MAX_RESULT_CHARS, describe, shown
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
+MAX_DEPTH = 32
+"""The deepest nesting of brackets a tool call's JSON may have (a real call has a few)."""
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(r"[\[\]{}]")
 
 
 def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -47,12 +55,13 @@ def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
     return get_json_schema(fn)
 
 
-def parse_tool_calls(text: str) -> list[ToolCall]:
+def parse_tool_calls(text: str, *, max_depth: int = MAX_DEPTH) -> list[ToolCall]:
     """Every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in ``text``, in order.
 
     ``arguments`` may also be a JSON string holding an object (some models write it so). A call
     that cannot be read comes back with ``name`` None (or the name it gave) and ``error``
-    saying why; nothing raises.
+    saying why, a call nesting brackets deeper than ``max_depth`` among them (refused before
+    the JSON parser, which recurses, reads it); nothing raises.
     """
     calls = []
     for match in TOOL_CALL.finditer(text):
@@ -60,25 +69,48 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
         if not closed:
             calls.append(ToolCall(None, error="the <tool_call> tag is never closed", text=body))
             continue
-        calls.append(_read_call(body))
+        try:
+            calls.append(_read_call(body, max_depth))
+        except Exception as error:  # noqa: BLE001 - a last guard: model text never raises
+            calls.append(ToolCall(None, error=f"the tool call cannot be read ({error})", text=body))
     return calls
 
 
-def _read_call(body: str) -> ToolCall:
+def nesting_depth(text: str) -> int:
+    """The deepest nesting of ``[ ]`` and ``{ }`` in JSON ``text``, brackets inside strings not
+    counted; one linear pass, no recursion."""
+    depth = deepest = 0
+    for bracket in _BRACKET.finditer(_JSON_STRING.sub("", text)):
+        depth += 1 if bracket.group() in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _loads(text: str, max_depth: int) -> tuple[Any, str | None]:
+    """``(value, None)`` of JSON ``text``, or ``(None, why it cannot be read)``."""
+    depth = nesting_depth(text)
+    if depth > max_depth:
+        return None, f"the tool call nests brackets {depth} deep, more than the {max_depth} allowed"
     try:
-        call = json.loads(body)
+        return json.loads(text), None
     except json.JSONDecodeError as error:
-        return ToolCall(None, error=f"the tool call is not valid JSON ({error.msg})", text=body)
+        return None, f"the tool call is not valid JSON ({error.msg})"
+    except (ValueError, RecursionError) as error:  # an integer of more than 4300 digits
+        return None, f"the tool call cannot be read ({describe(error)})"
+
+
+def _read_call(body: str, max_depth: int) -> ToolCall:
+    call, error = _loads(body, max_depth)
+    if error is not None:
+        return ToolCall(None, error=error, text=body)
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return ToolCall(
             None, error='the tool call needs a "name" (a string) and "arguments"', text=body
         )
     arguments = call.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
-            pass
+    if isinstance(arguments, str):  # a JSON string holding the object: read it the same way
+        inner, error = _loads(arguments, max_depth) if arguments.strip() else ({}, None)
+        arguments = arguments if error is not None else inner
     if not isinstance(arguments, dict):
         return ToolCall(
             call["name"], error='the tool call\'s "arguments" must be a JSON object', text=body
@@ -86,33 +118,28 @@ def _read_call(body: str) -> ToolCall:
     return ToolCall(call["name"], arguments, text=body)
 
 
-def call_tool(fn: Callable[..., Any], arguments: Mapping[str, Any], *, timeout: float) -> str:
+_DEFAULT_RUNNER: list[ProcessRunner] = []  # call_tool's worker, started on its first call
+
+
+def call_tool(
+    fn: Callable[..., Any],
+    arguments: Mapping[str, Any],
+    *,
+    timeout: float,
+    runner: ToolRunner | None = None,
+    max_result_chars: int = MAX_RESULT_CHARS,
+) -> str:
     """``fn(**arguments)`` as text (a string as it is, anything else as JSON), or
-    ``"Error: ..."`` if it raises or takes longer than ``timeout`` seconds (it then goes on in
-    its daemon thread: module docstring). Never raises."""
-    return _call(fn, arguments, timeout)[0]
-
-
-def _call(fn: Callable[..., Any], arguments: Mapping[str, Any], timeout: float) -> tuple[str, bool]:
-    """``(text, ok)`` of one call (`call_tool`)."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn(**arguments)
-        except BaseException as error:  # noqa: BLE001 - any failure is the model's observation
-            box["error"] = error
-
-    worker = threading.Thread(target=run, daemon=True, name=f"tool-{_name(fn)}")
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        return f"Error: {_name(fn)} did not finish within {timeout:g} s", False
-    if "error" in box:
-        error = box["error"]
-        return f"Error: {type(error).__name__}: {error}", False
-    value = box["value"]
-    return (value if isinstance(value, str) else json.dumps(value, default=str)), True
+    ``"Error: ..."`` if it raises or takes longer than ``timeout`` seconds (it is then stopped:
+    `ProcessRunner`), cut to ``max_result_chars``. ``runner``: where it runs (None: one worker
+    process shared by every ``call_tool`` of this process). Never raises for what the tool
+    does."""
+    if runner is None:
+        if not _DEFAULT_RUNNER:
+            _DEFAULT_RUNNER.append(ProcessRunner())
+        runner = _DEFAULT_RUNNER[0]
+    runner.prepare(fn)
+    return runner.call(fn, arguments, timeout=timeout, limit=max_result_chars)[0]
 
 
 class ToolEnv:
@@ -130,6 +157,13 @@ class ToolEnv:
     text (the `rlblocks.rewards.per_sample` signature: ``rb.rewards.math_answer_score``-style
     checks fit); None gives 0.0 and leaves scoring to a reward function on the rollouts.
 
+    ``runner``: where calls run, `ProcessRunner` (None: a new one, this environment's worker
+    process, killed with a call past its limit) or `ThreadRunner` (this process; a late call
+    cannot be stopped). ``max_result_chars``: the most characters of a tool message the model
+    reads; a longer result is cut, with a marker saying how much (`MAX_RESULT_CHARS` by
+    default: a 10 MB result would take seconds to render and tokenize, and its tokens would
+    pass any context). `close` (or ``with ToolEnv(...) as env``) stops the worker process.
+
     Per-episode counts in the rollout's info: ``tool_calls``, ``tool_errors`` (calls answered
     with an error, malformed ones included) and ``malformed`` (calls that could not be read).
     """
@@ -144,12 +178,19 @@ class ToolEnv:
         timeout: float | Mapping[str, float] = 5.0,
         default_timeout: float = 5.0,
         max_calls_per_turn: int = 8,
+        runner: ToolRunner | None = None,
+        max_result_chars: int = MAX_RESULT_CHARS,
     ) -> None:
-        self.functions = {_name(fn): fn for fn in tools}
+        self.functions = {tool_name(fn): fn for fn in tools}
         if len(self.functions) != len(tools):
             raise ValueError(
-                f"ToolEnv: two tools share a name: {[_name(fn) for fn in tools]}; give every "
+                f"ToolEnv: two tools share a name: {[tool_name(fn) for fn in tools]}; give every "
                 "tool its own name"
+            )
+        if max_result_chars < 1:
+            raise ValueError(
+                f"ToolEnv: max_result_chars must be >= 1, got {max_result_chars}; pass a "
+                "positive count"
             )
         self.tools = [tool_schema(fn) for fn in tools]
         limits = timeout if isinstance(timeout, Mapping) else dict.fromkeys(self.functions, timeout)
@@ -173,6 +214,20 @@ class ToolEnv:
         self.system_prompt = system_prompt
         self.examples = initial_messages(list(examples)) if examples else []
         self.max_calls_per_turn = max_calls_per_turn
+        self.max_result_chars = max_result_chars
+        self.runner = runner if runner is not None else ProcessRunner()
+        for fn in tools:
+            self.runner.prepare(fn)
+
+    def close(self) -> None:
+        """Stop the runner's worker process (a later call starts a new one)."""
+        self.runner.close()
+
+    def __enter__(self) -> ToolEnv:  # noqa: PYI034 - Self needs Python 3.11
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def reset(self, prompt: Any, metadata: Mapping[str, Any]) -> list[Message]:
         """The episode's first messages: the system prompt (when given and the prompt has none),
@@ -207,19 +262,27 @@ class ToolEnv:
 
     def _answer(self, call: ToolCall, k: int) -> tuple[str, bool]:
         """``(content, ok)`` of the tool message answering call ``k`` of a turn."""
+        limit = self.max_result_chars
         if k >= self.max_calls_per_turn:
             return f"Error: more than {self.max_calls_per_turn} tool calls in one turn", False
         if call.error is not None:
-            return f"Error: {call.error}: {call.text!r:.200}", False
+            return shown(f"Error: {call.error}: {call.text!r:.200}", limit), False
         fn = self.functions.get(call.name or "")
         if fn is None:
             names = sorted(self.functions)
-            return f"Error: no tool named {call.name!r}; the tools are {names}", False
-        return _call(fn, call.arguments, self.timeouts[call.name])
+            return shown(f"Error: no tool named {call.name!r}; the tools are {names}", limit), False
+        return self.runner.call(fn, call.arguments, timeout=self.timeouts[call.name], limit=limit)
 
 
-def _name(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__name__", type(fn).__name__)
-
-
-__all__ = ["TOOL_CALL", "ToolEnv", "call_tool", "parse_tool_calls", "tool_schema"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_RESULT_CHARS",
+    "TOOL_CALL",
+    "ProcessRunner",
+    "ThreadRunner",
+    "ToolEnv",
+    "call_tool",
+    "nesting_depth",
+    "parse_tool_calls",
+    "tool_schema",
+]

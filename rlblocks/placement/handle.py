@@ -132,6 +132,7 @@ class _Method:
         self.group, self.name = group, name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.group._workers.check()  # before ray.put, which would start a Ray that is gone
         mode = self.group._methods.get(self.name)
         batch = next((a for a in (*args, *kwargs.values()) if isinstance(a, Rollouts)), None)
         if mode is None:

@@ -7,6 +7,16 @@ over nodes, so the pool really spans ``nodes`` machines), reserved by
 room). Its workers form one ``torch.distributed`` process group (gloo on CPUs, NCCL on GPUs)
 with a timeout on every collective. :class:`Workers` is the driver's record of a started pool; every remote call goes
 through :meth:`Workers.submit`, one task per worker, which counts it (``round_trips``).
+
+**The network.** A pool on one node (``nodes=1``) meets over the loopback interface: rank 0's
+rendezvous store listens on 127.0.0.1, and gloo and NCCL are pointed at the loopback interface
+(``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``, unless the pool's ``env`` names another), so
+nothing the pool opens is reachable from another machine. A pool that spans nodes listens on
+every interface: its ranks must reach rank 0 across the network.
+
+**After the end.** `Workers.check` runs before every call and touches no Ray API that could
+start Ray: a pool stopped by ``placement.shutdown()``, or whose Ray instance is gone, refuses
+at once with `PoolBroken`.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlblocks.placement.capacity import hold, reserve, session
 from rlblocks.placement.errors import PoolBroken, WorkerDied, WorkerError
-from rlblocks.placement.worker import Worker
+from rlblocks.placement.worker import LOOPBACK, Worker
 
 # Environment the workers inherit from the driver (offline hub, caches, thread counts).
 FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "RLBLOCKS_CACHE", "HF_HOME")
@@ -70,6 +80,7 @@ class Workers:
     ) -> None:
         self.name, self.pool, self.owner = name, pool, owner
         self.broken: str | None = None
+        self.final = False  # stopped for good: placement.shutdown(), or Ray is gone
         self.round_trips = 0  # remote calls made, each one task on every worker
         self.actors: list[Any] = []
         self.info: list[dict[str, Any]] = []
@@ -109,11 +120,17 @@ class Workers:
                 ).remote(self.name, rank, pool.size, threads)
             )
         role = f"pool {self.name}"
-        self.info = self.submit(lambda a, _: a.info.remote(), role=role, call="start")
+        # A pool on one node meets over the loopback interface: nothing it opens is reachable
+        # from the network. Only a pool spanning nodes needs rank 0's store on every interface.
+        loopback = pool.nodes == 1
+        host = LOOPBACK if loopback else None
+        self.info = self.submit(lambda a, _: a.info.remote(host), role=role, call="start")
         backend = "nccl" if pool.gpus_per_worker else "gloo"
-        init = f"tcp://{self.info[0]['ip']}:{self.info[0]['port']}"
+        address = (host or self.info[0]["ip"], self.info[0]["port"])
         self.submit(
-            lambda a, _: a.init_process_group.remote(init, backend, collective_timeout),
+            lambda a, _: a.init_process_group.remote(
+                address, backend, collective_timeout, loopback=loopback
+            ),
             role=role,
             call="init_process_group",
         )
@@ -126,11 +143,7 @@ class Workers:
     def submit(self, task: Callable[[Any, int], Any], *, role: str, call: str) -> list:
         """One round trip: ``task(actor, rank)`` submits a Ray task to each worker; the answers
         come back in rank order, or the first failure is raised (:meth:`wait`)."""
-        if self.broken is not None:
-            raise PoolBroken(
-                f"Ray: the workers of pool {self.name!r} were stopped: {self.broken}; build its "
-                "blocks again with placement.build(...)"
-            )
+        self.check()
         self.round_trips += 1
         futures = [task(actor, rank) for rank, actor in enumerate(self.actors)]
         return self.wait(futures, role=role, call=call)
@@ -196,11 +209,33 @@ class Workers:
     def _node(self, rank: int) -> str:
         return self.info[rank]["node"][:8] if self.info else "?"
 
-    def stop(self, reason: str = "shut down") -> None:
-        """Kill every worker actor and release the placement group; later calls fail with
-        ``reason``."""
+    def check(self) -> None:
+        """Raise `PoolBroken` if the pool cannot take a call, before any Ray API is touched
+        (``ray.put`` or ``ray.get`` without a running Ray would start a new local instance).
+
+        A pool stopped after a failure can be built again; one stopped by
+        ``placement.shutdown()``, or whose Ray instance is gone (``ray.shutdown()``, a new
+        ``ray.init``), needs a new placement.
+        """
+        if self.broken is None and (not ray.is_initialized() or session() != self.session):
+            self.broken, self.final = "the Ray instance it ran on is gone", True
         if self.broken is None:
-            self.broken = reason
+            return
+        if self.final:
+            raise PoolBroken(
+                f"Ray: pool {self.name!r} takes no more calls: {self.broken}; create a new "
+                "rb.placement.Ray(...) and build its blocks there"
+            )
+        raise PoolBroken(
+            f"Ray: the workers of pool {self.name!r} were stopped: {self.broken}; build its "
+            "blocks again with placement.build(...)"
+        )
+
+    def stop(self, reason: str = "shut down", *, final: bool = False) -> None:
+        """Kill every worker actor and release the placement group; later calls fail with
+        ``reason`` (``final``: and tell the user to make a new placement, `check`)."""
+        if self.broken is None:
+            self.broken, self.final = reason, final
         for actor in self.actors:
             with contextlib.suppress(ValueError, ray.exceptions.RayError):  # already gone
                 ray.kill(actor, no_restart=True)

@@ -28,9 +28,14 @@ node and the worker's traceback, as soon as the first rank fails. If the other r
 finish within a few seconds (they wait in a collective for the dead one), the whole pool is
 stopped and :class:`PoolBroken` tells you to build again; a killed worker (OOM, ``kill -9``)
 surfaces as :class:`WorkerDied` the same way. ``shutdown()`` (or ``with Ray(...) as p:``) kills
-the workers, frees the placement groups and stops the Ray instance this object started. A pool that finds no
-room fails within seconds, naming a placement of this process that still holds it
-(:mod:`rlblocks.placement.capacity`).
+the workers, frees the placement groups and stops the Ray instance this object started, for
+good: a later call on a handle raises :class:`PoolBroken` and ``build`` raises, at once and
+without starting Ray again. A pool that finds no room fails within seconds, naming a placement
+of this process that still holds it (:mod:`rlblocks.placement.capacity`).
+
+**Listeners.** A local placement (no ``address``) starts Ray on 127.0.0.1 without the
+dashboard, and its one-node pools meet over loopback (:mod:`rlblocks.placement.pool`): nothing
+it opens listens on another interface.
 """
 
 from __future__ import annotations
@@ -46,10 +51,9 @@ import ray
 from rlblocks.placement.handle import WorkerGroup
 from rlblocks.placement.local import ROLES
 from rlblocks.placement.pool import Pool, Workers
+from rlblocks.placement.worker import LOOPBACK
 
 __all__ = ["LOOPBACK", "Pool", "Ray", "WorkerGroup"]
-
-LOOPBACK = "127.0.0.1"  # where a Ray instance started here listens (no cluster address given)
 
 
 @dataclass
@@ -57,8 +61,8 @@ class Ray:
     """A Ray cluster placement (see the module docstring).
 
     ``address``: a running cluster (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``); None
-    uses the Ray instance already initialized in this process or starts a local one, which
-    listens on 127.0.0.1 only.
+    (or ``"local"``) uses the Ray instance already initialized in this process or starts a
+    local one, which listens on 127.0.0.1 only.
     ``workers``: shorthand for one pool of that many workers on one node holding every role.
     ``pools`` / ``roles``: named pools and which pool each role uses (roles left out use the
     first pool). ``collective_timeout``: seconds any collective may wait for a peer. ``env``:
@@ -90,6 +94,7 @@ class Ray:
                 )
         self._groups: dict[str, Workers] = {}
         self._started_ray = False
+        self._shut_down = False
 
     # ------------------------------------------------------------------ Placement protocol
     def build(self, role: str, factory: Callable[..., Any], /, *args: Any, **kwargs: Any):
@@ -100,6 +105,11 @@ class Ray:
         """
         if role not in ROLES:
             raise ValueError(f"Ray.build: unknown role {role!r}; use one of {', '.join(ROLES)}")
+        if self._shut_down:  # starting Ray again here would be a surprise, and a new instance
+            raise RuntimeError(
+                f"Ray.build: this placement was shut down (placement.shutdown()), so it builds "
+                f"no {role!r} block; create a new rb.placement.Ray(...) to start workers again"
+            )
         workers = self._pool(self.pool_of(role))
         kinds = workers.submit(
             lambda actor, _: actor.build.remote(role, factory, args, kwargs),
@@ -119,13 +129,17 @@ class Ray:
         return sum(group.round_trips for group in self._groups.values())
 
     def shutdown(self) -> None:
-        """Kill every worker, free the placement groups, stop the Ray instance started here."""
+        """Kill every worker, free the placement groups, stop the Ray instance started here.
+
+        For good: every later call on a handle raises `PoolBroken` and ``build`` raises, both at
+        once and without starting Ray again (a new local instance would be a surprise)."""
         for group in self._groups.values():
-            group.stop()
+            group.stop("placement.shutdown() was called", final=True)
         self._groups.clear()
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
         self._started_ray = False
+        self._shut_down = True
 
     def __enter__(self) -> Ray:  # noqa: PYI034 - Self needs Python 3.11
         return self
@@ -160,7 +174,9 @@ class Ray:
         if ray.is_initialized():
             return
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-        if self.address is None:  # a new instance, even if `ray start` runs on this machine
+        # A new instance, even if `ray start` runs on this machine ("local" is Ray's own word
+        # for that, not a cluster's address: it listens on loopback too).
+        if self.address in (None, "local"):
             kwargs["address"] = "local"
             needed = sum(p.size * p.cpus_per_worker for p in self.pools.values())
             kwargs["num_cpus"] = max(int(-(-needed // 1)), os.cpu_count() or 1)

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import traceback
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import ray
 import torch
+from torch.torch_version import TorchVersion
 
 from rlblocks.interfaces import Shardable, dispatch_of
 from rlblocks.placement.errors import WorkerError
@@ -25,6 +28,11 @@ from rlblocks.placement.errors import WorkerError
 Call = tuple[str, tuple, dict]
 NOOP = "__noop__"  # a rank with nothing to do in a call answers None at once
 GETATTR = "__getattr__"  # a plain attribute read, answered by rank 0
+LOOPBACK = "127.0.0.1"  # where a local Ray instance and a one-node pool listen
+IFF_LOOPBACK = 0x8  # the loopback flag of a network interface (Linux's <net/if.h>)
+# torch's libuv store server listens on a socket it is handed only from 2.8 on (pytorch PR
+# 150215 added the missing uv_listen); before, only the older (non-libuv) backend does.
+LIBUV_TAKES_SOCKET = TorchVersion(torch.__version__) >= "2.8"
 
 
 class Worker:
@@ -35,28 +43,45 @@ class Worker:
         torch.set_num_threads(threads)
         self.blocks: dict[str, Any] = {}
         self.node = ray.get_runtime_context().get_node_id()
+        self._listener: socket.socket | None = None  # rank 0's rendezvous socket, until used
 
-    def info(self) -> dict[str, Any]:
-        """This worker's IP, a free port for rank 0's rendezvous, its Ray node id and process id."""
-        with socket.socket() as s:  # a free port for rank 0's rendezvous
-            s.bind(("", 0))
-            port = s.getsockname()[1]
+    def info(self, host: str | None) -> dict[str, Any]:
+        """This worker's IP, Ray node id and process id; rank 0 also opens the listening socket
+        of the group's rendezvous store on ``host`` (None: every interface, for a pool that
+        spans nodes) and gives its port. The socket is handed to the store as it is, so no other
+        process can take the port in between."""
+        port = None
+        if self.rank == 0:
+            self._listener = socket.create_server((host or "", 0))
+            port = self._listener.getsockname()[1]
         ip = ray.util.get_node_ip_address()
         return {"ip": ip, "port": port, "node": self.node, "pid": os.getpid()}
 
-    def init_process_group(self, init_method: str, backend: str, timeout: float) -> None:
+    def init_process_group(
+        self, address: tuple[str, int], backend: str, timeout: float, *, loopback: bool
+    ) -> None:
         """Join the group's ``torch.distributed`` process group (gloo or NCCL) as this worker's
-        rank."""
+        rank; ``address`` is rank 0's store. ``loopback``: the whole group is on this machine,
+        so gloo and NCCL listen on the loopback interface too (unless the user named one)."""
         import torch.distributed as dist
 
+        if loopback:
+            for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                os.environ.setdefault(variable, loopback_interface())
         if backend == "nccl":  # Ray shows each worker only its own GPU(s): cuda:0 is ours
             torch.cuda.set_device(0)
+        wait = timedelta(seconds=timeout)
+        if self.rank == 0:  # the store's server takes over the socket `info` opened
+            listener, self._listener = self._listener, None
+            fd = listener.detach()
+            store = dist.TCPStore(
+                *address, self.size, True, wait, wait_for_workers=False, master_listen_fd=fd,
+                use_libuv=LIBUV_TAKES_SOCKET,
+            )  # fmt: skip
+        else:
+            store = dist.TCPStore(*address, self.size, False, wait)
         dist.init_process_group(
-            backend,
-            init_method=init_method,
-            rank=self.rank,
-            world_size=self.size,
-            timeout=timedelta(seconds=timeout),
+            backend, store=store, rank=self.rank, world_size=self.size, timeout=wait
         )
 
     # ------------------------------------------------------------------ blocks
@@ -193,6 +218,16 @@ def _cpu(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _cpu(v) for k, v in value.items()}
     return value
+
+
+def loopback_interface() -> str:
+    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS): what
+    ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` take to listen on 127.0.0.1 only."""
+    for _, name in socket.if_nameindex():
+        flags = Path("/sys/class/net", name, "flags")
+        if flags.is_file() and int(flags.read_text(), 16) & IFF_LOOPBACK:
+            return name
+    return "lo0" if sys.platform == "darwin" else "lo"
 
 
 def _is_method(kind: type, name: str) -> bool:

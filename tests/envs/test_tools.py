@@ -9,7 +9,7 @@ import time
 import pytest
 
 from rlblocks.envs import ModelTurn, ToolCall, ToolEnv, calculator, parse_tool_calls, tool_schema
-from rlblocks.envs.tools import call_tool
+from rlblocks.envs.tools import MAX_DEPTH, call_tool, nesting_depth
 
 
 def turn(text: str, index: int = 0) -> ModelTurn:
@@ -55,6 +55,22 @@ def test_parse_well_formed_calls():
 def test_parse_malformed_calls(text, name, error):
     (call,) = parse_tool_calls(text)
     assert call.name == name and error in call.error
+
+
+def test_nesting_is_measured_outside_strings_and_bounded_before_parsing():
+    assert nesting_depth('{"a": [1, {"b": "[[[{{"}], "c": "\\"]"}') == 3  # strings do not count
+    assert nesting_depth("[" * 100_000) == 100_000  # one pass, no recursion
+
+    def call_nesting(levels: int) -> str:  # the object and its arguments are 2 levels
+        inner = "[" * (levels - 2) + "]" * (levels - 2)
+        return f'<tool_call>{{"name": "f", "arguments": {{"x": {inner}}}}}</tool_call>'
+
+    (call,) = parse_tool_calls(call_nesting(MAX_DEPTH))
+    assert call.error is None and call.name == "f"
+    (call,) = parse_tool_calls(call_nesting(MAX_DEPTH + 1))
+    assert call.error == "the tool call nests brackets 33 deep, more than the 32 allowed"
+    (call,) = parse_tool_calls(call_nesting(MAX_DEPTH + 1), max_depth=MAX_DEPTH + 1)
+    assert call.error is None
 
 
 # ---------------------------------------------------------------------- schema
@@ -113,11 +129,11 @@ def test_a_tool_past_its_time_limit_is_an_error_and_does_not_block():
     start = time.monotonic()
     answer = call_tool(sleepy, {"seconds": 30}, timeout=0.2)
     took = time.monotonic() - start
-    assert answer == "Error: sleepy did not finish within 0.2 s"
+    assert answer == "Error: sleepy did not finish within 0.2 s; it was stopped"
     assert took < 2.0  # waited 0.2 s, not 30 s (2 s: room for a loaded 2-core machine)
-    # The call goes on in a daemon thread: it cannot hold the interpreter at exit.
-    workers = [t for t in threading.enumerate() if t.name == "tool-sleepy"]
-    assert workers and all(t.daemon for t in workers)
+    # The call ran in a worker process, killed with it: no thread of it is left here
+    # (tests/envs/test_runners.py checks the processes).
+    assert not [t for t in threading.enumerate() if t.name == "tool-sleepy"]
 
 
 # ---------------------------------------------------------------------- ToolEnv
@@ -138,7 +154,7 @@ def test_tool_env_answers_every_call_in_order():
     assert contents[0] == "20"
     assert contents[1] == "Error: no tool named 'search'; the tools are ['calculator', 'sleepy']"
     assert contents[2].startswith("Error: the tool call is not valid JSON")
-    assert contents[3] == "Error: sleepy did not finish within 0.2 s"
+    assert contents[3] == "Error: sleepy did not finish within 0.2 s; it was stopped"
     assert step.info == {"tool_calls": 4, "tool_errors": 3, "malformed": 1}
 
 
