@@ -89,8 +89,9 @@ def run_config(recipe: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
         if name in LOOP_ARGUMENTS:
             continue
         config[name] = describe(value)
-        if name in TRAINERS and hasattr(value, "config"):  # its TrainConfig: lr, schedule, ...
-            config[f"{name}_config"] = describe(value.config)
+        trainer_config = getattr(value, "config", None) if name in TRAINERS else None
+        if trainer_config is not None:  # its TrainConfig: lr, schedule, ... (one read: a
+            config[f"{name}_config"] = describe(trainer_config)  # handle's is a round trip)
     return config
 
 
