@@ -101,10 +101,14 @@ def test_a_save_that_runs_out_of_space_fails_loudly_and_loses_nothing(tmp_path, 
     assert "CheckpointError: Checkpointer.save: could not write the checkpoint of step 2" in err, (
         err[-2000:]
     )
-    assert "File too large" in err and "untouched: [1]" in err
+    assert "File too large" in err and "untouched: [0, 1]" in err
     root = tmp_path / "checkpoints"
-    assert rb.checkpoint.Checkpointer(root).steps() == [1]
+    assert rb.checkpoint.Checkpointer(root).steps() == [0, 1]
     # no partial folder left (the run's lock file stays: rlblocks.checkpoint.lock)
-    assert sorted(p.name for p in root.iterdir()) == [".checkpointer.lock", "step-00000001"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        ".checkpointer.lock",
+        "step-00000000",
+        "step-00000001",
+    ]
     finish(job("ppo", tmp_path, "--resume"))
     assert_identical(result(tmp_path), uninterrupted["ppo"])
