@@ -236,8 +236,8 @@ class Checkpointer:
     def _failed(self, step: int, partial: Path, err: BaseException) -> CheckpointError:
         """The error of a write that failed: the file it failed in, the cause, what is left."""
         file = getattr(err, "filename", None) or _newest_file(partial)
-        where = f" while writing {file}" if file else ""
         cause = str(err).splitlines()[0] if str(err) else type(err).__name__
+        where = f" while writing {file}" if file and str(file) not in cause else ""
         return CheckpointError(
             f"Checkpointer.save: could not write the checkpoint of step {step}{where}: "
             f"{type(err).__name__}: {cause} (nothing was published; the previous checkpoints are "

@@ -10,6 +10,7 @@ rlblocks that wrote pickles (and fails there)."""
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,7 @@ def test_a_pickle_planted_in_a_checkpoint_never_runs(tmp_path, role):
     ckpt, _ = _saved(tmp_path / "ckpt", steps=(1,))
     folder = tmp_path / "ckpt" / "step-00000001"
     target, marker = _role(folder, role), tmp_path / "ran"
-    torch.save(Marker(marker), target)
+    target.write_bytes(pickle.dumps(Marker(marker)))
     _rehash(folder)  # the checksums pass: the reader itself must refuse the file
     with pytest.raises(CheckpointError, match=f"{target}.* is not a state file"):
         ckpt.load(_fresh())
