@@ -217,8 +217,13 @@ class Checkpointer:
             "blocks": states,
         }
         write_state(partial / STATE, payload)
-        meta = {"format": FORMAT, "step": step, "saved_at": time.time(), "blocks": kinds}
-        meta["config"] = config
+        meta = {
+            "format": FORMAT,
+            "step": step,
+            "saved_at": time.time(),
+            "blocks": kinds,
+            "config": config,
+        }
         (partial / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
         write_manifest(partial)
 
