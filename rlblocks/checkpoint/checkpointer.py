@@ -59,8 +59,8 @@ from rlblocks.checkpoint.folders import (
     sweep,
     to_prune,
 )
-from rlblocks.checkpoint.lock import FolderLock, locked
 from rlblocks.checkpoint.integrity import damage, first_nonfinite, write_manifest
+from rlblocks.checkpoint.lock import FolderLock, locked
 from rlblocks.interfaces import Checkpointable, Stateful
 from rlblocks.rng import rng_state, set_rng_state
 from rlblocks.statefile import StateFileError, read_state, write_state

@@ -180,4 +180,5 @@ def test_non_finite_weights_are_refused_at_save(tmp_path):
         r"policy/model/model\.safetensors has 2 NaN/inf values",
     ):
         ckpt.save(2, {"policy": policy, "counter": Counter()})
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-00000001"]
+    listed = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert listed == [".checkpointer.lock", "step-00000001"]  # no partial folder
