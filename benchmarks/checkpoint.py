@@ -8,7 +8,9 @@ sharing the trainer's model, and a reference copy (the main job's ``reference="c
 step is followed by ``Checkpointer.save`` of everything the recipe saves (policy in the
 Hugging Face format, optimizer through torch.distributed.checkpoint, data position, resharder
 version, random state, history), written to a temporary folder on the same disk as the run's
-(``--folder``, default the system's temporary folder), fsynced and renamed.
+(``--folder``, default the system's temporary folder), checked for non-finite weights, hashed
+into its manifest (SHA-256 of every file), fsynced and renamed. The load checks the manifest
+before it reads anything.
 
 Printed side by side, per step: the step's seconds, the save's seconds and their ratio; then
 the checkpoint's size on disk by part, a load's seconds (``Checkpointer.load`` into the same
@@ -116,7 +118,8 @@ def main() -> None:
     for part in sorted(path.rglob("*")):
         if part.is_dir() and part.parent in (path, path / "policy"):
             print(f"    {part.relative_to(path)}/ {folder_bytes(part) / 1e6:10.1f} MB")
-    print(f"    state.pt     {(path / 'state.pt').stat().st_size / 1e6:10.3f} MB")
+    state = sum((path / name).stat().st_size for name in ("state.json", "state.safetensors"))
+    print(f"    state.*      {state / 1e6:10.3f} MB")
     shutil.rmtree(root)  # gigabytes: not left behind
 
 

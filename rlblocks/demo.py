@@ -320,7 +320,7 @@ def _check_out(out: Path, *, resume: bool) -> None:
     checkpoints = rb.checkpoint.Checkpointer(out / "checkpoints").latest()
     if checkpoints is None:  # a run killed during its SFT stage resumes from there
         checkpoints = rb.checkpoint.Checkpointer(out / "checkpoints-sft").latest()
-    if not resume and checkpoints is not None:
+    if not resume and checkpoints:  # the initial checkpoint alone (step 0): started over
         raise SystemExit(
             f"{out} holds a run already: pass --resume to continue it, or choose another --out"
         )

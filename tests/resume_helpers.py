@@ -8,6 +8,7 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from rlblocks.runlog import read_metrics
@@ -59,6 +60,31 @@ def assert_identical(a: dict, b: dict, *, steps: int) -> None:
         if part in a:
             for name, tensor in a[part].items():
                 assert torch.equal(tensor, b[part][name]), (part, name)
+
+
+def assert_same_state(a, b, where: str = "state") -> None:
+    """Equal state of the same types all the way down: tensors by dtype, shape and bits,
+    NumPy arrays by dtype and bytes, NaN equal to NaN."""
+    assert type(a) is type(b), (where, type(a), type(b))
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        bits = [x.contiguous().reshape(-1).view(torch.uint8) for x in (a, b)]
+        assert torch.equal(*bits), where
+    elif isinstance(a, np.ndarray | np.generic):
+        assert a.dtype == b.dtype and np.shape(a) == np.shape(b), where
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for key in a:
+            assert_same_state(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_state(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and math.isnan(a):
+        assert math.isnan(b), where
+    else:
+        assert a == b, (where, a, b)
 
 
 def gap_over_travel(got: dict, want: dict, start: dict) -> float:

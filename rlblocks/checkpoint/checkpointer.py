@@ -17,27 +17,38 @@ What a checkpoint holds (folder ``step-{step:08d}``):
   format under ``policy/model``, loadable by transformers and vLLM as it is; the optimizer
   sharded through ``torch.distributed.checkpoint``, so a run resumes onto another number of
   workers);
-- ``state.pt``: the `Stateful` blocks' ``state_dict()`` (data position, KL controller,
-  resharder version, ...), the random state of this process (Python, NumPy, torch, CUDA), the
-  step, the metric history and the run configuration;
-- ``meta.json``: the step, the time, the blocks and the configuration, readable without torch;
+- ``state.json`` and ``state.safetensors``: the `Stateful` blocks' ``state_dict()`` (data
+  position, KL controller, resharder version, the batch sampled ahead, ...), the random state
+  of this process (Python, NumPy, torch, CUDA), the step, the metric history and the run
+  configuration, as data (`rlblocks.statefile`: JSON, tensors in safetensors; nothing in a
+  checkpoint is unpickled, so nothing in it can run code);
+- ``meta.json``: the format, the step, the time, the blocks and the configuration;
+- ``manifest.json``: every file's size and SHA-256 (`rlblocks.checkpoint.integrity`);
 - ``COMPLETE``: written last (`rlblocks.checkpoint.folders`: write, fsync, rename, mark).
 
-Restoring loads the blocks first and the random state last, so that nothing a block does while
-loading moves the generators away from where the saved run had them.
+A save is refused (`CheckpointError`, and nothing is published) when a block's weights hold
+NaN or ±inf, and when any write fails: the error names the file, and the partial folder is
+removed whatever was raised (torch's DCP raises a ``BaseException``).
+
+Loading checks the newest checkpoint against its manifest first: a damaged one (changed bytes,
+a truncated or missing file) is named in a warning, moved aside to ``damaged-step-…`` (so that
+the resumed run can save those steps again) and the next newest is tried; when none is intact
+the error names every damaged file. A checkpoint of an older rlblocks (a pickled ``state.pt``)
+is refused by name. Restoring loads the blocks first and the random state last, so that
+nothing a block does while loading moves the generators away from where the saved run had
+them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-
-import torch
 
 from rlblocks.checkpoint.folders import (
     MARKER,
@@ -48,12 +59,16 @@ from rlblocks.checkpoint.folders import (
     sweep,
     to_prune,
 )
+from rlblocks.checkpoint.integrity import damage, first_nonfinite, write_manifest
 from rlblocks.checkpoint.lock import FolderLock, locked
 from rlblocks.interfaces import Checkpointable, Stateful
 from rlblocks.rng import rng_state, set_rng_state
+from rlblocks.statefile import StateFileError, read_state, write_state
 
 Resume = bool | Literal["auto"]
-FORMAT = 1
+#: 1: ``state.pt`` (pickle); 2: ``state.json`` + ``.safetensors``, a manifest of checksums.
+FORMAT = 2
+STATE = "state.json"
 LOCK = ".checkpointer.lock"
 IN_USE = "wait for that run to end (or stop it), or give this run another folder"
 
@@ -157,9 +172,9 @@ class Checkpointer:
     ) -> Path:
         """Write the checkpoint of ``step`` (steps done) atomically, then prune; returns its
         folder. ``blocks``: name -> `Checkpointable` or `Stateful` (None values are skipped).
-        Raises `CheckpointError` if that step is already saved, or if the write fails (e.g. no
-        space left): the partial folder is removed and the previous checkpoints stay as they
-        were."""
+        Raises `CheckpointError` if that step is already saved, if a block's weights hold NaN
+        or ±inf, or if the write fails (e.g. no space left, naming the file): the partial
+        folder is removed and the previous checkpoints stay as they were."""
         self.root.mkdir(parents=True, exist_ok=True)
         sweep(self.root)
         if step in self.steps():  # replacing it would leave a moment with no checkpoint of it
@@ -168,33 +183,72 @@ class Checkpointer:
                 "save each step once"
             )
         partial = partial_folder(self.root, step)
-        final = step_folder(self.root, step)
         partial.mkdir()
         try:
-            kinds = {name: _save_block(name, block, partial) for name, block in _present(blocks)}
-            states = {n: b.state_dict() for n, b in _present(blocks) if kinds[n] == "state"}
-            payload = {
-                "format": FORMAT,
-                "step": step,
-                "history": [dict(h) for h in history],
-                "config": dict(config or {}),
-                "rng": rng_state(),
-                "blocks": states,
-            }
-            torch.save(payload, partial / "state.pt")
-            meta = {"step": step, "saved_at": time.time(), "blocks": kinds, "config": config}
-            (partial / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-            publish(partial, final)
-        except Exception as err:  # a full disk may surface as OSError, SafetensorError, ...
+            self._write(partial, step, blocks, history, config)
+            publish(partial, step_folder(self.root, step))
+        except BaseException as err:  # DCP raises a BaseException (CheckpointException)
+            failed = self._failed(step, partial, err)
             _remove(partial)
-            raise CheckpointError(
-                f"Checkpointer.save: could not write the checkpoint of step {step} into "
-                f"{final}: {err} (the previous checkpoints are untouched: "
-                f"{self.steps() or 'none'}); fix the cause (free space, or lower keep_last) and "
-                "resume from the newest checkpoint"
-            ) from err
+            if isinstance(err, KeyboardInterrupt | SystemExit | CheckpointError):
+                raise
+            raise failed from err
         self._prune()
-        return final
+        return step_folder(self.root, step)
+
+    def _write(
+        self,
+        partial: Path,
+        step: int,
+        blocks: Mapping[str, Any],
+        history: Sequence[Mapping[str, Any]],
+        config: Mapping[str, Any] | None,
+    ) -> None:
+        """Every file of the checkpoint of ``step`` into ``partial``, the manifest last."""
+        kinds = {name: _save_block(name, block, partial) for name, block in _present(blocks)}
+        self._refuse_nonfinite(partial, step, [n for n, kind in kinds.items() if kind == "folder"])
+        states = {n: b.state_dict() for n, b in _present(blocks) if kinds[n] == "state"}
+        payload = {
+            "format": FORMAT,
+            "step": step,
+            "history": [dict(h) for h in history],
+            "config": dict(config or {}),
+            "rng": rng_state(),
+            "blocks": states,
+        }
+        write_state(partial / STATE, payload)
+        meta = {
+            "format": FORMAT,
+            "step": step,
+            "saved_at": time.time(),
+            "blocks": kinds,
+            "config": config,
+        }
+        (partial / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        write_manifest(partial)
+
+    def _refuse_nonfinite(self, partial: Path, step: int, folders: list[str]) -> None:
+        found = first_nonfinite(partial / name for name in folders)
+        if found is not None:
+            raise CheckpointError(
+                f"Checkpointer.save: the checkpoint of step {step} would hold non-finite weights: "
+                f"{found.tensor!r} in {found.file.relative_to(partial)} has {found.count} NaN/inf "
+                f"values of {found.numel} (nothing saved; the previous checkpoints are "
+                f"{self.steps() or 'none'}); the run diverged before step {step}: resume from "
+                "an earlier checkpoint with a lower learning rate (docs/troubleshooting.md)"
+            )
+
+    def _failed(self, step: int, partial: Path, err: BaseException) -> CheckpointError:
+        """The error of a write that failed: the file it failed in, the cause, what is left."""
+        file = getattr(err, "filename", None) or _newest_file(partial)
+        cause = str(err).splitlines()[0] if str(err) else type(err).__name__
+        where = f" while writing {file}" if file and str(file) not in cause else ""
+        return CheckpointError(
+            f"Checkpointer.save: could not write the checkpoint of step {step}{where}: "
+            f"{type(err).__name__}: {cause} (nothing was published; the previous checkpoints are "
+            f"untouched: {self.steps() or 'none'}); fix the cause (free space, or lower "
+            "keep_last) and resume from the newest checkpoint"
+        )
 
     def _prune(self) -> None:
         for step in to_prune(self.steps(), keep_last=self.keep_last, keep_every=self.keep_every):
@@ -203,15 +257,10 @@ class Checkpointer:
     # ------------------------------------------------------------------ loading
     def load(self, blocks: Mapping[str, Any], *, step: int | None = None) -> Restored:
         """Restore ``blocks`` (the same names as saved) and the random state from the checkpoint
-        of ``step`` (None: the newest complete one)."""
-        step = self.latest() if step is None else step
-        path = step_folder(self.root, step) if step is not None else None
-        if path is None or not (path / MARKER).is_file():
-            raise FileNotFoundError(
-                f"Checkpointer.load: no complete checkpoint of step {step} under {self.root}; "
-                f"load one of the complete steps {self.steps()}"
-            )
-        payload = torch.load(path / "state.pt", weights_only=False)  # our own file: numpy RNG
+        of ``step``, or (None) from the newest intact one: a damaged newer one is named in a
+        warning and moved aside (module docstring). Raises `CheckpointError` naming the damaged
+        files, or the file that is not data."""
+        path = self._intact(step)
         meta = json.loads((path / "meta.json").read_text())
         saved, given = set(meta["blocks"]), {name for name, _ in _present(blocks)}
         if saved != given:
@@ -219,13 +268,64 @@ class Checkpointer:
                 f"Checkpointer.load: {path} holds the blocks {sorted(saved)}, the run has "
                 f"{sorted(given)}; resume with the blocks of the saved run"
             )
-        for name, block in _present(blocks):
-            if meta["blocks"][name] == "folder":
-                block.load_checkpoint(path / name)
-            else:
-                block.load_state_dict(payload["blocks"][name])
+        try:
+            payload = read_state(path / STATE)
+            for name, block in _present(blocks):
+                if meta["blocks"][name] == "folder":
+                    block.load_checkpoint(path / name)
+                else:
+                    block.load_state_dict(payload["blocks"][name])
+        except StateFileError as err:
+            raise CheckpointError(f"Checkpointer.load: in {path}: {err}") from None
         set_rng_state(payload["rng"])
         return Restored(payload["step"], payload["history"], payload["config"], path)
+
+    def _intact(self, step: int | None) -> Path:
+        """The folder to load: ``step``'s, refused if damaged; else the newest intact one."""
+        steps = self.steps() if step is None else [step]
+        if not steps or not (step_folder(self.root, steps[-1]) / MARKER).is_file():
+            raise FileNotFoundError(
+                f"Checkpointer.load: no complete checkpoint of step {step} under {self.root}; "
+                f"load one of the complete steps {self.steps()}"
+            )
+        damaged: dict[int, list[str]] = {}
+        for candidate in reversed(steps):
+            path = step_folder(self.root, candidate)
+            _refuse_old(path)
+            found = damage(path)
+            if not found:
+                self._set_aside(damaged, candidate)
+                return path
+            damaged[candidate] = found
+            warnings.warn(
+                f"Checkpointer.load: the checkpoint of step {candidate} is damaged: "
+                f"{'; '.join(found)}; trying the one before it",
+                UserWarning,
+                stacklevel=3,
+            )
+        listed = "; ".join(f"step {s}: {', '.join(files)}" for s, files in damaged.items())
+        raise CheckpointError(
+            f"Checkpointer.load: no intact checkpoint under {self.root}: {listed}; restore these "
+            "files from a copy, or start the run again in a new folder"
+        )
+
+    def _set_aside(self, damaged: Mapping[int, list[str]], resumed: int) -> None:
+        """Move the damaged checkpoints newer than ``resumed`` to ``damaged-step-…`` (kept for
+        a look, out of the steps, so that the resumed run saves those steps again)."""
+        for step in damaged:
+            folder = step_folder(self.root, step)
+            aside = self.root / f"damaged-{folder.name}"
+            n = 1
+            while aside.exists():
+                n += 1
+                aside = self.root / f"damaged-{folder.name}-{n}"
+            os.rename(folder, aside)
+            warnings.warn(
+                f"Checkpointer.load: resuming from step {resumed}, the newest intact checkpoint; "
+                f"the damaged checkpoint of step {step} is moved to {aside}",
+                UserWarning,
+                stacklevel=4,
+            )
 
 
 def warn_if_config_differs(saved: Mapping[str, Any], now: Mapping[str, Any]) -> None:
@@ -258,6 +358,22 @@ def _save_block(name: str, block: Any, partial: Path) -> str:
         "save_checkpoint/load_checkpoint nor state_dict/load_state_dict; give it one of those "
         "pairs, or leave it out of the checkpoint"
     )
+
+
+def _refuse_old(path: Path) -> None:
+    """Refuse a checkpoint of format 1: its ``state.pt`` is a pickle, never loaded."""
+    if (path / "state.pt").exists():
+        raise CheckpointError(
+            f"Checkpointer.load: {path / 'state.pt'} is a checkpoint of an older rlblocks (format "
+            "1: a pickle, which could run code when loaded, so it is never loaded); start the run "
+            "again in a new folder, or finish it with the rlblocks version that wrote it"
+        )
+
+
+def _newest_file(folder: Path) -> Path | None:
+    """The file written last under ``folder`` (where a write that failed stopped)."""
+    files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
+    return max(files, key=lambda p: p.stat().st_mtime_ns, default=None)
 
 
 def _remove(path: Path) -> None:

@@ -193,7 +193,8 @@ def run_steps(
     `rlblocks.run.resume`: honoured from the first resumed step on, or refused before it. A run
     that starts at step 0 in a folder where a run never checkpointed a step starts it over
     (`rlblocks.run.resume.start_over`). ``run.tracker``: started with ``config`` (and the step
-    resumed from; 0 for a run started over, so that the old run's records go).
+    resumed from; 0 for a run started over, so that the old run's records go). A run that starts
+    at step 0 saves the checkpoint of step 0 (the initial weights) before its first step.
     """
     check_steps(name, steps)  # before any folder is made or anything runs
     run = run or RunOptions()
@@ -216,6 +217,7 @@ def run_steps(
             source.resync()
         elif saver is not None:  # from step 0: what a run that never checkpointed left goes
             rerun = start_over(saver)
+            saver.save(0, state, history=history, config=config)  # the initial weights
         if run.tracker is not None:
             # a rerun drops the records of that run, as a resume from step 0 would
             run.tracker.start(config, resume_step=start if resumed or rerun else None)

@@ -40,6 +40,7 @@ A checkpoint holds the batch sampled ahead, so a resumed run trains on exactly t
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -247,11 +248,13 @@ class RolloutSource:
 
     # ------------------------------------------------------------------ Stateful
     def state_dict(self) -> dict[str, Any]:
-        """The batch sampled ahead (None without one), complete: it is part of the run."""
+        """The batch sampled ahead (None without one), complete: it is part of the run. Its
+        fields as a plain dict, so that a checkpoint holds it as data."""
         if self._ahead is None:
             return {"ahead": None}
         batch = self._ahead.result()
-        return {"ahead": batch.rollouts, "seconds": batch.seconds, "staleness": 1}
+        fields = {f.name: getattr(batch.rollouts, f.name) for f in dataclasses.fields(Rollouts)}
+        return {"ahead": fields, "seconds": batch.seconds, "staleness": 1}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what ``state_dict`` saved."""
@@ -264,7 +267,8 @@ class RolloutSource:
                 )
             done: Future[Batch] = Future()
             stale = int(state.get("staleness", 1))
-            done.set_result(Batch(state["ahead"], self._version - stale, float(state["seconds"])))
+            ahead = Rollouts(**state["ahead"])
+            done.set_result(Batch(ahead, self._version - stale, float(state["seconds"])))
             self._ahead = done
 
     # ------------------------------------------------------------------ internals

@@ -1,16 +1,27 @@
 """A trainer's part of a run checkpoint: what ``save_checkpoint(folder)`` writes and reads back.
 
-The folder holds:
+The folder holds (every file data, none unpickled: `rlblocks.statefile`):
 
 - ``model/``: the policy in the Hugging Face format (``PolicyTrainer.save_pretrained`` with
   ``merge_lora=False``: the full model, or the LoRA adapter), loadable by transformers and vLLM
   as it is. The critic's value model has no such format: it goes into ``state/`` with the
   optimizer.
-- ``state/``: the optimizer (and the critic's model) through ``torch.distributed.checkpoint``
-  (DCP): every rank writes its own shards, keyed by parameter name, and DCP reads them back into
-  any sharding, so a run saved on 2 workers resumes on 1 or 4.
-- ``trainer.pt`` (rank 0): scheduler, counters, the world size, and the reference's fingerprint.
-- ``rng-{rank}.pt``: the random state of each rank's process (`rlblocks.rng`).
+- ``state/``: the optimizer's tensors (and the critic's model) through
+  ``torch.distributed.checkpoint`` (DCP) with its Hugging Face safetensors storage: every rank
+  writes its own shard file (``shard-0000{rank+1}-model-00001-of-00001.safetensors``), each
+  tensor keyed by its path (``optimizer/state/<parameter>/exp_avg``) with its offsets in the
+  file's header, and DCP reads them back into any sharding, so a run saved on 2 workers resumes
+  on 1 or 4. DCP's default storage would also write a ``.metadata`` file that it reads back
+  with pickle: this storage reads its metadata from the safetensors headers instead.
+  ``layout.json`` beside the shards holds the rest of the optimizer's state dict (its
+  ``param_groups``, any value that is not a tensor) with each tensor's key. An optimizer that
+  has taken no step (the checkpoint of step 0) has no state and none is written: reading the
+  state of an empty optimizer would run a zero step on it (``get_optimizer_state_dict``) and
+  change the bias correction of the first real one.
+- ``trainer.json`` (rank 0): scheduler, counters, the world size, and the reference's
+  fingerprint.
+- ``rng-{rank}.json`` and ``.safetensors``: the random state of each rank's process
+  (`rlblocks.rng`).
 
 **The reference's identity.** A resumed run must keep the *initial* policy as its reference,
 not the checkpointed one. The reference is frozen and rebuilt by the user's code, so instead of
@@ -36,10 +47,21 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from rlblocks.rng import rng_state, set_rng_state
+from rlblocks.statefile import (
+    decode,
+    encode,
+    read_state,
+    read_tree,
+    tensor_keys,
+    write_state,
+    write_tree,
+)
 from rlblocks.trainer.config import apply_config
 from rlblocks.trainer.export import tied_names
 
 COUNTERS = ("steps", "optimizer_steps", "skipped_steps")
+#: Beside the shards in ``state/``: the optimizer's state dict without its tensors.
+LAYOUT = "layout.json"
 
 
 def save_trainer(
@@ -49,26 +71,27 @@ def save_trainer(
     ``model_state``: the model goes into ``state/`` with the optimizer (the critic) instead of
     the Hugging Face folder the policy writes itself before calling this. ``frozen``: the
     tensors the reference log-probs come from (none for a critic), fingerprinted."""
-    import torch.distributed.checkpoint as dcp
-
     folder = Path(folder)
-    state = {"optimizer": _optimizer_state(trainer)}
+    state = {}
+    if trainer.optimizer.state:  # an optimizer that took no step has none (module docstring)
+        state["optimizer"] = _optimizer_state(trainer)
     if model_state:
         state["model"] = _model_state(trainer)
-    with _quiet():
-        dcp.save(state, checkpoint_id=folder / "state", process_group=_group(trainer))
+    tree, tensors = encode(state)
+    (folder / "state").mkdir(parents=True, exist_ok=True)
+    if tensors:
+        _write_shards(trainer, tensors, folder / "state")
     reference = fingerprint(frozen, trainer.dp)  # a collective: every rank, not just rank 0
     if trainer.dp.rank == 0:
-        torch.save(
-            {
-                "scheduler": trainer.scheduler.state_dict(),
-                "counters": {k: getattr(trainer, k) for k in COUNTERS},
-                "world_size": trainer.dp.size,
-                "reference": reference,
-            },
-            folder / "trainer.pt",
-        )
-    torch.save(rng_state(), folder / f"rng-{trainer.dp.rank}.pt")
+        write_tree(folder / "state" / LAYOUT, tree)
+        meta = {
+            "scheduler": trainer.scheduler.state_dict(),
+            "counters": {k: getattr(trainer, k) for k in COUNTERS},
+            "world_size": trainer.dp.size,
+            "reference": reference,
+        }
+        write_state(folder / "trainer.json", meta)
+    write_state(folder / f"rng-{trainer.dp.rank}.json", rng_state())
 
 
 def load_trainer(
@@ -77,30 +100,123 @@ def load_trainer(
     """Read back what `save_trainer` wrote (the policy's model is read by the caller first).
     Checks ``frozen``'s fingerprint against the saved one; restores this rank's random state
     when the saved run had this rank."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         set_model_state_dict,
         set_optimizer_state_dict,
     )
 
     folder = Path(folder)
-    meta = torch.load(folder / "trainer.pt", weights_only=False)
+    meta = read_state(_state_file(trainer, folder, "trainer"))
     check_reference(meta["reference"], fingerprint(frozen, trainer.dp), folder)
-    state = {"optimizer": _optimizer_state(trainer)}
+    tree = read_tree(folder / "state" / LAYOUT)
+    saved = tensor_keys(tree)
+    target: dict[str, Any] = {}
+    if "optimizer" in tree:
+        target["optimizer"] = _optimizer_state(trainer)
+    else:  # saved before the first step: a fresh optimizer, as the saved run had
+        trainer.rebuild_optimizer()
     if model_state:
-        state["model"] = _model_state(trainer)
+        target["model"] = _model_state(trainer)
+    _, tensors = encode(target)
+    if set(tensors) != saved:
+        raise ValueError(
+            f"{type(trainer).__name__}.load_checkpoint: {folder / 'state'} holds the tensors "
+            f"{_few(saved - set(tensors))} that this trainer lacks and lacks "
+            f"{_few(set(tensors) - saved)}; build the trainer with the model of the saved run"
+        )
+    if tensors:
+        _read_shards(trainer, tensors, folder / "state")
+    state = decode(tree, tensors, where=str(folder / "state" / LAYOUT))
     with _quiet():
-        dcp.load(state, checkpoint_id=folder / "state", process_group=_group(trainer))
         if model_state:
             set_model_state_dict(trainer.model, state["model"])
-        set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"])
+        if "optimizer" in state:
+            set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"])
     trainer.scheduler.load_state_dict(meta["scheduler"])
     apply_config(trainer.optimizer, trainer.scheduler, trainer.config)  # the asked lr, schedule
     for name, value in meta["counters"].items():
         setattr(trainer, name, int(value))
-    rng = folder / f"rng-{trainer.dp.rank}.pt"
+    rng = folder / f"rng-{trainer.dp.rank}.json"
     if rng.is_file():  # a rank the saved run did not have starts with its own random state
-        set_rng_state(torch.load(rng, weights_only=False))
+        set_rng_state(read_state(rng))
+
+
+def _state_file(trainer: Any, folder: Path, name: str) -> Path:
+    """``folder/name.json``; an older checkpoint's pickled ``name.pt`` in its place is refused
+    by name (it is never unpickled)."""
+    path = folder / f"{name}.json"
+    if not path.is_file() and (folder / f"{name}.pt").is_file():
+        raise ValueError(
+            f"{type(trainer).__name__}.load_checkpoint: {folder / name}.pt is a checkpoint of an "
+            "older rlblocks, a pickle that rlblocks no longer unpickles (it could run code); "
+            "start the run again, or resume it with the rlblocks version that wrote it"
+        )
+    return path
+
+
+def _write_shards(trainer: Any, tensors: dict[str, Tensor], folder: Path) -> None:
+    """Each rank's tensors (whole, or its DTensor shards) into its shard file (module
+    docstring). DCP reports a failed write (a full disk, a file size limit) as a
+    ``CheckpointException``, a ``BaseException``: raised again as an ``OSError`` naming the
+    file."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
+
+    writer = HuggingFaceStorageWriter(str(folder), save_distributed=True)
+    try:
+        with _quiet():
+            dcp.save(tensors, storage_writer=writer, process_group=_group(trainer))
+    except CheckpointException as err:
+        raise OSError(
+            f"{type(trainer).__name__}.save_checkpoint: could not write "
+            f"{_shard_files(folder, err)}: {_cause(err)}; free space (or raise the file size "
+            "limit) and save again"
+        ) from err
+
+
+def _read_shards(trainer: Any, tensors: dict[str, Tensor], folder: Path) -> None:
+    """Fill ``tensors`` (this rank's, in its current sharding) from the shard files."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
+
+    try:
+        with _quiet():
+            dcp.load(
+                tensors,
+                storage_reader=HuggingFaceStorageReader(str(folder)),
+                process_group=_group(trainer),
+            )
+    except CheckpointException as err:
+        raise ValueError(
+            f"{type(trainer).__name__}.load_checkpoint: could not read the shards "
+            f"{_few(p.name for p in folder.glob('*.safetensors'))} in {folder}: {_cause(err)}; "
+            "the checkpoint is damaged: resume from another one"
+        ) from err
+
+
+def _shard_files(folder: Path, err: BaseException) -> str:
+    """The shard files of the ranks that failed (by DCP's naming, ``shard-0000{rank+1}-*``)."""
+    ranks = sorted(getattr(err, "failures", {}) or {0: None})
+    names = [f"shard-{rank + 1:05d}-*.safetensors" for rank in ranks]
+    found = [str(p) for name in names for p in sorted(folder.glob(name))]
+    return ", ".join(found) or ", ".join(str(folder / name) for name in names)
+
+
+def _cause(err: BaseException) -> str:
+    """The first rank's own exception inside DCP's ``CheckpointException``."""
+    for wrapped in (getattr(err, "failures", None) or {}).values():
+        inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+        return f"{type(inner).__name__}: {inner}"
+    return str(err)
+
+
+def _few(names: Iterable[str], shown: int = 5) -> str:
+    names = sorted(names)
+    return str(names[:shown])[:-1] + (
+        f", ... ({len(names)} in all)]" if len(names) > shown else "]"
+    )
 
 
 # ---------------------------------------------------------------------- the policy's weights

@@ -6,10 +6,10 @@ own process (the driver), which starts and stops its own local Ray instance:
 The policy is FSDP2-sharded over the pool's N workers (float32, unsharded when N is 1), with a
 KL loss to its frozen reference. ``--engine driver``: the rollout engine lives in this process
 with its own copy of the weights, synced from the workers by the resharder, and samples with
-this process's generator (saved in the checkpoint's ``state.pt``), so the rollouts do not depend
+this process's generator (saved in the checkpoint's ``state.json``), so the rollouts do not depend
 on N. ``--engine workers``: an engine in every worker (colocated with the policy's shards)
 samples that worker's share of the prompts with that worker's generator (saved per rank with
-the policy, ``rng-{rank}.pt``). The toy "Count: i" task, checkpoints in OUT/checkpoints. Prints
+the policy, ``rng-{rank}.json``). The toy "Count: i" task, checkpoints in OUT/checkpoints. Prints
 ``STEP i`` after each step; at the end writes OUT/result.pt: the history and the final weights.
 """
 

@@ -36,7 +36,8 @@ from rlblocks.data import PromptBatches
 
 class HangingBatches(PromptBatches):
     """Prompt batches whose position, asked for by the checkpoint of step ``hang_at`` (the
-    ``hang_at``-th save), is given only after a long sleep: a save stuck half-way."""
+    ``hang_at + 1``-th save, after those of steps 0 to ``hang_at - 1``), is given only after a
+    long sleep: a save stuck half-way."""
 
     def __init__(self, *args, hang_at: int | None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -44,7 +45,7 @@ class HangingBatches(PromptBatches):
 
     def state_dict(self) -> dict:
         self.saves += 1
-        if self.saves == self.hang_at:
+        if self.hang_at is not None and self.saves == self.hang_at + 1:
             print("SAVING", flush=True)
             time.sleep(600)
         return super().state_dict()

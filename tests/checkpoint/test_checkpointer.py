@@ -222,20 +222,21 @@ def _count_steps(folder, *, steps: int, batches: list, every: int, stop_at: int 
 
 
 def test_a_run_checkpoints_when_due_and_however_it_ends(tmp_path):
+    # step 0 (the initial state) first, then every 3rd step and the last
     assert _count_steps(tmp_path / "a", steps=5, batches=[1] * 9, every=3) == (
-        [3, 5],
+        [0, 3, 5],
         [1, 2, 3, 4, 5],
         5,
     )
     # the data runs out after 4 batches: the 4th step is saved all the same
-    assert _count_steps(tmp_path / "b", steps=9, batches=[1] * 4, every=3)[0] == [3, 4]
+    assert _count_steps(tmp_path / "b", steps=9, batches=[1] * 4, every=3)[0] == [0, 3, 4]
     # on_step stops the run after step index 1 (2 steps done)
-    assert _count_steps(tmp_path / "c", steps=9, batches=[1] * 9, every=3, stop_at=1)[0] == [2]
+    assert _count_steps(tmp_path / "c", steps=9, batches=[1] * 9, every=3, stop_at=1)[0] == [0, 2]
     # resumed from 2: the counter comes back, the data goes on at the 3rd batch, no new save
     # of step 2; a run already at its last step saves nothing
     resumed = _count_steps(tmp_path / "c", steps=4, batches=[1, 1, 10, 100], every=3)
-    assert resumed == ([2, 3, 4], [1, 2, 12, 112], 112)
-    assert _count_steps(tmp_path / "c", steps=4, batches=[1] * 9, every=3)[0] == [2, 3, 4]
+    assert resumed == ([0, 2, 3, 4], [1, 2, 12, 112], 112)
+    assert _count_steps(tmp_path / "c", steps=4, batches=[1] * 9, every=3)[0] == [0, 2, 3, 4]
 
 
 def test_a_saved_step_is_never_overwritten(tmp_path):

@@ -13,18 +13,12 @@ from toy_tasks import run_group_recipe
 import rlblocks as rb
 
 
-def _run(recipe, steps: int, folder, **kw) -> dict:
+def _run(recipe, steps: int, folder, on_step=None, **kw) -> dict:
     torch.manual_seed(0)
     policy = tiny_trainer(reference="auto", mini_batch_size=16)
     engine = tiny_engine(policy)
-    history = run_group_recipe(
-        recipe,
-        policy,
-        engine,
-        steps=steps,
-        run=rb.run.RunOptions(checkpoint=folder, resume="auto"),
-        **kw,
-    )
+    run = rb.run.RunOptions(checkpoint=folder, resume="auto", on_step=on_step) if folder else None
+    history = run_group_recipe(recipe, policy, engine, steps=steps, run=run, **kw)
     return {"history": history, "policy": policy.model.state_dict()}
 
 
@@ -39,3 +33,27 @@ def test_a_stopped_run_resumed_by_new_blocks_ends_the_same(recipe, kw, tmp_path)
     torch.manual_seed(123)  # whatever the process did meanwhile: the checkpoint restores it
     resumed = _run(recipe, 4, tmp_path / "stopped", **kw)
     assert_identical(resumed, straight, steps=4)
+
+
+class BlowUp(Exception):
+    """What a run that fails in its first step raises."""
+
+
+def _blow_up(index, metrics, rollouts):
+    raise BlowUp(f"step {index}")
+
+
+def test_a_run_resumed_from_its_step_0_checkpoint_ends_the_same(tmp_path):
+    """The initial weights are checkpointed (step 0): a run that failed in its first step,
+    before the checkpoint of step 1, resumes from there bit for bit; and checkpointing changes
+    nothing (an optimizer that took no step is saved as none: reading its state would run a
+    zero step on it)."""
+    unsaved = _run(rb.recipes.grpo, 3, None)
+    straight = _run(rb.recipes.grpo, 3, tmp_path / "straight")
+    assert_identical(straight, unsaved, steps=3)
+    with pytest.raises(BlowUp, match="step 0"):
+        _run(rb.recipes.grpo, 3, tmp_path / "failed", on_step=_blow_up)
+    assert rb.checkpoint.Checkpointer(tmp_path / "failed").steps() == [0]
+    torch.manual_seed(123)  # whatever the process did meanwhile: the checkpoint restores it
+    resumed = _run(rb.recipes.grpo, 3, tmp_path / "failed")
+    assert_identical(resumed, unsaved, steps=3)

@@ -71,6 +71,15 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(recipe, tmp_path, u
     assert_identical(result(tmp_path), uninterrupted[recipe])
 
 
+def test_a_run_killed_before_its_first_checkpoint_resumes_from_step_0(tmp_path, uninterrupted):
+    # Every 100 steps: the only checkpoint when it dies in step 2 is the initial one (step 0).
+    killed = job("ppo", tmp_path, "--every", "100")
+    kill_after(killed, "STEP 1")
+    assert rb.checkpoint.Checkpointer(tmp_path / "checkpoints").steps() == [0]
+    finish(job("ppo", tmp_path, "--resume", "--every", "100"))
+    assert_identical(result(tmp_path), uninterrupted["ppo"])
+
+
 def test_resume_without_a_checkpoint_is_refused_and_a_used_folder_too(tmp_path):
     process = job("grpo", tmp_path, "--resume", steps=2)
     _, err = process.communicate(timeout=300)
@@ -101,10 +110,14 @@ def test_a_save_that_runs_out_of_space_fails_loudly_and_loses_nothing(tmp_path, 
     assert "CheckpointError: Checkpointer.save: could not write the checkpoint of step 2" in err, (
         err[-2000:]
     )
-    assert "File too large" in err and "untouched: [1]" in err
+    assert "File too large" in err and "untouched: [0, 1]" in err
     root = tmp_path / "checkpoints"
-    assert rb.checkpoint.Checkpointer(root).steps() == [1]
+    assert rb.checkpoint.Checkpointer(root).steps() == [0, 1]
     # no partial folder left (the run's lock file stays: rlblocks.checkpoint.lock)
-    assert sorted(p.name for p in root.iterdir()) == [".checkpointer.lock", "step-00000001"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        ".checkpointer.lock",
+        "step-00000000",
+        "step-00000001",
+    ]
     finish(job("ppo", tmp_path, "--resume"))
     assert_identical(result(tmp_path), uninterrupted["ppo"])

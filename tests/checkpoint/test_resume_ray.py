@@ -9,10 +9,10 @@ run can still write into the checkpoint folder when the resumed run reads it.
 
 The rollout engine lives in the driver with its own copy of the weights (synced from the
 workers by the resharder) and samples with the driver's generator, restored from the
-checkpoint's ``state.pt``: the rollouts do not depend on the number of workers, which is what
+checkpoint's ``state.json``: the rollouts do not depend on the number of workers, which is what
 lets a run resumed onto 1 worker be compared at all. An engine colocated with the policy in
 each worker samples each worker's share of the prompts with that worker's generator (saved per
-rank as ``rng-{rank}.pt``): resumed on 2 workers it is bitwise too (the slow test).
+rank as ``rng-{rank}.json``): resumed on 2 workers it is bitwise too (the slow test).
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def assert_close_on_one_worker(got: dict, want: dict, at_start: dict, *, resumed
 
 @pytest.mark.slow  # three more runs, ~40 s on 2 cores
 def test_an_engine_colocated_in_the_workers_resumes_bitwise_on_two(tmp_path):
-    # Each worker's engine samples with its own generator: restored from rng-{rank}.pt.
+    # Each worker's engine samples with its own generator: restored from rng-{rank}.json.
     full, killed = tmp_path / "full", tmp_path / "killed"
     uninterrupted = job(full, 2, "--engine", "workers")
     killed_run(killed, "--engine", "workers")

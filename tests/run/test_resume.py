@@ -103,10 +103,11 @@ def test_what_cannot_be_honoured_is_refused_before_the_first_step(tmp_path):
 
 # ---------------------------------------------------------------------- dead folders
 def failed_in_first_step(folder) -> None:
-    """What a run that raised in its first step leaves in ``folder``."""
+    """What a run that raised in its first step leaves in ``folder``: the checkpoint of step 0
+    (its initial state), no other."""
     with pytest.raises(RuntimeError, match="step 0 fails"):
         count(folder, steps=3, fail_at=0)
-    assert rb.checkpoint.Checkpointer(folder / "checkpoints").steps() == []
+    assert rb.checkpoint.Checkpointer(folder / "checkpoints").steps() == [0]
 
 
 def test_a_folder_left_by_a_run_that_failed_in_its_first_step_is_run_again(tmp_path):
@@ -115,10 +116,11 @@ def test_a_folder_left_by_a_run_that_failed_in_its_first_step_is_run_again(tmp_p
         assert count(tmp_path / str(resume), steps=3, resume=resume) == [1, 2, 3]
         steps = [r["step"] for r in read_metrics(tmp_path / str(resume) / "metrics.jsonl")]
         assert steps == [0, 1, 2]
-    failed_in_first_step(tmp_path / "true")
+    failed_in_first_step(tmp_path / "true")  # resume=True goes on from its step 0
+    assert count(tmp_path / "true", steps=3, resume=True) == [1, 2, 3]
     with pytest.raises(FileNotFoundError, match="holds no complete checkpoint: nothing to resume"):
-        count(tmp_path / "true", steps=3, resume=True)
-    assert count(tmp_path / "true", steps=3, resume=False) == [1, 2, 3]  # as the message says
+        count(tmp_path / "never", steps=3, resume=True)  # no checkpoint at all
+    assert count(tmp_path / "never", steps=3, resume=False) == [1, 2, 3]  # as the message says
 
 
 def test_a_rerun_drops_the_records_of_the_steps_that_were_never_checkpointed(tmp_path):
@@ -132,6 +134,7 @@ def test_a_rerun_drops_the_records_of_the_steps_that_were_never_checkpointed(tmp
 def test_a_folder_holding_only_the_initial_checkpoint_starts_over(tmp_path):
     # A run that saved its initial state as step 0 and failed in its first step.
     failed_in_first_step(tmp_path)
+    shutil.rmtree(tmp_path / "checkpoints" / "step-00000000")  # replaced by one that shows:
     initial = Counter()
     initial.n = 100  # not what a new run starts from: a resume would show it
     rb.checkpoint.Checkpointer(tmp_path / "checkpoints").save(0, {"c": initial})
