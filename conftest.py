@@ -25,11 +25,14 @@ import atexit
 import shutil
 import tempfile
 
-from hypothesis import settings
-from hypothesis.configuration import set_hypothesis_home_dir
-
-_HYPOTHESIS_HOME = tempfile.mkdtemp(prefix="rlblocks-hypothesis-")
-atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, ignore_errors=True)
-set_hypothesis_home_dir(_HYPOTHESIS_HOME)
-settings.register_profile("rlblocks", database=None)
-settings.load_profile("rlblocks")
+try:  # the vLLM stage's environment has no Hypothesis: nothing to configure there
+    from hypothesis import settings
+    from hypothesis.configuration import set_hypothesis_home_dir
+except ImportError:
+    settings = None
+if settings is not None:
+    _HYPOTHESIS_HOME = tempfile.mkdtemp(prefix="rlblocks-hypothesis-")
+    atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, ignore_errors=True)
+    set_hypothesis_home_dir(_HYPOTHESIS_HOME)
+    settings.register_profile("rlblocks", database=None)
+    settings.load_profile("rlblocks")
