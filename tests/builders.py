@@ -105,3 +105,16 @@ def tiny_engine(
     tokenizer = policy.tokenizer if policy.tokenizer is not None else tiny_tokenizer()
     model = policy.model if shared else tiny(seed=seed)[0]
     return HFEngine(model, tokenizer, **{"progress": False, **kw})
+
+
+class Counter:
+    """A `Stateful` checkpoint block holding one count ``n`` (what a test sets it to)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n = state["n"]

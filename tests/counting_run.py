@@ -18,21 +18,10 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from builders import Counter
+
 import rlblocks as rb
 from rlblocks.run import Batches, RunOptions, Step, run_steps
-
-
-class Counter:
-    """A `Stateful` block: the sum of the batches so far."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def state_dict(self) -> dict:
-        return {"n": self.n}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.n = state["n"]
 
 
 def count(

@@ -9,26 +9,13 @@ import random
 import numpy as np
 import pytest
 import torch
-from builders import tiny_trainer
+from builders import Counter, tiny_trainer
 
 import rlblocks as rb
 from rlblocks.checkpoint import Checkpointer, CheckpointError
 from rlblocks.checkpoint.folders import to_prune
 from rlblocks.data import PromptBatches, load_prompts
 from rlblocks.run import Drawn, describe, run_config
-
-
-class Counter:
-    """A `Stateful` block."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def state_dict(self) -> dict:
-        return {"n": self.n}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.n = state["n"]
 
 
 def test_pruning_keeps_the_newest_and_every_kth():

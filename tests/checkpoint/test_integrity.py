@@ -15,25 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from builders import ragged_rollouts, tiny_trainer
+from builders import Counter, ragged_rollouts, tiny_trainer
 
 import rlblocks as rb
 from rlblocks.checkpoint import Checkpointer, CheckpointError
 
 LOSS = rb.recipes.defaults.PPO_CLIP
-
-
-class Counter:
-    """A `Stateful` block: the step it was saved at."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def state_dict(self) -> dict:
-        return {"n": self.n}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.n = state["n"]
 
 
 class Marker:
