@@ -124,7 +124,7 @@ class CriticTrainer:
         return values.float()
 
     def _forward(self, rollouts: Rollouts) -> Tensor:
-        return self.model(rollouts, bf16=self.config.bf16)
+        return self.model(rollouts, bf16=self.config.bf16, packing=self.config.packing)
 
     # ------------------------------------------------------------------ the update
     @dispatch(Dispatch.ALL)

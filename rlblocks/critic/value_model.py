@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.forward import check_scorable, position_ids
+from rlblocks.trainer.packing import check_isolation, pack, packed_attention
 
 
 class ValueModel(nn.Module):
@@ -78,7 +79,7 @@ class ValueModel(nn.Module):
         model, _ = load(name_or_path, dtype=dtype, device=device)
         return cls(model, init_std=init_std, copy=False)
 
-    def forward(self, rollouts: Rollouts, *, bf16: bool = False) -> Tensor:
+    def forward(self, rollouts: Rollouts, *, bf16: bool = False, packing: bool = False) -> Tensor:
         """V(s_k) for every response token k: the head applied to the hidden state at column
         tp+k−1 (module docstring), V_{i,k} = w·h_θ(x_{i, <tp+k})[tp+k−1] + b.
 
@@ -87,7 +88,8 @@ class ValueModel(nn.Module):
         (float64 for a float64 backbone), 0 where ``response_mask`` is False, with the gradient
         of the backbone and head when grad mode is on (nothing detached). ``bf16`` runs the
         backbone under ``torch.autocast(dtype=torch.bfloat16)``; the head stays in float32.
-        Rows need at least one prompt column (``tp >= 1``).
+        Rows need at least one prompt column (``tp >= 1``). ``packing``: the rows run
+        padding-free as one sequence, attention kept per row (``rlblocks.trainer.packing``).
         """
         check_scorable(self.backbone, rollouts, owner="ValueModel")
         t, mask = rollouts.response_ids.shape[1], rollouts.attention_mask
@@ -96,6 +98,14 @@ class ValueModel(nn.Module):
             if bf16
             else contextlib.nullcontext()
         )
+        if packing:
+            check_isolation(self.backbone, owner="ValueModel")
+            packed = pack(rollouts)
+            with packed_attention(self.backbone, packed) as kwargs, autocast:
+                hidden = self.backbone(**kwargs)[0][0, packed.keep]  # (m h)
+            values = packed.scatter(self.head(hidden.to(self.head.weight.dtype)).squeeze(-1))
+            zero = torch.zeros((), dtype=values.dtype, device=values.device)
+            return torch.where(rollouts.response_mask, values, zero)
         with autocast:
             outputs = self.backbone(
                 input_ids=rollouts.input_ids,

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
@@ -165,3 +166,133 @@ def entropy_loss(entropy: Tensor, mask: Tensor, /) -> tuple[Tensor, dict[str, Te
     zero = torch.zeros((), dtype=entropy.dtype, device=entropy.device)
     loss = -torch.where(mask, entropy, zero)  # masked first: −0 · NaN would stay NaN
     return loss, {"entropy": masked_mean(entropy.detach(), mask).float()}
+
+
+def linear_token_scores(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    token_ids: Tensor,
+    /,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probabilities of the given tokens (and entropies) from hidden states, without the
+    ``(n v)`` logits: the vocabulary projection runs inside the chunks.
+
+    z = (h Wᵀ + b) / T,  log π(y | ·) = z_y − logsumexp(z),  H = logsumexp(z) − Σ_v softmax(z)_v z_v,
+
+    computed ``chunk_size`` rows at a time, forward and backward (:class:`_LinearTokenScores`):
+    peak memory grows with ``chunk_size · v``, not with ``n · v``. The projection runs in the
+    dtype autocast gives it (as the model's own ``lm_head`` would), the softmax in float32
+    (float64 for float64 inputs).
+
+    Shapes: ``hidden`` ``(n d)``, ``weight`` ``(v d)``, ``bias`` ``(v)`` or None,
+    ``token_ids`` ``(n)`` int64. Returns ``(n)`` log-probs and ``(n)`` entropies (None unless
+    ``entropy``), float32 (float64), differentiable through ``hidden``, ``weight`` and
+    ``bias`` (once: no second derivative).
+    """
+    if hidden.dim() != 2 or token_ids.shape != hidden.shape[:1]:
+        raise ValueError(
+            f"linear_token_scores: hidden {tuple(hidden.shape)} and token_ids "
+            f"{tuple(token_ids.shape)}; pass (n d) hidden states and (n) token ids"
+        )
+    if chunk_size < 1:
+        raise ValueError(f"linear_token_scores: chunk_size={chunk_size}; use chunk_size >= 1")
+    logprobs, ent = _LinearTokenScores.apply(
+        hidden, weight, bias, token_ids.long(), temperature, chunk_size, entropy
+    )
+    return logprobs, ent if entropy else None
+
+
+class _LinearTokenScores(torch.autograd.Function):
+    """Chunked ``z = (h Wᵀ + b) / T`` → log-prob of the chosen token and entropy.
+
+    Gradients per row, with p = softmax(z), g and γ the incoming gradients of the log-prob and
+    the entropy:  ∂/∂z_j = g (1[j = y] − p_j) − γ p_j (z_j − lse + H)  (from
+    ∂H/∂z_j = −p_j (log p_j + H)); then ∂/∂h = (∂/∂z) W / T, ∂/∂W = (∂/∂z)ᵀ h / T,
+    ∂/∂b = Σ_rows ∂/∂z / T. The forward keeps ``hidden``, ``weight``, the ``(n)`` logsumexps
+    and entropies; the backward recomputes one chunk of logits at a time.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        ids: Tensor,
+        temperature: float,
+        chunk_size: int,
+        want_entropy: bool,
+    ) -> tuple[Tensor, Tensor]:
+        device_type = hidden.device.type
+        ctx.autocast = torch.is_autocast_enabled(device_type)
+        ctx.autocast_dtype = torch.get_autocast_dtype(device_type)
+        n = hidden.shape[0]
+        dtype = torch.promote_types(torch.promote_types(hidden.dtype, weight.dtype), torch.float32)
+        lse = torch.empty(n, dtype=dtype, device=hidden.device)
+        out = torch.empty(n, dtype=dtype, device=hidden.device)
+        ent = torch.zeros(n if want_entropy else 0, dtype=dtype, device=hidden.device)
+        for start in range(0, n, chunk_size):
+            part = slice(start, start + chunk_size)
+            z = F.linear(hidden[part], weight, bias).to(dtype) / temperature
+            torch.logsumexp(z, dim=-1, out=lse[part])
+            out[part] = z.gather(-1, ids[part, None])[:, 0] - lse[part]
+            if want_entropy:
+                ent[part] = lse[part] - (torch.softmax(z, dim=-1) * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, ids, lse, ent)
+        ctx.temperature, ctx.chunk_size, ctx.want_entropy = temperature, chunk_size, want_entropy
+        return out, ent
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_lp: Tensor | None, grad_ent: Tensor | None):  # type: ignore[override]
+        hidden, weight, bias, ids, lse, ent = ctx.saved_tensors
+        temperature = ctx.temperature
+        device_type = hidden.device.type
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        accumulate = torch.promote_types(weight.dtype, torch.float32)
+        grad_w = (
+            torch.zeros(weight.shape, dtype=accumulate, device=weight.device) if need_w else None
+        )
+        grad_b = (
+            torch.zeros(bias.shape, dtype=accumulate, device=bias.device)
+            if need_b and bias is not None
+            else None
+        )
+        use_ent = ctx.want_entropy and grad_ent is not None
+        for start in range(0, hidden.shape[0], ctx.chunk_size):
+            part = slice(start, start + ctx.chunk_size)
+            h = hidden[part]
+            with torch.autocast(device_type, dtype=ctx.autocast_dtype, enabled=ctx.autocast):
+                logits = F.linear(h, weight, bias)
+            z = logits.to(lse.dtype) / temperature
+            p = (z - lse[part, None]).exp_()
+            gz = torch.zeros_like(z)
+            if grad_lp is not None:
+                g = grad_lp[part].to(lse.dtype)
+                gz.add_(p * -g[:, None]).scatter_add_(-1, ids[part, None], g[:, None])
+            if use_ent:
+                gamma = grad_ent[part].to(lse.dtype)
+                shift = z - (lse[part] - ent[part])[:, None]  # z_j − lse + H
+                gz.sub_(p * shift * gamma[:, None])
+            gz = (gz / temperature).to(logits.dtype)
+            if grad_h is not None:
+                grad_h[part] = gz @ weight.to(gz.dtype)
+            if grad_w is not None:
+                grad_w += (gz.T @ h.to(gz.dtype)).to(accumulate)
+            if grad_b is not None:
+                grad_b += gz.sum(0).to(accumulate)
+        return (
+            grad_h,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
+            grad_b.to(bias.dtype) if grad_b is not None else None,
+            None,
+            None,
+            None,
+            None,
+        )

@@ -122,8 +122,24 @@ def micro_batches(rollouts: Rollouts, config: TrainConfig) -> tuple[list[Rollout
     rows, tokens = config.micro_batch_size, config.micro_batch_tokens
     if rows is None and tokens is None:
         return [rollouts], None
+    if tokens is not None:
+        check_token_budget(rollouts, tokens)
     order = length_order(rollouts)
     return rollouts.select(order).split(rows=rows, token_budget=tokens), order
+
+
+def check_token_budget(rollouts: Rollouts, budget: int) -> None:
+    """Refuse a row with more real tokens (prompt + response) than ``budget``, the
+    ``micro_batch_tokens`` every forward is sized for, naming the longest such row."""
+    lengths = rollouts.attention_mask.sum(-1)
+    if len(lengths) and int(lengths.max()) > budget:
+        row = int(lengths.argmax())
+        raise ValueError(
+            f"TrainConfig.micro_batch_tokens: row {row} has {int(lengths[row])} tokens (prompt + "
+            f"response), more than the budget of {budget} per forward; raise "
+            f"micro_batch_tokens to at least {int(lengths.max())}, or cut the rows shorter "
+            "(max_new_tokens, prompt length)"
+        )
 
 
 def length_order(rollouts: Rollouts) -> Tensor:

@@ -60,7 +60,12 @@ class TrainConfig:
     token (about 5% of a SmolLM2-135M update on a CPU). A loss that takes ``entropy`` gets it
     and reports it regardless."""
     logprob_chunk_size: int = DEFAULT_CHUNK_SIZE
-    """Tokens per chunk of the float32 log-softmax / entropy (bounds its memory)."""
+    """Tokens per chunk of the vocabulary projection and float32 log-softmax / entropy (bounds
+    their memory: ``chunk × vocabulary`` logits at a time)."""
+    packing: bool = True
+    """Run every scoring and training forward padding-free: each micro-batch's real tokens as
+    one sequence, attention kept within each row (``rlblocks.trainer.packing``); False:
+    right-padded rows, every padding column computed."""
     shuffle_seed: int = 0
     """Seed of the mini-batch shuffling; the order depends on (seed, trainer step) only."""
     fsdp: FSDP | None = None

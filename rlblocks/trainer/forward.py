@@ -17,6 +17,20 @@ models do after the head (Gemma-2's logit soft-capping, Cohere's logit scale); a
 ``forward`` has no ``logits_to_keep`` gets full logits, sliced afterwards: correct, just more
 memory.
 
+**Packed** (``packing=True``, :mod:`rlblocks.trainer.packing`): the rows' real tokens run as
+one sequence with attention kept per row, and ``logits_to_keep`` lists the packed positions
+that score response tokens; the scores go back to the ``(b t)`` grid. Nothing is computed for
+padding.
+
+**No (b t v) logits**: where the model's output layer is a plain ``nn.Linear`` and nothing
+follows it in ``forward`` (no logit soft-capping or scaling), it is swapped, for the duration of
+the forward, for a module that takes the kept hidden states straight to log-probs (and
+entropies) chunk by chunk (``rlblocks.losses.entropy.linear_token_scores``): only
+``chunk_size × v`` logits exist at a time, forward and backward. The swap happens inside the
+model's own ``forward``, so FSDP's gathering of the head's weight and peft's wrappers work as
+for the real head; the model's returned ``logits`` must be the swapped module's output, or
+this falls back to full logits. Other models get the logits and score them in chunks.
+
 Position ids follow the attention mask, ``position_ids = clamp(cumsum(mask) − 1, min=0)`` (as
 verl's ``compute_position_id_with_mask``), so a left-padded prompt gets the same rotary
 positions as the unpadded one. Padding columns get position 0 (left) or repeat the last position
@@ -27,13 +41,15 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
 
-from rlblocks.losses.entropy import entropy_from_logits, token_logprobs
+from rlblocks.losses.entropy import entropy_from_logits, linear_token_scores, token_logprobs
 from rlblocks.models.context import check_rows
 from rlblocks.rollouts import Rollouts
+from rlblocks.trainer.packing import check_isolation, pack, packed_attention
 
 
 def position_ids(attention_mask: Tensor) -> Tensor:
@@ -100,31 +116,156 @@ def score_responses(
     bf16: bool = False,
     chunk_size: int,
     entropy: bool = False,
+    packing: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of the response tokens under ``model``, chunked over tokens.
 
     logprobs_{i,k} = log softmax(z_{i,k})[y_{i,k}],  entropy_{i,k} = H(softmax(z_{i,k})), with z
-    from :func:`response_logits` (temperature applied), computed by ``token_logprobs`` and
-    ``entropy_from_logits`` at most ``chunk_size`` tokens at a time in float32. Both are 0 at
-    response padding.
+    the logits of :func:`response_logits` (temperature applied), computed at most
+    ``chunk_size`` tokens at a time in float32, without the ``(b t v)`` logits where the
+    model's head allows (module docstring). Both are 0 at response padding. ``packing``: run
+    the rows padding-free (module docstring); the model must keep packed rows apart
+    (``rlblocks.trainer.packing.check_isolation``, else ``ValueError``).
 
     Shapes: returns ``(b t)`` ``logprobs`` and ``(b t)`` ``entropy`` (``None`` unless
     ``entropy``), float32 (float64 for a float64 model). Both carry the gradient of the model's
     parameters when grad mode is on; nothing is detached here.
     """
-    logits = response_logits(model, rollouts, temperature=temperature, bf16=bf16)
+    check_scorable(model, rollouts, owner="score_responses")
+    options = {"temperature": temperature, "chunk_size": chunk_size, "entropy": entropy}
+    if packing:
+        check_isolation(model, owner="score_responses")
+        packed = pack(rollouts)
+        with packed_attention(model, packed) as kwargs, _autocast(bf16, packed.keep):
+            lp, ent = _token_scores(model, kwargs, packed.keep, packed.targets[None], **options)
+        return packed.scatter(lp[0]), None if ent is None else packed.scatter(ent[0])
+    t, mask = rollouts.response_ids.shape[1], rollouts.attention_mask
+    s = mask.shape[1]
+    kwargs = {
+        "input_ids": rollouts.input_ids,
+        "attention_mask": mask.long(),
+        "position_ids": position_ids(mask),
+        "use_cache": False,
+    }
+    keep = torch.arange(s - t - 1, s - 1, device=mask.device)
+    with _autocast(bf16, keep):
+        lp, ent = _token_scores(model, kwargs, keep, rollouts.response_ids, **options)
     real = rollouts.response_attention_mask
-    logprobs = token_logprobs(logits, rollouts.response_ids, chunk_size=chunk_size)
-    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    logprobs = torch.where(real, logprobs, zero)
-    if not entropy:
-        return logprobs, None
-    return logprobs, torch.where(real, entropy_from_logits(logits, chunk_size=chunk_size), zero)
+    zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
+    return torch.where(real, lp, zero), None if ent is None else torch.where(real, ent, zero)
+
+
+def _autocast(bf16: bool, like: Tensor) -> contextlib.AbstractContextManager:
+    if not bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=like.device.type, dtype=torch.bfloat16)
+
+
+def _token_scores(
+    model: nn.Module,
+    kwargs: dict,
+    keep: Tensor,
+    targets: Tensor,
+    *,
+    temperature: float,
+    chunk_size: int,
+    entropy: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """Scores ``(r k)`` of ``targets`` ``(r k)`` from the outputs at columns ``keep`` ``(k)`` of
+    a forward with ``kwargs`` (``r`` rows: the batch, or 1 packed sequence)."""
+    head = _chunkable_head(model)
+    if head is not None:
+        scorer = _ScoringHead(head, targets, temperature, chunk_size, entropy)
+        with _swapped(model, head, scorer):
+            out = model(**kwargs, logits_to_keep=keep).logits
+        if out is scorer.result:
+            # Read from the model's output, not the scorer: FSDP hooks the output tensors to
+            # gather the parameters again before their backward.
+            return out[..., 0], out[..., 1] if entropy else None
+        _UNCHUNKABLE.add(type(_base(model)))  # the model changed its logits: not a plain head
+    if _accepts_logits_to_keep(model):
+        logits = model(**kwargs, logits_to_keep=keep).logits
+    else:
+        logits = model(**kwargs).logits[:, keep]
+    if temperature != 1.0:
+        logits = logits / temperature
+    lp = token_logprobs(logits, targets, chunk_size=chunk_size)
+    return lp, entropy_from_logits(logits, chunk_size=chunk_size) if entropy else None
+
+
+_UNCHUNKABLE: set[type] = set()
+
+
+def _base(model: nn.Module) -> nn.Module:
+    # A peft wrapper's forward is (*args, **kwargs): look at the model it wraps.
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _chunkable_head(model: nn.Module) -> nn.Linear | None:
+    """The output layer to swap for :class:`_ScoringHead`, or None: it must be a plain
+    ``nn.Linear`` (not a peft adapter layer), the model must take ``logits_to_keep`` and apply
+    no soft-capping or scale after its head."""
+    base = _base(model)
+    if type(base) in _UNCHUNKABLE or not _accepts_logits_to_keep(model):
+        return None
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if not isinstance(head, nn.Linear):
+        return None
+    config = getattr(base, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "final_logit_softcapping", None) is not None:
+        return None
+    if getattr(text, "logit_scale", None) not in (None, 1, 1.0):
+        return None
+    return head
+
+
+class _ScoringHead(nn.Module):
+    """Stands in for the output layer during one forward: hidden states ``(r k d)`` to the
+    log-probs of ``targets`` ``(r k)`` (and entropies), returned as the model's "logits"
+    ``(r k 1)`` (``(r k 2)`` with entropies), also kept on the module to check by identity
+    that the model returned them untouched."""
+
+    def __init__(
+        self, head: nn.Linear, targets: Tensor, temperature: float, chunk_size: int, entropy: bool
+    ) -> None:
+        super().__init__()
+        self.head = head
+        self.targets, self.temperature = targets, temperature
+        self.chunk_size, self.want_entropy = chunk_size, entropy
+        self.result: Tensor | None = None
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        lead = hidden.shape[:-1]
+        lp, ent = linear_token_scores(
+            hidden.reshape(-1, hidden.shape[-1]),
+            self.head.weight,
+            self.head.bias,
+            self.targets.reshape(-1),
+            temperature=self.temperature,
+            chunk_size=self.chunk_size,
+            entropy=self.want_entropy,
+        )
+        scores = [lp] if ent is None else [lp, ent]
+        self.result = torch.stack([x.view(lead) for x in scores], dim=-1)  # not a view
+        return self.result
+
+
+@contextlib.contextmanager
+def _swapped(model: nn.Module, head: nn.Module, scorer: nn.Module) -> Iterator[None]:
+    """``scorer`` in place of ``head`` (found by identity among ``model``'s modules)."""
+    name = next(n for n, m in _base(model).named_modules() if m is head)
+    parent_name, _, leaf = name.rpartition(".")
+    parent = _base(model).get_submodule(parent_name)
+    setattr(parent, leaf, scorer)
+    try:
+        yield
+    finally:
+        setattr(parent, leaf, head)
 
 
 def _accepts_logits_to_keep(model: nn.Module) -> bool:
-    # A peft wrapper's forward is (*args, **kwargs): look at the model it wraps.
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = _base(model)
     try:
         return "logits_to_keep" in inspect.signature(base.forward).parameters
     except (TypeError, ValueError):

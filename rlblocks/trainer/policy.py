@@ -65,6 +65,7 @@ from rlblocks.trainer.export import DEFAULT_COMMIT_MESSAGE, push_to_hub, save_pr
 from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
 from rlblocks.trainer.lora import is_peft_model, wrap_lora
+from rlblocks.trainer.packing import check_isolation
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.policy_loss import PreparedUpdate, prepare_update
 from rlblocks.trainer.update import (
@@ -132,6 +133,8 @@ class PolicyTrainer:
         self.dp: SingleProcess | DataParallel = SingleProcess()  # see shard()
         self._accumulation = Accumulation()  # forward_backward's gradients until optim_step
         start_training(self)  # counters steps, optimizer_steps, skipped_steps; the optimizer
+        if self.config.packing and self.reference is not None:
+            check_isolation(self.reference, owner="PolicyTrainer (reference)")
 
     rebuild_optimizer = rebuild_optimizer  # a fresh AdamW and schedule (trainer.update)
 
@@ -234,6 +237,7 @@ class PolicyTrainer:
             bf16=c.bf16,
             chunk_size=c.logprob_chunk_size,
             entropy=entropy,
+            packing=c.packing,
         )
 
     # ------------------------------------------------------------------ the update

@@ -32,6 +32,7 @@ from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.batches import scored_in_pieces
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.forward import score_responses
+from rlblocks.trainer.packing import check_isolation
 from rlblocks.trainer.parallel import SingleProcess
 
 
@@ -67,6 +68,7 @@ class Teacher:
         )
         if tokenizer is not None and student_tokenizer is not None:
             check_same_vocabulary(tokenizer, student_tokenizer)
+        check_isolation(self.model, owner="Teacher")  # it scores packed rows
 
     # from_pretrained(name_or_path, *, dtype=float32, device="cpu", **kwargs): load, then
     # cls(model, tokenizer=tokenizer, **kwargs).
@@ -100,6 +102,7 @@ class Teacher:
                 temperature=c.temperature,
                 bf16=c.bf16,
                 chunk_size=c.logprob_chunk_size,
+                packing=c.packing,
             )
 
         (logprobs, _) = scored_in_pieces(score, rollouts, c, SingleProcess())

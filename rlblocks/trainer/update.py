@@ -26,6 +26,7 @@ ranks (``rlblocks.trainer.metrics``), so every rank returns the metrics of the w
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from rlblocks.trainer.batches import micro_batch_pairs, minibatch_rows
 from rlblocks.trainer.config import TrainConfig, optimizer_and_schedule
 from rlblocks.trainer.guard import guarded_step
 from rlblocks.trainer.metrics import StepMetrics
+from rlblocks.trainer.packing import check_isolation, kept_apart
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 
 #: ``micro_loss(micro, normalizer) -> (loss, metrics)``: the aggregated loss of one micro-batch
@@ -61,12 +63,18 @@ class Trainable(Protocol):
 
 
 def start_training(trainer: Trainable) -> None:
-    """The end of a trainer's ``__init__``: zero the counters the loop advances and build the
-    optimizer (:func:`rebuild_optimizer`)."""
+    """The end of a trainer's ``__init__``: zero the counters the loop advances, build the
+    optimizer (:func:`rebuild_optimizer`) and, with ``config.packing``, check that the model
+    keeps packed rows apart (``rlblocks.trainer.packing.check_isolation``; a value model's
+    backbone)."""
     trainer.steps = 0  # step() calls
     trainer.optimizer_steps = 0  # applied updates
     trainer.skipped_steps = 0  # updates refused by the NaN guard
     rebuild_optimizer(trainer)
+    if trainer.config.packing:  # refuse a model that mixes packed rows before any step
+        check_isolation(
+            getattr(trainer.model, "backbone", trainer.model), owner=type(trainer).__name__
+        )
 
 
 def rebuild_optimizer(trainer: Trainable) -> None:
@@ -180,11 +188,13 @@ def accumulate(
     pairs, _ = micro_batch_pairs(mini, trainer.config, trainer.dp)  # any order: a sum
     for micro, real in pairs:
         micro = micro.trim()
-        loss, loss_metrics = micro_loss(micro, normalizer)
-        if not real:  # a padding micro-batch: FSDP's collectives run, nothing is added
-            loss = loss * 0.0
-        if loss.requires_grad:
-            loss.backward()
+        # A packed forward's row attention must last through its backward (recomputed layers).
+        with kept_apart(trainer.model) if trainer.config.packing else contextlib.nullcontext():
+            loss, loss_metrics = micro_loss(micro, normalizer)
+            if not real:  # a padding micro-batch: FSDP's collectives run, nothing is added
+                loss = loss * 0.0
+            if loss.requires_grad:
+                loss.backward()
         if real:
             metrics.add_micro_batch(loss, loss_metrics, tokens=micro.response_mask.sum())
             finite &= torch.isfinite(loss.detach())

@@ -6,7 +6,12 @@ import torch
 from torch.testing import assert_close
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rlblocks.losses.entropy import entropy_from_logits, entropy_loss, token_logprobs
+from rlblocks.losses.entropy import (
+    entropy_from_logits,
+    entropy_loss,
+    linear_token_scores,
+    token_logprobs,
+)
 
 LN3 = math.log(3.0)
 
@@ -239,3 +244,80 @@ def test_entropy_loss_hand_worked_and_limits():
     loss, metrics = entropy_loss(entropy, torch.zeros_like(mask))
     assert_close(loss.detach(), torch.zeros(2, 3))
     assert_close(metrics["entropy"], torch.tensor(0.0))
+
+
+# ---------------------------------------------------------------- linear_token_scores
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 100])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_token_scores_match_full_logits(chunk_size, bias):
+    # float64 against log_softmax of the full (n v) logits: the same arithmetic in chunks, so
+    # only the summation order differs (~1e-15 for these magnitudes; 1e-12 leaves room).
+    g = torch.Generator().manual_seed(11)
+    n, d, v, temperature = 13, 7, 11, 0.7
+    hidden = torch.randn(n, d, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(v, d, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(v, generator=g, dtype=torch.float64, requires_grad=True) if bias else None
+    ids = torch.randint(0, v, (n,), generator=g)
+    g_lp, g_ent = torch.randn(n, generator=g, dtype=torch.float64), torch.randn(n, generator=g)
+    leaves = [x for x in (hidden, weight, b) if x is not None]
+
+    lp, ent = linear_token_scores(
+        hidden, weight, b, ids, temperature=temperature, chunk_size=chunk_size, entropy=True
+    )
+    got = torch.autograd.grad((lp * g_lp + ent * g_ent.double()).sum(), leaves)
+    z = torch.nn.functional.linear(hidden, weight, b) / temperature
+    lp_ref, ent_ref = _naive_logprobs(z, ids), _naive_entropy(z)
+    expected = torch.autograd.grad((lp_ref * g_lp + ent_ref * g_ent.double()).sum(), leaves)
+    tol = {"rtol": 1e-12, "atol": 1e-12}
+    assert_close(lp, lp_ref, **tol)
+    assert_close(ent, ent_ref, **tol)
+    for a, e in zip(got, expected, strict=True):
+        assert_close(a, e, **tol)
+    only_lp, none = linear_token_scores(hidden, weight, b, ids, temperature=temperature)
+    assert none is None
+    assert_close(only_lp, lp, **tol)
+
+
+class _VocabularyWide(TorchDispatchMode):
+    """Records the largest tensor whose last dimension is the vocabulary (logits and their
+    gradients), produced by any op forward or backward; the head's transposed weight ``(d v)``
+    is not one."""
+
+    def __init__(self, v, d):
+        super().__init__()
+        self.v, self.d, self.largest = v, d, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for x in out if isinstance(out, (tuple, list)) else [out]:
+            if (
+                isinstance(x, torch.Tensor)
+                and x.dim() >= 2
+                and x.shape[-1] == self.v
+                and tuple(x.shape) != (self.d, self.v)
+            ):
+                self.largest = max(self.largest, x.numel())
+        return out
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_a_model_is_scored_without_its_full_logits(packing):
+    # The tiny model (v = 384, hidden 64), 8 rows of up to 8 response tokens, chunks of 5:
+    # forward and backward, no logits-like tensor exceeds 5 · 384; the full logits of the
+    # response tokens would be ≥ 20 · 384.
+    from builders import ragged_rollouts
+
+    from rlblocks.models import tiny
+    from rlblocks.trainer.forward import score_responses
+
+    model, _ = tiny(seed=0)
+    v = model.config.vocab_size
+    ro = ragged_rollouts(8, seed=1)
+    sizes = _VocabularyWide(v, model.config.hidden_size)
+    with sizes:
+        lp, ent = score_responses(model, ro, chunk_size=5, entropy=True, packing=packing)
+        (lp.sum() + ent.sum()).backward()
+    assert 0 < sizes.largest <= 5 * v
+    assert int(ro.response_attention_mask.sum()) >= 20

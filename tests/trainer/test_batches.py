@@ -91,7 +91,15 @@ def test_micro_batches_hold_rows_of_similar_length_and_lose_no_row():
 
 def test_in_batch_order_undoes_the_length_order():
     ro = _lengths_batch()
-    _, order = micro_batches(ro, TrainConfig(micro_batch_tokens=4))
+    _, order = micro_batches(ro, TrainConfig(micro_batch_tokens=7))  # the longest row: 7
     values = torch.arange(5.0)[order]  # row i's value is i, listed in piece order
     assert in_batch_order(values, order).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert in_batch_order(values, None) is values
+
+
+def test_a_row_over_the_token_budget_is_refused_naming_it():
+    ro = _lengths_batch()
+    longest = int(ro.attention_mask.sum(-1).argmax())
+    with pytest.raises(ValueError, match=rf"row {longest} has 7 tokens .* at least 7"):
+        micro_batches(ro, TrainConfig(micro_batch_tokens=6))
+    assert len(micro_batches(ro, TrainConfig(micro_batch_tokens=7))[0]) == 4  # 2+3, 6, 5, 7

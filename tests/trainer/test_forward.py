@@ -7,6 +7,7 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 
+from rlblocks.models import tiny as rb_tiny
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.forward import position_ids, response_logits, score_responses
 
@@ -100,3 +101,59 @@ def test_bf16_autocast_keeps_float32_logprobs(model32, make_rollouts):
     # bf16 keeps 8 mantissa bits (relative error ~4e-3 per op; the log-probs move by ~1e-3
     # here): an absolute 0.02 shows the autocast forward still scores the same tokens.
     assert_close(lp, exact, atol=0.02, rtol=0.0)
+
+
+def _head_calls(model):
+    calls = []
+    handle = model.lm_head.register_forward_hook(lambda *_: calls.append(1))
+    return calls, handle
+
+
+def test_the_head_is_swapped_only_during_the_forward_and_restored_after_an_error(
+    model32, make_rollouts
+):
+    ro = make_rollouts(seed=4)
+    head = model32.lm_head
+    calls, handle = _head_calls(model32)
+    lp, _ = score_responses(model32, ro, chunk_size=4)
+    assert calls == [] and model32.lm_head is head  # scored without calling the real head
+    bad = ro.replace(response_ids=ro.response_ids + model32.config.vocab_size)  # ids past v
+    with pytest.raises(IndexError):  # raised inside the forward, with the head swapped
+        score_responses(model32, bad, chunk_size=4)
+    assert model32.lm_head is head
+    handle.remove()
+    with torch.no_grad():
+        expected = torch.log_softmax(response_logits(model32, ro).double(), -1)
+    expected = expected.gather(-1, ro.response_ids[..., None])[..., 0]
+    real = ro.response_attention_mask
+    assert_close(lp[real], expected[real].float())
+
+
+def test_a_model_that_changes_its_logits_after_the_head_gets_full_logits(make_rollouts):
+    # Soft-capped logits (Gemma-2's final_logit_softcapping): the swap would skip the cap, so
+    # the real head runs and the capped logits are scored.
+    from transformers import Qwen2ForCausalLM
+
+    class Capped(Qwen2ForCausalLM):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = torch.tanh(out.logits / 0.5) * 0.5
+            return out
+
+    model, _ = rb_tiny(seed=2)
+    capped = Capped(model.config)
+    capped.load_state_dict(model.state_dict())
+    capped.eval()
+    ro = make_rollouts(seed=5)
+    lp, _ = score_responses(capped, ro, chunk_size=4)
+    with torch.no_grad():
+        z = capped(
+            input_ids=ro.input_ids,
+            attention_mask=ro.attention_mask.long(),
+            position_ids=position_ids(ro.attention_mask),
+        ).logits
+    t = ro.response_ids.shape[1]
+    z = z[:, -t - 1 : -1].double()
+    expected = torch.log_softmax(z, -1).gather(-1, ro.response_ids[..., None])[..., 0]
+    real = ro.response_attention_mask
+    assert_close(lp[real], expected[real].float())
