@@ -12,6 +12,7 @@ import pytest
 import torch
 from builders import tiny_trainer
 from torch import nn
+from transformers import BloomConfig, BloomForCausalLM
 
 from rlblocks.interfaces import RolloutEngine, SamplingParams
 from rlblocks.models import tiny
@@ -301,6 +302,11 @@ def test_a_model_it_cannot_page_is_refused(peaky):
     with pytest.raises(ValueError, match="Qwen2ForCausalLM runs attention_implementation="
                        "'flex_attention', which transformers cannot page"):  # fmt: skip
         ContinuousBatchingEngine(flex, tokenizer)
+    # Bloom's attention takes none of transformers' attention backends, so no paged cache
+    bloom = BloomForCausalLM(BloomConfig(vocab_size=len(tokenizer), hidden_size=32, n_layer=2))
+    with pytest.raises(ValueError, match="model BloomForCausalLM does not take transformers' "
+                       "attention backends"):  # fmt: skip
+        ContinuousBatchingEngine(bloom, tokenizer)
     linear, _ = tiny(layer_types=["full_attention", "linear_attention"])
     with pytest.raises(ValueError, match=r"has layers of type \['linear_attention'\]"):
         ContinuousBatchingEngine(linear, tokenizer)
