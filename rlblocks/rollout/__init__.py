@@ -1,16 +1,19 @@
 """Rollout engines: sample responses to prompts and return a ``Rollouts`` batch.
 
-``HFEngine`` runs Hugging Face ``model.generate`` in the calling process; ``VLLMEngine`` runs
-vLLM in the calling process (vLLM is imported only when one is built). Every engine follows
+``HFEngine`` runs Hugging Face ``model.generate`` in the calling process;
+``ContinuousBatchingEngine`` runs transformers' continuous batching (paged KV cache) in the calling
+process; ``VLLMEngine`` runs vLLM in the calling process (vLLM is imported only when one is built). Every engine follows
 the ``RolloutEngine`` protocol of :mod:`rlblocks.interfaces`.
 """
 
+from rlblocks.rollout.continuous import ContinuousBatchingEngine
 from rlblocks.rollout.hf import HFEngine, sampled_logprobs
 from rlblocks.rollout.prompts import left_pad, render_prompts
 from rlblocks.rollout.stopping import ResponseEnds, valid_tokens
 from rlblocks.rollout.vllm import VLLMEngine
 
 __all__ = [
+    "ContinuousBatchingEngine",
     "HFEngine",
     "ResponseEnds",
     "VLLMEngine",

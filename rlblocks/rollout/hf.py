@@ -155,26 +155,7 @@ class HFEngine:
         ±inf (a float32 weight past float16's range) raises ``FloatingPointError`` naming it,
         before anything of the call is copied (`rlblocks.rollout.casting`).
         """
-        targets = self.model.state_dict(keep_vars=True)
-        pairs = list(weights)  # references: all are checked before the first copy
-        for name, value in pairs:
-            target = targets.get(name)
-            if target is None:
-                known = ", ".join(list(targets)[:3])
-                raise ValueError(
-                    f"HFEngine.update_weights: the model has no weight named {name!r} "
-                    f"(its names look like {known}, ...); send the weights of the engine's model"
-                )
-            if target.shape != value.shape:
-                raise ValueError(
-                    f"HFEngine.update_weights: {name!r} has shape {tuple(value.shape)}, "
-                    f"the model's is {tuple(target.shape)}; send the weights of the engine's model"
-                )
-        check_cast(pairs, {n: targets[n].dtype for n, _ in pairs}, owner="HFEngine.update_weights")
-        with torch.no_grad():
-            for name, value in pairs:
-                if value is not targets[name]:
-                    targets[name].copy_(value)
+        load_weights(self.model, weights, owner="HFEngine.update_weights")
         self.weights_version = version
 
     def weight_spec(self) -> dict[str, TensorSpec]:
@@ -283,6 +264,31 @@ def _special_ids(model: nn.Module, tokenizer: Any) -> tuple[int, list[int]]:
         )
 
     return int(pad), eos
+
+
+def load_weights(model: nn.Module, weights: Iterable[tuple[str, Tensor]], *, owner: str) -> None:
+    """Copy ``(name, tensor)`` pairs into ``model`` (``HFEngine.update_weights`` says how); every
+    name, shape and cast is checked before the first copy, errors name ``owner``."""
+    targets = model.state_dict(keep_vars=True)
+    pairs = list(weights)  # references: all are checked before the first copy
+    for name, value in pairs:
+        target = targets.get(name)
+        if target is None:
+            known = ", ".join(list(targets)[:3])
+            raise ValueError(
+                f"{owner}: the model has no weight named {name!r} "
+                f"(its names look like {known}, ...); send the weights of the engine's model"
+            )
+        if target.shape != value.shape:
+            raise ValueError(
+                f"{owner}: {name!r} has shape {tuple(value.shape)}, "
+                f"the model's is {tuple(target.shape)}; send the weights of the engine's model"
+            )
+    check_cast(pairs, {n: targets[n].dtype for n, _ in pairs}, owner=owner)
+    with torch.no_grad():
+        for name, value in pairs:
+            if value is not targets[name]:
+                targets[name].copy_(value)
 
 
 def _device(model: nn.Module) -> torch.device:

@@ -1,0 +1,377 @@
+"""``ContinuousBatchingEngine``: transformers' continuous batching with a paged KV cache, no vLLM.
+
+``model.generate_batch`` (transformers' ``generation.continuous_batching``) keeps a pool of
+requests in flight: each forward packs the new tokens of every running sequence into one row
+(no padding), reads and writes keys and values in a paged cache, and a finished sequence's
+place goes to the next waiting one at once. Padded ``generate`` (`HFEngine`) instead keeps
+every row of a batch until the longest one ends. The engine samples with the module it is given,
+so ``ContinuousBatchingEngine(policy.model, policy.tokenizer)`` sees every update of the trainer
+without a copy, as `HFEngine` does; the resharder's bucketed sync writes into it otherwise.
+
+What it returns is what `HFEngine` returns (:mod:`rlblocks.rollout.hf`): token ids in and out,
+left-padded prompts, responses ending at their first EOS (kept) or at the token completing a
+stop string (kept), later columns padding, float32 rollout log-probs on the CPU, rows
+``i·g … i·g+g−1`` for prompt ``i``.
+
+Choices made here:
+
+* **Rollout log-probs come from the engine's own sampling step.** ``generate_batch`` with
+  ``return_logprobs`` reports ``log softmax(s)[y]`` of the scores ``s`` it sampled ``y`` from
+  (float32). With temperature only, ``s = z / T`` (greedy: ``s = z``), which is exactly the
+  quantity `HFEngine` reports and a trainer computes: no second pass over the tokens is needed.
+  Top-k, top-p and ``min_new_tokens`` would change ``s`` (the log-probs would be those of the
+  truncated distribution), and transformers 5.19 drops ``min_new_tokens``' processor in
+  continuous batching without an error: these fields are refused before any compute.
+* **Stop strings** are not known to ``generate_batch``: a sequence decodes on to EOS or
+  ``max_new_tokens`` and is cut afterwards at the token completing the first stop string, with
+  the same matcher as `HFEngine` (:class:`rlblocks.rollout.stopping.ResponseEnds`). The kept
+  tokens are what `HFEngine` returns; the tokens after the stop cost compute and are dropped.
+* **The paged cache is sized per call from the request**, never from free memory (transformers'
+  default takes 90 % of what is free: on the CPU that is the machine's RAM, which it tried and
+  was killed for, measured here). ``max_concurrent`` sequences (default: every row, at most
+  1024), each given the pages its prompt plus ``max_new_tokens`` needs; ``cache_tokens`` caps it.
+  A row that could not fit in the cache alone is refused before any compute.
+* ``group_size`` samples share their prompt's prefill: the request is forked after the prompt
+  (``num_return_sequences``), each copy samples its own tokens.
+* **Seeds** as `HFEngine`: with ``sampling.seed`` the call runs in a forked RNG seeded with it
+  (continuous batching seeds torch's global generator itself, so the fork also keeps the
+  caller's generator as it was); without, the global RNG advances.
+* Continuous batching runs in a background thread of this process; ``generate`` blocks until
+  every row is done. The model's train/eval mode, ``generation_config`` and attention
+  implementation (transformers may switch sdpa to flash attention for the call) are restored.
+  Not thread-safe.
+
+Runs on the CPU too (transformers 5.19 uses its sdpa/eager paged path there); fast only on a GPU,
+where flash attention and CUDA graphs apply (docs/rollout.md has the numbers measured).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, TensorSpec, dispatch
+from rlblocks.models import loading
+from rlblocks.models.context import check_lengths, context_length
+from rlblocks.rollout.hf import _device, _generating, _special_ids, load_weights
+from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
+from rlblocks.rollout.sampling import generation_config, seeded
+from rlblocks.rollout.stopping import ResponseEnds, valid_tokens
+from rlblocks.rollouts import Rollouts
+
+DEFAULT_SAMPLING = SamplingParams()
+#: Tokens of one page of the paged cache (transformers' default). Every sequence holds whole
+#: pages: a 40-token row takes one page of 256 tokens.
+PAGE_SIZE = 256
+#: Most sequences in flight when ``max_concurrent`` is None (transformers' own fallback).
+MAX_CONCURRENT = 1024
+#: Most tokens in one forward when prompts are prefilled (bounds the sdpa/eager attention mask,
+#: tokens x cached tokens, on the CPU).
+MAX_BATCH_TOKENS = 2048
+#: Attention implementations transformers 5.19 can page (``switch_to_cb_friendly_attn``).
+PAGED_ATTENTION = ("sdpa", "eager", "paged|eager")
+#: Layer types its paged cache knows (``cache.ATTN_TYPE_TO_ALLOCATOR``).
+PAGED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+class ContinuousBatchingEngine:
+    """Samples responses with transformers' continuous batching; implements ``RolloutEngine``.
+
+    ``model``: a Hugging Face causal LM with paged-attention support (a decoder whose attention is
+    sdpa, eager or flash attention: Llama, Qwen2/3, Mistral, SmolLM, ...); ``tokenizer``: its
+    tokenizer. ``sampling``: default ``SamplingParams`` (top_k 0, top_p 1, min_new_tokens 0: the
+    module docstring says why). ``chat``: how prompts become text, as for `HFEngine`.
+    ``max_concurrent``: most sequences decoding at once (None: every row of a call, at most
+    1024). ``cache_tokens``: most tokens the paged KV cache holds, over all sequences (None: what
+    ``max_concurrent`` sequences of the call's longest prompt plus ``max_new_tokens`` need, in
+    whole pages of 256 tokens). ``progress``: transformers' bar over finished requests.
+
+    Weights: ``update_weights``, ``weight_spec`` as `HFEngine` (the module is the engine's
+    model); merged weights only (``serves_adapters`` False); the paged cache lives only inside a
+    ``generate`` call, so :meth:`sleep` has nothing to free.
+    """
+
+    serves_adapters = False
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        *,
+        sampling: SamplingParams = DEFAULT_SAMPLING,
+        chat: bool | None = None,
+        max_concurrent: int | None = None,
+        cache_tokens: int | None = None,
+        progress: bool = True,
+    ) -> None:
+        for name, value in (("max_concurrent", max_concurrent), ("cache_tokens", cache_tokens)):
+            if value is not None and value < 1:
+                raise ValueError(
+                    f"ContinuousBatchingEngine: {name}={value}; use {name} >= 1, or None to size "
+                    "it from each call's rows"
+                )
+        check_paged(model)
+        check_sampling(sampling)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.chat = chat
+        self.max_concurrent = max_concurrent
+        self.cache_tokens = cache_tokens
+        self.progress = progress
+        self.weights_version = 0
+
+    # from_pretrained(name_or_path, *, dtype=float32, device="cpu", **kwargs): load (a built-in
+    # such as "tiny" or a folder), then cls(model, tokenizer=tokenizer, **kwargs).
+    from_pretrained = classmethod(loading.from_pretrained)
+
+    def update_weights(self, weights: Iterable[tuple[str, Tensor]], *, version: int) -> None:
+        """Copy ``(name, tensor)`` pairs into the model and record ``weights_version``, exactly
+        as `HFEngine.update_weights` (names, shapes and casts checked before the first copy)."""
+        load_weights(self.model, weights, owner="ContinuousBatchingEngine.update_weights")
+        self.weights_version = version
+
+    def weight_spec(self) -> dict[str, TensorSpec]:
+        """The model's ``state_dict`` names (tied weights under each), shapes and dtypes."""
+        return {name: TensorSpec.of(t) for name, t in self.model.state_dict(keep_vars=True).items()}
+
+    def load_adapter(self, path: Any, *, version: int) -> None:
+        """Not served: the engine samples with plain weights (the resharder sends a LoRA
+        policy's merged weights instead)."""
+        raise NotImplementedError(
+            "ContinuousBatchingEngine.load_adapter: the engine does not serve LoRA adapters; "
+            "sync a LoRA policy's merged weights with rb.resharder.Resharder, or share the "
+            "policy's model (ContinuousBatchingEngine(policy.model, ...))"
+        )
+
+    def sleep(self) -> None:
+        """Nothing to free: the paged cache lives only inside a ``generate`` call."""
+
+    def wake_up(self) -> None:
+        """Nothing to take back (see :meth:`sleep`)."""
+
+    # ------------------------------------------------------------------ RolloutEngine
+    @dispatch(Dispatch.PROMPTS)
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        group_size: int = 1,
+        sampling: SamplingParams | None = None,
+        metadata: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Rollouts:
+        """``group_size`` (g) samples for each prompt: a ``Rollouts`` of ``b = len(prompts) · g``
+        rows, as `HFEngine.generate` returns them (rows ``i·g … i·g+g−1`` for prompt ``i``,
+        group id ``i``, a fresh copy of ``metadata[i]``). ``rollout_logprobs`` (b t) float32 =
+        log softmax(z_t / T)[y_t] (T = 1 when greedy), 0 after a row's end.
+
+        Everything that can be refused is refused before any compute: sampling fields the
+        engine cannot honour, a prompt past the model's context, a row the paged cache cannot
+        hold alone."""
+        params = sampling or self.sampling
+        if group_size < 1:
+            raise ValueError(
+                f"ContinuousBatchingEngine.generate: group_size={group_size}; use group_size >= 1"
+            )
+        check_sampling(params)
+        texts, ids = render_prompts(prompts, self.tokenizer, chat=self.chat)
+        meta = check_metadata(metadata, len(ids), owner="ContinuousBatchingEngine")
+        lengths = [len(p) for p in ids]
+        check_lengths(lengths, new_tokens=params.max_new_tokens, limit=context_length(self.model),
+                      owner="ContinuousBatchingEngine.generate")  # fmt: skip
+        cache = self._cache_config(lengths, group_size, params)
+        pad, eos = _special_ids(self.model, self.tokenizer)
+        config = generation_config(params, pad_token_id=pad, eos_token_ids=eos)
+        config.num_return_sequences = group_size
+        with _generating(self.model), seeded(params.seed, _device(self.model)):
+            cache.seed = params.seed
+            outputs = self.model.generate_batch(
+                ids,
+                generation_config=config,
+                continuous_batching_config=cache,
+                progress_bar=self.progress,
+            )
+        rows = _ordered(outputs, len(ids), group_size)
+        return self._rollouts(ids, rows, group_size, params, texts, meta, pad, eos)
+
+    # ------------------------------------------------------------------ helpers
+    def _cache_config(
+        self, lengths: list[int], group_size: int, params: SamplingParams
+    ) -> ContinuousBatchingConfig:
+        """The paged cache for this call (module docstring); a row it cannot hold is refused."""
+        rows = len(lengths) * group_size
+        concurrent = min(self.max_concurrent or min(rows, MAX_CONCURRENT), rows)
+        pages = [math.ceil((n + params.max_new_tokens) / PAGE_SIZE) for n in lengths]
+        blocks = concurrent * max(pages)
+        if self.cache_tokens is not None:
+            blocks = min(blocks, self.cache_tokens // PAGE_SIZE)
+        row = max(range(len(pages)), key=pages.__getitem__)
+        if pages[row] > blocks:
+            raise ValueError(
+                f"ContinuousBatchingEngine.generate: prompt {row} has {lengths[row]} tokens; "
+                f"with max_new_tokens={params.max_new_tokens} it needs {pages[row] * PAGE_SIZE} "
+                f"tokens of paged cache ({pages[row]} pages of {PAGE_SIZE}), more than "
+                f"cache_tokens={self.cache_tokens} holds; raise cache_tokens to at least "
+                f"{pages[row] * PAGE_SIZE}, or shorten the prompt or max_new_tokens"
+            )
+        total = sum(lengths) * group_size
+        return ContinuousBatchingConfig(
+            page_size=PAGE_SIZE,
+            num_blocks=blocks,
+            max_batch_tokens=max(concurrent, min(total, MAX_BATCH_TOKENS)),
+            max_requests_per_batch=concurrent,
+            return_logprobs=True,
+        )
+
+    def _rollouts(
+        self,
+        ids: list[list[int]],
+        rows: list[Any],
+        group_size: int,
+        params: SamplingParams,
+        texts: list[str],
+        meta: list[Mapping],
+        pad: int,
+        eos: list[int],
+    ) -> Rollouts:
+        """The finished requests (in row order) as a CPU ``Rollouts``, cut at stop strings."""
+        index = [i for i in range(len(ids)) for _ in range(group_size)]
+        width = max(1, max(len(r.generated_tokens) for r in rows))
+        response = torch.full((len(rows), width), pad, dtype=torch.long)
+        logprobs = torch.zeros((len(rows), width), dtype=torch.float32)
+        for k, r in enumerate(rows):
+            n = len(r.generated_tokens)
+            response[k, :n] = torch.tensor(r.generated_tokens, dtype=torch.long)
+            logprobs[k, :n] = torch.tensor(r.logprobs, dtype=torch.float32)
+        prompt_ids, prompt_mask = left_pad([ids[i] for i in index], pad_token_id=pad)
+        generated = torch.tensor([len(r.generated_tokens) for r in rows])
+        valid = _ends(prompt_ids, response, generated, params, eos, self.tokenizer)
+        response = torch.where(valid, response, pad)
+        lengths = valid.sum(-1).tolist()
+        decoded = [r[:n] for r, n in zip(response.tolist(), lengths, strict=True)]
+        return Rollouts(
+            prompt_ids=prompt_ids,
+            response_ids=response,
+            attention_mask=torch.cat([prompt_mask, valid], dim=1),
+            response_mask=valid,
+            group_ids=torch.tensor(index, dtype=torch.long),
+            rollout_logprobs=torch.where(valid, logprobs, 0.0),
+            prompts=[texts[i] for i in index],
+            completions=self.tokenizer.batch_decode(decoded, skip_special_tokens=True),
+            metadata=[dict(meta[i]) for i in index],
+            pad_token_id=pad,
+        )
+
+
+# ---------------------------------------------------------------------- checks
+def check_paged(model: nn.Module) -> None:
+    """Raise unless transformers can run ``model`` with continuous batching: a ``generate_batch``
+    method, an attention implementation it can page, layer types its paged cache knows. Checked
+    when the engine is built, before any compute."""
+    name = type(model).__name__
+    if not hasattr(model, "generate_batch"):
+        raise TypeError(
+            f"ContinuousBatchingEngine: the model is a {name}, which has no .generate_batch "
+            "(transformers' continuous batching); pass a Hugging Face causal LM (e.g. "
+            "policy.model), or use rb.rollout.HFEngine"
+        )
+    config = model.config.get_text_config()
+    attention = str(getattr(config, "_attn_implementation", None))
+    if attention not in PAGED_ATTENTION and "flash" not in attention:
+        raise ValueError(
+            f"ContinuousBatchingEngine: the model {name} runs attention_implementation="
+            f"{attention!r}, which transformers cannot page; load it with "
+            "attn_implementation='sdpa' (or 'eager', or a flash attention one), or use "
+            "rb.rollout.HFEngine"
+        )
+    if getattr(model, "_supports_attention_backend", True) is False:
+        raise ValueError(
+            f"ContinuousBatchingEngine: the model {name} does not take transformers' attention "
+            "backends, so it cannot read a paged cache; use rb.rollout.HFEngine for this model"
+        )
+    unknown = sorted(set(getattr(config, "layer_types", None) or ()) - set(PAGED_LAYER_TYPES))
+    if unknown:
+        raise ValueError(
+            f"ContinuousBatchingEngine: the model {name} has layers of type {unknown}, which "
+            f"transformers' paged cache does not hold (it knows {list(PAGED_LAYER_TYPES)}); use "
+            "rb.rollout.HFEngine for this model"
+        )
+
+
+def check_sampling(params: SamplingParams) -> None:
+    """Refuse the ``SamplingParams`` the engine cannot honour (module docstring)."""
+    refused = {
+        "top_k": (params.top_k, 0),
+        "top_p": (params.top_p, 1.0),
+        "min_new_tokens": (params.min_new_tokens, 0),
+    }
+    for field, (value, ok) in refused.items():
+        if value != ok:
+            raise ValueError(
+                f"ContinuousBatchingEngine: SamplingParams.{field}={value} is not supported (its "
+                f"rollout log-probs would be those of the truncated distribution, and "
+                f"transformers' continuous batching drops min_new_tokens); use {field}={ok}, or "
+                "rb.rollout.HFEngine for this sampling"
+            )
+
+
+# ---------------------------------------------------------------------- results
+def _ordered(outputs: Mapping[str, Any], prompts: int, group_size: int) -> list[Any]:
+    """The finished requests in row order (prompt ``i``'s request, then its forks), or an error
+    naming the rows that failed: ``generate_batch`` logs a failure and returns what it has."""
+    rows, failed = [], []
+    for i in range(prompts):
+        parent = f"req_{i}"
+        for request in [parent] + [f"{parent}__child#{k}" for k in range(group_size - 1)]:
+            out = outputs.get(request)
+            if (
+                out is None
+                or out.error is not None
+                or len(out.logprobs) != len(out.generated_tokens)
+            ):
+                failed.append((i, request, None if out is None else out.error))
+            rows.append(out)
+    if failed:
+        i, request, error = failed[0]
+        raise RuntimeError(
+            f"ContinuousBatchingEngine.generate: request {request} (prompt {i}) did not finish "
+            f"({len(failed)} of {len(rows)} rows failed), error: {error or 'no result returned'}; "
+            "transformers' log above has the traceback. Try a smaller max_concurrent or "
+            "cache_tokens, or rb.rollout.HFEngine"
+        )
+    return rows
+
+
+def _ends(
+    prompt_ids: Tensor,
+    response: Tensor,
+    generated: Tensor,
+    params: SamplingParams,
+    eos: list[int],
+    tokenizer: Any,
+) -> Tensor:
+    """(b t) bool, True up to each row's end: its last generated token (continuous batching
+    stopped it at EOS or ``max_new_tokens``), or earlier the token completing a stop string
+    (replayed with `HFEngine`'s matcher, one column at a time)."""
+    end = generated - 1  # continuous batching stops a request at its first EOS (kept)
+    if params.stop:
+        ends = ResponseEnds(
+            batch_size=response.shape[0],
+            prompt_width=prompt_ids.shape[1],
+            eos_token_ids=eos,
+            stop=params.stop,
+            tokenizer=tokenizer,
+        )
+        full = torch.cat([prompt_ids, response], dim=1)
+        for k in range(response.shape[1]):
+            ends(full[:, : prompt_ids.shape[1] + k + 1], None)  # a view: no copy per column
+        end = torch.where(ends.end < 0, end, torch.minimum(ends.end, end))
+    return valid_tokens(end, response.shape[1])
+
+
+__all__ = ["ContinuousBatchingEngine", "check_paged", "check_sampling"]
