@@ -185,7 +185,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--device",
-        default="cuda" if torch.cuda.is_available() else "cpu",
+        default=str(rb.models.default_device()),
         help="where the policy and the HF engine run (default: cuda when available, else cpu); "
         "with --workers, cuda gives each worker one GPU",
     )
@@ -199,9 +199,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     torch.manual_seed(args.seed)
     task = TASKS[args.task]
     # Arguments that cannot run are refused before --out is looked at or made.
-    gpu = torch.device(args.device).type == "cuda"
-    if gpu and not torch.cuda.is_available():
-        raise SystemExit(f"--device {args.device}: torch sees no CUDA device here")
+    try:  # the one rule of every from_pretrained (rlblocks.models.device)
+        gpu = rb.models.resolve_device(args.device, owner="--device").type == "cuda"
+    except (ValueError, RuntimeError) as error:
+        raise SystemExit(str(error)) from error
     if args.one_step_off and (args.workers or args.engine != "hf"):
         raise SystemExit("--async runs with the in-process HF engine (no --workers, --engine hf)")
     if args.engine == "vllm" and args.workers:

@@ -67,6 +67,7 @@ from rlblocks.losses import (
     simpo,
     uses_reference,
 )
+from rlblocks.models import resolve_device
 from rlblocks.rewards import REWARDS
 from rlblocks.rollout import HFEngine
 from rlblocks.run import RunOptions
@@ -140,7 +141,8 @@ class Model:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """The weights' dtype."""
     device: str | None = None
-    """Where the policy and the engine run; None: cuda when there is a GPU, else cpu."""
+    """Where the policy and the engine run; None: cuda when torch sees a GPU, else cpu (a device
+    torch does not see is refused before the model is loaded)."""
     lora: dict[str, Any] | None = None
     """Keyword arguments of ``peft.LoraConfig`` (only the adapters train); None: all weights."""
 
@@ -243,6 +245,10 @@ def parse(argv: Sequence[str]) -> tuple[Namespace, ArgumentParser, bool]:
             field = re.search(r"\.(\w+)", str(error))
             path = f"{key}.{field[1]}" if field else key
             raise SystemExit(_where(f"{key}: {error}", path, file, argv)) from error
+    try:  # a device asked for and absent: refused before the model is loaded
+        resolve_device(config.model.device, owner="model.device")
+    except (ValueError, RuntimeError) as error:
+        raise SystemExit(_where(str(error), "model.device", file, argv)) from error
     if config.steps < 1:  # every recipe refuses it too, but only after the model is loaded
         message = f"steps: {config.steps} runs no step, so nothing would be trained; pass >= 1"
         raise SystemExit(_where(message, "steps", file, argv))
@@ -315,7 +321,7 @@ def build(config: Namespace) -> tuple[Callable[..., list[dict[str, Any]]], dict[
     params = inspect.signature(fn).parameters
     torch.manual_seed(config.seed)
     model = config.model
-    device = model.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(model.device, owner="model.device")
     kl_coef = config.get("kl_coef", 0.0)  # PPO's own, or β of a KL loss term (GRPO family)
     lora = None
     if model.lora is not None:

@@ -194,6 +194,16 @@ def test_bad_keys_and_values_are_named_with_file_and_line(config_file, old, new,
         train.parse([str(config_file)])
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_an_absent_device_is_refused_at_parse_time_with_its_line(config_file):
+    # Refused by parse, before build loads the model: what torch sees and the fix.
+    config_file.write_text(CONFIG.replace("device: cpu", "device: cuda:1"))
+    with pytest.raises(SystemExit, match=r"run.yaml, line 9: model.device: device 'cuda:1' was"):
+        train.parse([str(config_file)])
+    with pytest.raises(SystemExit, match=r"command line: model.device: .*leave device out"):
+        train.parse([str(config_file), "--model.device", "cuda"])
+
+
 def test_bad_overrides_are_named_as_the_command_line(config_file):
     with pytest.raises(SystemExit, match=r"(?s)command line: .*\"trainer.lr\""):
         train.parse([str(config_file), "--trainer.lr", "fast"])

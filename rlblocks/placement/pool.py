@@ -43,7 +43,11 @@ GRACE_SECONDS = 5.0  # after a rank fails, how long the others get to finish bef
 
 @dataclass(frozen=True)
 class Pool:
-    """A set of worker processes: ``nodes`` machines × ``workers_per_node`` workers each."""
+    """A set of worker processes: ``nodes`` machines × ``workers_per_node`` workers each.
+
+    ``gpus_per_worker`` 0 hides the node's GPUs from the workers (``CUDA_VISIBLE_DEVICES=""``),
+    so that a block loaded there with the default device lands on the CPU.
+    """
 
     nodes: int = 1
     workers_per_node: int = 1
@@ -105,7 +109,11 @@ class Workers:
         pool = self.pool
         threads = max(1, int(pool.cpus_per_worker))
         forwarded = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
-        env = {**forwarded, "OMP_NUM_THREADS": str(threads), **env}
+        # Ray leaves CUDA_VISIBLE_DEVICES alone in a worker given no GPU: it would see every GPU
+        # of its node, and the default device (CUDA when torch sees a GPU) would put all such
+        # workers on GPU 0, outside Ray's accounting. A pool without GPUs is shown none.
+        hidden = {} if pool.gpus_per_worker else {"CUDA_VISIBLE_DEVICES": ""}
+        env = {**forwarded, **hidden, "OMP_NUM_THREADS": str(threads), **env}
         actor = ray.remote(Worker)
         for rank in range(pool.size):
             strategy = PlacementGroupSchedulingStrategy(

@@ -137,10 +137,15 @@ class RewardModel:
     ) -> RewardModel:
         """Load a reward model and its tokenizer from a local folder (nothing is downloaded).
 
-        ``device``: default CUDA when torch sees one, else the CPU. ``dtype``: default bfloat16
-        on CUDA, float32 elsewhere. ``kwargs`` go to the constructor.
+        ``device``: default CUDA when torch sees one, else the CPU; a device torch does not see
+        is refused before anything is read. ``dtype``: default bfloat16 on CUDA, float32
+        elsewhere. ``kwargs`` go to the constructor.
         """
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        from rlblocks.models import resolve_device
+
+        device = resolve_device(device, owner="RewardModel.from_pretrained")
 
         path = Path(folder).expanduser()
         if not path.is_dir():
@@ -149,7 +154,6 @@ class RewardModel:
                 "models are loaded from folders only (download one on a machine with network "
                 "access, e.g. `huggingface-cli download NAME --local-dir FOLDER`, and pass FOLDER)"
             )
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForSequenceClassification.from_pretrained(

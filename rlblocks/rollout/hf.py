@@ -90,8 +90,9 @@ class HFEngine:
         self.progress = progress
         self.weights_version = 0
 
-    # from_pretrained(name_or_path, *, dtype=float32, device="cpu", **kwargs): load (a built-in
-    # such as "tiny" or a folder), then cls(model, tokenizer=tokenizer, **kwargs).
+    # from_pretrained(name_or_path, *, dtype=float32, device=None, **kwargs): load (a built-in
+    # such as "tiny" or a folder), then cls(model, tokenizer=tokenizer, **kwargs); device None:
+    # CUDA when torch sees a GPU, else the CPU. HFEngine(policy.model) uses that model's device.
     from_pretrained = classmethod(loading.from_pretrained)
 
     # ------------------------------------------------------------------ RolloutEngine

@@ -96,6 +96,9 @@ OLD_LOGPROBS_MOVED = "rollouts.replace(old_logprobs=...): π_old travels with th
 class PolicyTrainer:
     """A policy (Hugging Face causal LM, optionally with peft LoRA) and its optimizer.
 
+    The trainer works on the device of ``model``'s parameters; ``from_pretrained`` puts the
+    model on CUDA when torch sees a GPU, else on the CPU, unless ``device=`` says otherwise.
+
     ``reference``: ``"auto"`` (default) is the adapter-disabled model with LoRA and a frozen
     copy of the initial model otherwise; ``"copy"`` always makes the frozen copy; a module is
     used as given (frozen here); ``None`` means no reference (losses that need
@@ -138,8 +141,9 @@ class PolicyTrainer:
 
     rebuild_optimizer = rebuild_optimizer  # a fresh AdamW and schedule (trainer.update)
 
-    # from_pretrained(name_or_path, *, dtype=float32, device="cpu", **kwargs): load, then
+    # from_pretrained(name_or_path, *, dtype=float32, device=None, **kwargs): load, then
     # cls(model, tokenizer=tokenizer, **kwargs); the tokenizer is kept as trainer.tokenizer.
+    # device None: CUDA when torch sees a GPU, else the CPU (rlblocks.models.default_device).
     from_pretrained = classmethod(loading.from_pretrained)
 
     @property

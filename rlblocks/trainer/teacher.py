@@ -70,8 +70,8 @@ class Teacher:
             check_same_vocabulary(tokenizer, student_tokenizer)
         check_isolation(self.model, owner="Teacher")  # it scores packed rows
 
-    # from_pretrained(name_or_path, *, dtype=float32, device="cpu", **kwargs): load, then
-    # cls(model, tokenizer=tokenizer, **kwargs).
+    # from_pretrained(name_or_path, *, dtype=float32, device=None, **kwargs): load, then
+    # cls(model, tokenizer=tokenizer, **kwargs); device None: CUDA when torch sees a GPU.
     from_pretrained = classmethod(loading.from_pretrained)
 
     @property

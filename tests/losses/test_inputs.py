@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
+import pytest
+
 from rlblocks.losses import clipped_surrogate, kl_loss
-from rlblocks.losses.inputs import OPTIONAL_INPUTS, loss_inputs
+from rlblocks.losses.inputs import OPTIONAL_INPUTS, forwarding_signature, loss_inputs
 
 
 def test_plain_policy_loss_takes_nothing_extra():
@@ -42,3 +44,29 @@ def test_callable_dataclass_and_positional_only_names():
     assert loss_inputs(Loss()).required == {"rollout_logprobs"}
     # kl_loss(logprobs, ref_logprobs, mask, /): positional-only, so not a keyword input.
     assert loss_inputs(kl_loss).accepted == frozenset()
+
+
+def test_a_wrapper_declares_its_own_needs_and_what_the_inner_loss_takes():
+    def inner(lp, old, adv, mask, /, *, entropy, rollout_logprobs=None):
+        return lp, {}
+
+    def wrapper(lp, old, adv, mask, /, **kwargs):
+        return inner(lp, old, adv, mask, **kwargs)
+
+    assert loss_inputs(wrapper).accepted == frozenset(OPTIONAL_INPUTS)  # read as taking all
+    wrapper.__signature__ = forwarding_signature(inner, required=["ref_logprobs"])
+    wants = loss_inputs(wrapper)
+    assert wants.accepted == {"ref_logprobs", "entropy", "rollout_logprobs"}
+    assert wants.required == {"ref_logprobs", "entropy"}
+    # A **kwargs inner loss still accepts everything; the wrapper requires only its own.
+    wrapper.__signature__ = forwarding_signature(wrapper_of_all, required=["rollout_logprobs"])
+    wants = loss_inputs(wrapper)
+    assert wants.accepted == frozenset(OPTIONAL_INPUTS)
+    assert wants.required == {"rollout_logprobs"}
+    with pytest.raises(ValueError, match=r"^forwarding_signature: required=\['is_weights'\]"):
+        forwarding_signature(inner, required=["is_weights"])
+
+
+def wrapper_of_all(lp, old, adv, mask, /, **kwargs):
+    """A loss that takes every optional input and requires none."""
+    return lp, {}

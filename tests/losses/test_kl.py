@@ -1,4 +1,5 @@
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -377,8 +378,10 @@ def test_kl_regularized_forwards_what_the_wrapped_loss_takes():
     # The wrapped loss gets entropy; rollout_logprobs, which it does not take, is dropped.
     loss_fn(x, x, x, mask, ref_logprobs=x, entropy=x + 3, rollout_logprobs=x)
     assert_close(seen["entropy"], x + 3)
-    required = loss_inputs(loss_fn).required
-    assert required == {"ref_logprobs"}  # the trainer must supply the reference
+    inputs = loss_inputs(loss_fn)
+    # The trainer must supply the reference, and the entropy the wrapped loss requires; it is
+    # not told that the wrapper takes rollout_logprobs, which nothing reads.
+    assert inputs.required == inputs.accepted == {"ref_logprobs", "entropy"}
 
 
 def test_kl_regularized_is_a_loss_and_the_recipes_reexport_it():
@@ -388,3 +391,40 @@ def test_kl_regularized_is_a_loss_and_the_recipes_reexport_it():
 
     assert rb.losses.kl_regularized is kl_regularized
     assert rb.recipes.kl_regularized is kl_regularized
+
+
+# ---------------------------------------------------------------------- in the trainer
+def _kl_by_hand(logprobs, old_logprobs, advantages, mask, /, *, ref_logprobs):
+    """What kl_regularized(partial(clipped_surrogate, clip=(0.2, 0.28)), kl_coef=0.1) computes,
+    written out: a loss that plainly takes no entropy."""
+    pg, metrics = clipped_surrogate(logprobs, old_logprobs, advantages, mask, clip=(0.2, 0.28))
+    kl, _ = kl_loss(logprobs, ref_logprobs, mask, estimator=k3)
+    return pg + 0.1 * kl, metrics
+
+
+def test_kl_regularized_makes_the_trainer_compute_no_entropy_unless_asked():
+    # The wrapper took **inputs, which the trainer read as "takes entropy": every step paid
+    # for the entropy (a float32 pass over the vocabulary, with its gradient) and reported it
+    # although log_entropy was off. Now its signature names ref_logprobs and what the wrapped
+    # loss takes.
+    from builders import ragged_rollouts, tiny_trainer
+
+    loss_fn = kl_regularized(partial(clipped_surrogate, clip=(0.2, 0.28)), kl_coef=0.1)
+    assert loss_inputs(loss_fn).accepted == {"ref_logprobs"}
+    ro = ragged_rollouts(8, seed=1)
+    advantages = torch.linspace(-1, 1, 8)
+    wrapped, by_hand = (tiny_trainer(reference="copy", micro_batch_size=4) for _ in range(2))
+    metrics = wrapped.step(ro, advantages, loss_fn=loss_fn)
+    expected = by_hand.step(ro, advantages, loss_fn=_kl_by_hand)
+    assert "entropy" not in metrics and "entropy" not in expected
+    # The same update as the loss written out, bit for bit.
+    assert metrics["loss"] == expected["loss"] and metrics["grad_norm"] == expected["grad_norm"]
+    for (name, a), (_, b) in zip(wrapped.named_weights(), by_hand.named_weights(), strict=True):
+        assert torch.equal(a, b), name
+    # Asked for, the entropy is logged: the mean over valid tokens of the distributions the
+    # update scored (one optimizer step: the weights before it).
+    logged = tiny_trainer(reference="copy", micro_batch_size=8, log_entropy=True)
+    _, entropy = logged.logprobs(ro, entropy=True)
+    metrics = logged.step(ro, advantages, loss_fn=loss_fn)
+    mean = float(entropy[ro.response_mask].mean())
+    assert metrics["entropy"] == pytest.approx(mean, rel=1e-6)

@@ -9,6 +9,7 @@ from builders import tiny_engine, tiny_trainer
 
 import rlblocks as rb
 from rlblocks.losses import TruncatedIS, clipped_surrogate, rollout_mismatch
+from rlblocks.losses.inputs import loss_inputs
 
 MASK = torch.tensor([[True, True, False]])
 
@@ -58,3 +59,32 @@ def test_the_trainer_logs_the_mismatch_and_takes_a_tis_loss():
     metrics = policy.step(ro, adv, loss_fn=loss)
     assert metrics["mismatch/abs_max"] > 1e-3 and metrics["mismatch/kl"] > 0
     assert metrics["tis/weight_mean"] != pytest.approx(1.0, abs=1e-4)
+
+
+def test_a_tis_loss_makes_the_trainer_score_no_reference_and_no_entropy():
+    # TruncatedIS takes **kwargs to pass on what its inner loss takes; read as such it took
+    # everything: the trainer ran the reference model over the batch and computed the entropy
+    # for a loss that reads neither. Its signature now names rollout_logprobs and what the
+    # inner loss takes.
+    loss = TruncatedIS(partial(clipped_surrogate, clip=(0.2, 0.28)), cap=2.0)
+    assert loss_inputs(loss).accepted == {"rollout_logprobs"}
+    assert loss_inputs(loss).required == {"rollout_logprobs"}
+    policy = tiny_trainer(reference="copy")
+    forwards = []
+    policy.reference.register_forward_hook(lambda *_: forwards.append(1))
+    ro = tiny_engine(policy).generate(
+        ["Count: 1", "Count: 2"], group_size=4, sampling=rb.SamplingParams(max_new_tokens=6, seed=0)
+    )
+    metrics = policy.step(ro, torch.linspace(-1, 1, ro.batch_size), loss_fn=loss)
+    assert forwards == [] and "entropy" not in metrics
+    assert metrics["tis/weight_mean"] == pytest.approx(1.0, abs=1e-5)  # the loss did run
+    # An inner loss that reads the reference still gets it (scored by that same model).
+    policy.step(ro, torch.zeros(ro.batch_size), loss_fn=TruncatedIS(kl_loss_on_top, cap=2.0))
+    assert forwards
+
+
+def kl_loss_on_top(logprobs, old_logprobs, advantages, mask, /, *, ref_logprobs, is_weights):
+    """A surrogate plus a k3 KL term, weighted per token: an inner loss that reads π_ref."""
+    pg, metrics = clipped_surrogate(logprobs, old_logprobs, advantages, mask, is_weights=is_weights)
+    kl, _ = rb.losses.kl_loss(logprobs, ref_logprobs, mask)
+    return pg + 0.1 * kl, metrics

@@ -4,6 +4,7 @@ One local Ray instance and one pool of two workers serve the module (starting th
 ~10 s on 2 cores); tests that break a pool or need another layout build their own.
 """
 
+import os
 import re
 from functools import partial
 
@@ -295,3 +296,14 @@ def test_a_teacher_on_its_own_role_scores_rows_in_order_and_drives_distill(place
     # rounding of cached (engine) against uncached (trainer) attention, until the update moves it.
     assert abs(history[0]["distill/reverse_kl"]) < 1e-4
     assert history[-1]["sync/version"] == 2
+
+
+def test_a_pool_without_gpus_shows_its_workers_none(placement):
+    # Ray leaves CUDA_VISIBLE_DEVICES alone in a worker given no GPU: the pool hides the GPUs,
+    # so that from_pretrained's default (CUDA when torch sees a GPU) is the CPU there.
+    probe = placement.build("ref", rb.models.default_device)  # built in each worker
+
+    def seen(device, _):
+        return os.environ.get("CUDA_VISIBLE_DEVICES"), str(device)
+
+    assert probe.run_with(seen, probe) == [("", "cpu"), ("", "cpu")]  # by rank
