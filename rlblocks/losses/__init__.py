@@ -22,7 +22,12 @@ from rlblocks.losses.aggregate import (
 from rlblocks.losses.cispo import cispo
 from rlblocks.losses.cov import clip_cov, kl_cov
 from rlblocks.losses.distill import reverse_kl
-from rlblocks.losses.entropy import entropy_from_logits, entropy_loss, token_logprobs
+from rlblocks.losses.entropy import (
+    entropy_from_logits,
+    entropy_loss,
+    linear_token_scores,
+    token_logprobs,
+)
 from rlblocks.losses.gpg import gpg_loss
 from rlblocks.losses.gspo import gspo
 from rlblocks.losses.kl import (
@@ -83,6 +88,7 @@ __all__ = [
     "kl_loss",
     "kl_penalty_rewards",
     "kl_regularized",
+    "linear_token_scores",
     "low_var_kl",
     "nll",
     "preference_advantages",
