@@ -581,6 +581,7 @@ def run_rlblocks(
     if missing:
         raise Skipped(f"TrainConfig has no {', '.join(missing)} in this rlblocks")
     engine_class = engine_class_for(engine)
+    check_engine(engine, setup)
     overlap = run_options.get("staleness", 0) > 0
     policy = rb.trainer.PolicyTrainer.from_pretrained(
         setup.model, lr=setup.lr, reference="copy" if setup.beta else None, dtype=setup.dtype,
@@ -628,6 +629,15 @@ def engine_class_for(engine: str) -> type:
     if found is None:
         raise Skipped("rb.rollout has no ContinuousBatchingEngine in this rlblocks")
     return found
+
+
+def check_engine(engine: str, setup: Setup) -> None:
+    """Skip what an engine cannot sample: continuous batching cannot hold EOS back."""
+    if engine == "cb" and setup.min_new_tokens:
+        raise Skipped(
+            "continuous batching cannot hold EOS back (min_new_tokens), which --responses fixed "
+            "needs; pass --responses eos"
+        )
 
 
 def synced(step: Callable[..., dict], device: str) -> Callable[..., dict]:
@@ -894,13 +904,20 @@ def table(results: Results) -> tuple[list[str], dict[str, dict[str, Any]]]:
             f"{s['tokens']:.0f}",
             f"{s['response_tokens']:.0f}",
             f"{100 * s['padding']:.1f}%",
-            "—" if s["generation_tokens_per_s"] is None else f"{s['generation_tokens_per_s']:.0f}",
+            rate(s["generation_tokens_per_s"]),
             "—" if s["mfu"] is None else f"{100 * s['mfu']:.1f}%",
             f"{s['peak_bytes'] / 2**30:.2f}",
             "/".join(str(t) for t in s["threads"]),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines, summaries
+
+
+def rate(value: float | None) -> str:
+    """Tokens per second for the table: whole above 100, three digits below, — for none."""
+    if value is None:
+        return "—"
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def ratios(summaries: dict[str, dict[str, Any]]) -> list[str]:

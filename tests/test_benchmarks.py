@@ -8,6 +8,7 @@ padding each computes is counted, the results are written, and the table has a r
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -195,3 +196,14 @@ def test_grpo_step_refuses_a_cuda_device_torch_does_not_see(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--device", "cuda"])
     assert "--device cuda: torch sees no CUDA device; pass --device cpu" in capsys.readouterr().err
+
+
+def test_the_continuous_batching_system_is_skipped_for_fixed_lengths():
+    # transformers' continuous batching drops min_new_tokens: the system is skipped, with the
+    # flag that makes it run, instead of sampling other shapes than the rest
+    bench = load_benchmark("grpo_step")
+    fixed = bench.Setup("tiny", ((1, 2),), group_size=2, max_new_tokens=4, lr=0, beta=0, seed=0)
+    with pytest.raises(bench.Skipped, match=r"\(min_new_tokens\).*; pass --responses eos"):
+        bench.check_engine("cb", fixed)
+    bench.check_engine("cb", dataclasses.replace(fixed, responses="eos"))
+    bench.check_engine("hf", fixed)
