@@ -181,7 +181,10 @@ def problems(folder: Path, *, installed: bool = False) -> tuple[list[Wheel], lis
                          f"{wheel.path.name}; delete one")  # fmt: skip
         by_name[wheel.name] = wheel
         if not installable(wheel.path):
-            found.append(f"{wheel.path.name} does not install on CPython 3.12 x86-64 Linux")
+            found.append(
+                f"{wheel.path.name} does not install on CPython 3.12 x86-64 Linux; "
+                "download it with scripts/fetch-gpu-wheels.sh's platform flags"
+            )
     have = present(installed)
     queue, seen = roots(), set()
     while queue:
@@ -196,7 +199,10 @@ def problems(folder: Path, *, installed: bool = False) -> tuple[list[Wheel], lis
             if name not in seen:  # named once, with the first that asks for it
                 found.append(f"missing {name} (required by {asker}: {requirement})")
         elif version is not None and not requirement.specifier.contains(version, prereleases=True):
-            found.append(f"{name} {version} on {where} does not meet {asker}'s {requirement}")
+            found.append(
+                f"{name} {version} on {where} does not meet {asker}'s {requirement}; "
+                "pin a version that does in PINS"
+            )
         if wheel is not None and name not in seen:
             queue += [(r, f"{wheel.name} {wheel.version}") for r in wheel.requires]
         seen.add(name)
