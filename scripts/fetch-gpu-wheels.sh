@@ -5,11 +5,11 @@
 # complete (every requirement is a wheel here or in the machine's image) and print their total
 # against the device tool's 64 MiB.
 #
-#   bash scripts/fetch-gpu-wheels.sh          # GPU_WHEELS=DIR for another folder, PYTHON=...
+#   bash scripts/fetch-gpu-wheels.sh   # GPU_WHEELS=DIR: another folder; PYTHON: default .venv/bin/python
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=${GPU_WHEELS:-.whl}
-py=${PYTHON:-python3}
+py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 mkdir -p "$dest"
 mapfile -t pins < <("$py" scripts/gpu_wheels.py pins)
 "$py" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \

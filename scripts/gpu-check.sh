@@ -11,7 +11,8 @@
 #            them (works on a machine without a GPU).
 # --out DIR: where the logs and results go (default $OUT, which the device tool sets, else
 #            runs/gpu-check).
-# Environment: GPU_WHEELS (the wheel folder, default .whl), PYTHON (default python3), GPU_SITE
+# Environment: GPU_WHEELS (the wheel folder, default .whl), PYTHON (default .venv/bin/python
+# where it exists, else python3: the GPU machine's), GPU_SITE
 # (where the wheels are installed, default /tmp/gpu-check-site).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +29,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 wheels=${GPU_WHEELS:-.whl}
-py=${PYTHON:-python3}
+py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 site=${GPU_SITE:-/tmp/gpu-check-site}
 
 # Each timed step has a deadline: tests 150 s, benchmark 300 s; with the install, the checks
