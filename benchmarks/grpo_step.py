@@ -92,7 +92,8 @@ loaded fresh, seeded with ``--seed``, in an order rotated by r, so that a busy s
 shared machine does not always hit the same system. The first step of a run is a warm-up, left
 out. The spread is the lowest and highest median of a round. On a GPU each phase boundary of
 the floor and the end of every rlblocks update wait for the device (``torch.cuda.synchronize``).
-``--out DIR`` writes ``results.json`` (every step of every system, the setup, the matmul, the
+``--keep-going`` records a system that fails (its error in the results, its traceback printed)
+and runs the others, exiting with status 1 at the end. ``--out DIR`` writes ``results.json`` (every step of every system, the setup, the matmul, the
 model's sizes, skipped systems and why) and ``results.md`` (the table), rewritten after each
 system so a run cut short keeps what it measured.
 
@@ -121,6 +122,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -815,10 +817,16 @@ class Results:
     runs: dict[str, list[list[StepTime]]] = dataclasses.field(default_factory=dict)
     peaks: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Systems that raised under ``--keep-going``: their error."""
     out: Path | None = None
 
 
-def run_round(setup: Setup, systems: Sequence[str], threads: int, results: Results) -> None:
+def run_round(
+    setup: Setup, systems: Sequence[str], threads: int, results: Results, keep_going: bool = False
+) -> None:
+    """Each system once, in order. ``keep_going``: a system that fails is recorded with its
+    error (traceback printed) and the next one runs; else the error stops the benchmark."""
     for name in systems:
         torch.set_num_threads(threads)
         torch.manual_seed(setup.seed)
@@ -826,15 +834,23 @@ def run_round(setup: Setup, systems: Sequence[str], threads: int, results: Resul
         try:
             with peak_memory(setup.device) as peak:
                 steps = SYSTEMS[name](setup)
+            check_shapes(name, steps, setup)
         except Skipped as reason:
             results.skipped[name] = str(reason)
             print(f"  {name:<15} skipped: {reason}", flush=True)
+            continue
+        except Exception as error:
+            if not keep_going:
+                raise
+            traceback.print_exc()
+            results.failed[name] = f"{type(error).__name__}: {error}"
+            print(f"  {name:<15} failed: {results.failed[name]}", flush=True)
+            write_results(results)
             continue
         finally:
             gc.collect()  # the previous system's model and optimizer go before the next loads
             if torch.device(setup.device).type == "cuda":
                 torch.cuda.empty_cache()
-        check_shapes(name, steps, setup)
         results.runs.setdefault(name, []).append(steps)
         results.peaks.setdefault(name, []).append(peak[0])
         timed = [s.seconds for s in steps[1:]] or [steps[0].seconds]
@@ -953,6 +969,7 @@ def write_results(results: Results) -> dict[str, dict[str, Any]]:
         "model_size": dataclasses.asdict(results.size),
         "flops_formula": "6*N_body*T + 6*N_head*T_resp + 6*L*H*d_h*sum(n_i^2)",
         "skipped": results.skipped,
+        "failed": results.failed,
         "systems": {
             name: {
                 **summaries[name],
@@ -964,6 +981,7 @@ def write_results(results: Results) -> dict[str, dict[str, Any]]:
     }
     (results.out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     skipped = [f"- {name}: skipped ({why})" for name, why in results.skipped.items()]
+    skipped += [f"- {name}: failed ({why})" for name, why in results.failed.items()]
     text = [results.header["title"], "", *lines, "", *ratios(summaries), "", *skipped]
     (results.out / "results.md").write_text("\n".join(text).rstrip() + "\n")
     return summaries
@@ -1007,6 +1025,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--matmul-size", type=int, default=None,
                    help="n of the reference n×n×n matmul (default 8192 on a GPU, 1024 on a CPU)")  # fmt: skip
     p.add_argument("--out", type=Path, default=None, help="write results.json / results.md here")
+    p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="a system that fails is recorded and the others run; exit status 1 at the end",
+    )
     p.add_argument(
         "--systems",
         nargs="+",
@@ -1089,9 +1112,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         for r in range(args.repeats):
             order = args.systems[r % len(args.systems) :] + args.systems[: r % len(args.systems)]
             print(f"round {r + 1}: {', '.join(order)}", flush=True)
-            run_round(setup, order, args.threads, results)
+            run_round(setup, order, args.threads, results, args.keep_going)
     write_results(results)
-    return print_report(results)
+    medians = print_report(results)
+    if results.failed:
+        raise SystemExit(
+            f"grpo_step: {len(results.failed)} system(s) failed: "
+            + "; ".join(f"{name}: {why}" for name, why in results.failed.items())
+            + "; see their tracebacks above"
+        )
+    return medians
 
 
 if __name__ == "__main__":

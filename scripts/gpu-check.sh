@@ -38,7 +38,7 @@ TESTS_S=150
 BENCH_S=300
 BENCH=(benchmarks/grpo_step.py --model qwen2-0.5b-random --dtype bf16 --device cuda
     --responses eos --prompts 64 --group-size 4 --max-new-tokens 256 --micro-batch 32
-    --steps 3 --repeats 1 --threads 4
+    --steps 3 --repeats 1 --threads 4 --keep-going
     --systems floor rlblocks-padded rlblocks trl rlblocks-cb)
 
 show() { printf '+'; printf ' %q' "$@"; printf '\n'; }

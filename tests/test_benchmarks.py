@@ -207,3 +207,23 @@ def test_the_continuous_batching_system_is_skipped_for_fixed_lengths():
         bench.check_engine("cb", fixed)
     bench.check_engine("cb", dataclasses.replace(fixed, responses="eos"))
     bench.check_engine("hf", fixed)
+
+
+def test_keep_going_records_a_failing_system_and_runs_the_others(tmp_path, monkeypatch):
+    # A system whose model folder is absent fails for real (rb.models.load raises OSError).
+    # Without --keep-going that stops the benchmark; with it the others are still measured and
+    # the failure is recorded, and the run ends with status 1.
+    import rlblocks as rb
+
+    bench = load_benchmark("grpo_step")
+    monkeypatch.setitem(bench.SYSTEMS, "broken", lambda setup: rb.models.load(tmp_path / "absent"))
+    out = tmp_path / "out"
+    argv = [*TINY, "--repeats", "1", "--systems", "floor", "broken", "rlblocks", "--out", str(out)]
+    with pytest.raises(OSError, match="no model folder at"):
+        bench.main(argv)
+    with pytest.raises(SystemExit, match=r"1 system\(s\) failed: broken: OSError: no model folder"):
+        bench.main([*argv, "--keep-going"])
+    record = json.loads((out / "results.json").read_text())
+    assert list(record["systems"]) == ["floor", "rlblocks"]
+    assert record["failed"]["broken"].startswith("OSError: no model folder at")
+    assert "- broken: failed (OSError: no model folder at" in (out / "results.md").read_text()

@@ -112,6 +112,7 @@ def test_the_dry_run_prints_every_command_and_runs_none(tmp_path):
     assert "-m pytest -m gpu" in tests and "tests/trainer/test_gpu.py" in tests
     assert "--model qwen2-0.5b-random --dtype bf16 --device cuda --responses eos" in bench
     assert "--systems floor rlblocks-padded rlblocks trl rlblocks-cb" in bench
+    assert "--keep-going" in bench  # one system failing leaves the others measured
     assert bench.endswith(f"--out {tmp_path / 'out'}")
     assert "nothing above was run" in result.stdout
     assert not (tmp_path / "out").exists() and not (tmp_path / "site").exists()
