@@ -1,18 +1,23 @@
 """benchmarks/grpo_step.py on the tiny model: every system runs on equal shapes, the report prints.
 
 Timings on the tiny model mean nothing; what is checked is the plumbing: the systems train,
-their responses all have ``--max-new-tokens`` tokens (EOS held back), the prompt + response
-token counts agree across systems, and the table has a row per system.
+their responses all have ``--max-new-tokens`` tokens (EOS held back) or end at EOS with mixed
+lengths (``--responses eos``), the prompt + response token counts agree across systems, the
+padding each computes is counted, the results are written, and the table has a row per system.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
+import math
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model", "tiny", "--steps", "2", "--repeats", "2", "--max-new-tokens", "4"]
@@ -28,10 +33,11 @@ def load_benchmark(name: str) -> ModuleType:
     return module
 
 
-def table_rows(out: str) -> dict[str, list[str]]:
-    """system -> its cells, from the markdown table the benchmark prints."""
+def table_rows(out: str) -> dict[str, dict[str, str]]:
+    """system -> {column: cell}, from the markdown table the benchmark prints."""
     rows = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| ")]
-    return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows[1:]}
+    head = [c.strip() for c in rows[0]]
+    return {cells[0].strip(): dict(zip(head, (c.strip() for c in cells))) for cells in rows[1:]}
 
 
 def test_grpo_step_floor_and_rlblocks_on_the_tiny_model(capsys):
@@ -42,8 +48,8 @@ def test_grpo_step_floor_and_rlblocks_on_the_tiny_model(capsys):
     assert list(medians) == systems and all(s > 0 for s in medians.values())
     rows = table_rows(out)
     assert list(rows) == systems
-    tokens = {row[-2] for row in rows.values()}  # tok/step: prompt + response, same work
-    assert len(tokens) == 1 and {row[-1] for row in rows.values()} == {"1"}  # one thread
+    tokens = {row["tok/step"] for row in rows.values()}  # prompt + response, same work
+    assert len(tokens) == 1 and {row["threads"] for row in rows.values()} == {"1"}  # one thread
     assert "rlblocks / floor: " in out
     assert "round 2: rlblocks, rlblocks-async, floor" in out  # the order rotates
     assert "trl / rlblocks-async" not in out  # no TRL row, no ratio to it
@@ -64,4 +70,160 @@ def test_grpo_step_trl_on_the_tiny_model(capsys):
     bench = load_benchmark("grpo_step")
     medians = bench.main([*TINY, "--repeats", "1", "--systems", "floor", "trl"])
     rows = table_rows(capsys.readouterr().out)
-    assert set(medians) == {"floor", "trl"} and rows["trl"][-2] == rows["floor"][-2]
+    assert set(medians) == {"floor", "trl"} and rows["trl"]["tok/step"] == rows["floor"]["tok/step"]
+
+
+def test_grpo_step_eos_responses_count_the_padding_and_write_results(tmp_path, capsys):
+    # EOS-terminated responses on the tiny model, which the benchmark writes with an EOS hazard
+    # of 4 / 16 = 0.25 a token: lengths are geometric (mean ~4), so some rows stop early and
+    # the padded floor computes padding. bf16 weights on the CPU: the --dtype path.
+    bench = load_benchmark("grpo_step")
+    out = tmp_path / "out"
+    systems = ["floor", "rlblocks", "rlblocks-padded", "rlblocks-cb"]
+    argv = ["--model", "tiny", "--steps", "2", "--repeats", "1", "--max-new-tokens", "16"]
+    argv += ["--responses", "eos", "--micro-batch", "4", "--dtype", "bf16", "--device", "cpu"]
+    bench.main([*argv, "--systems", *systems, "--out", str(out)])
+    record = json.loads((out / "results.json").read_text())
+    assert record["dtype"] == "bf16" and record["eos_hazard"] == 0.25
+    for name in systems:  # ran, or skipped with its reason (packing / the engine not merged)
+        assert name in record["systems"] or record["skipped"][name], name
+    rows = 4 * 4
+    for name in ("floor", "rlblocks"):
+        for step in record["systems"][name]["rounds"][0]:
+            assert 0 < step["response_tokens"] < rows * 16  # EOS ended some responses
+            # one training pass over the batch, no scoring forward: its real tokens are the
+            # step's prompt + response tokens, counted by the hook and by the system apart
+            assert step["real"] == step["trained"] == step["tokens"]
+            assert step["computed"] >= step["real"]
+    floor = record["systems"]["floor"]
+    for step in floor["rounds"][0]:
+        # the floor computes every slice of the padded (b s) batch: b·s in all, b = 16 rows
+        assert step["computed"] % rows == 0 and step["computed"] > step["real"]
+    pads = [1 - s["real"] / s["computed"] for s in floor["rounds"][0][1:]]
+    assert floor["padding"] == pytest.approx(pads[0]) and floor["padding"] > 0
+    assert floor["mfu"] > 0 and floor["peak_bytes"] > 0 and floor["generation_tokens_per_s"] > 0
+    table = (out / "results.md").read_text()
+    assert "| floor |" in table and "eos responses, EOS hazard 0.25" in table
+    assert table_rows(capsys.readouterr().out)["floor"]["pad"] == f"{100 * pads[0]:.1f}%"
+
+
+def test_grpo_step_update_flops_of_the_tiny_model(tmp_path):
+    # The tiny Qwen2 (rb.models.tiny_config): hidden 64, 2 layers, 2 heads of 32, 1 KV head,
+    # MLP 128, vocabulary 384 tied. Per layer q 64·64, k 64·32, v 64·32, o 64·64, MLP 3·64·128:
+    # 36864 weights, 73728 for both; the head 384·64 = 24576.
+    bench = load_benchmark("grpo_step")
+    size = bench.model_size("tiny")
+    assert (size.body, size.head, size.layers, size.heads, size.head_dim) == (
+        73728,
+        24576,
+        2,
+        2,
+        32,
+    )
+    step = bench.StepTime(1.0, {}, 30, 8, 1, computed=40, real=30, trained=30, trained_sq=450)
+    want = 6 * 73728 * 30 + 6 * 24576 * 8 + 6 * 2 * 2 * 32 * 450
+    assert bench.update_flops(size, step) == want
+
+
+def test_the_random_qwen2_has_qwen25_05b_parameter_count(tmp_path):
+    # Qwen2.5-0.5B's published count is 494,032,768 parameters (0.36B without the embedding):
+    # the config written out in the benchmark must give exactly that (built on the meta device).
+    import rlblocks as rb
+
+    bench = load_benchmark("grpo_step")
+    config = rb.models.tiny_config(rb.models.tiny_tokenizer(), **bench.QWEN25_05B)
+    config.save_pretrained(tmp_path)
+    size = bench.model_size(str(tmp_path))
+    assert size.parameters == 494_032_768 and size.head == 151936 * 896
+    assert (size.layers, size.heads, size.head_dim) == (24, 14, 64)
+
+
+@pytest.mark.parametrize("hazard", [0.05, 0.25])
+def test_the_eos_hazard_gives_eos_that_probability_everywhere(hazard):
+    # After plant_eos_hazard a logit is z_v = h_c·E_vc + r_v: h_c the normed constant channel
+    # (≈ 1), E_vc = K for every token but EOS (K + Δ), r_v the rest. So the odds of EOS are
+    # e^(h_c·Δ) · e^(r_eos) / Σ_{v≠eos} e^(r_v), and with every r_v in a window of width w they
+    # lie within e^(±w) of e^(h_c·Δ) / (V − 1); at h_c = 1 that is hazard / (1 − hazard). The
+    # bound is computed from the model's own h_c and r, so no tolerance is picked; the claims
+    # that make it tight are checked too: h_c within 1e-3 of 1, w under 0.1.
+    from transformers import Qwen2ForCausalLM
+
+    import rlblocks as rb
+
+    bench = load_benchmark("grpo_step")
+    tokenizer = rb.models.tiny_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(rb.models.tiny_config(tokenizer)).double()
+    eos, vocab = tokenizer.eos_token_id, model.config.vocab_size
+    bench.plant_eos_hazard(model, eos, hazard)
+    ids = torch.randint(0, len(tokenizer), (16, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids).last_hidden_state  # after the final norm
+        logits = model.lm_head(hidden)
+    embedding = model.get_input_embeddings().weight.detach()
+    h_c = hidden[..., 0]
+    rest = logits - h_c[..., None] * embedding[:, 0]
+    w = (rest.max(-1).values - rest.min(-1).values).max().item()
+    assert (h_c - 1).abs().max() < 1e-3 and w < 0.1
+    delta = embedding[eos, 0] - embedding[0, 0]
+    p = logits.softmax(-1)[..., eos]
+    ratio = (p / (1 - p)) / (torch.exp(h_c * delta) / (vocab - 1))
+    assert ratio.min() >= math.exp(-w) and ratio.max() <= math.exp(w)
+    assert delta.item() == pytest.approx(math.log(hazard * (vocab - 1) / (1 - hazard)))
+
+
+def test_row_lengths_of_padded_and_packed_forwards():
+    bench = load_benchmark("grpo_step")
+    cpu = torch.device("cpu")
+    padded = {"attention_mask": torch.tensor([[0, 1, 1], [1, 1, 1]])}
+    assert bench.row_lengths(padded, 2, 3, cpu).tolist() == [2, 3]
+    packed = {"position_ids": torch.tensor([[0, 1, 2, 0, 1, 0]])}
+    assert bench.row_lengths(packed, 1, 6, cpu).tolist() == [3, 2, 1]
+    varlen = {"cu_seq_lens_q": torch.tensor([0, 3, 5, 6])}
+    assert bench.row_lengths(varlen, 1, 6, cpu).tolist() == [3, 2, 1]
+    left = {
+        "attention_mask": torch.tensor([[0, 0, 1, 1]]),
+        "position_ids": torch.tensor([[0, 0, 0, 1]]),
+    }
+    assert bench.row_lengths(left, 1, 4, cpu).tolist() == [2]  # one left-padded row
+    assert bench.row_lengths({}, 2, 5, cpu).tolist() == [5, 5]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no GPU")
+def test_grpo_step_refuses_a_cuda_device_torch_does_not_see(capsys):
+    bench = load_benchmark("grpo_step")
+    assert bench.default_device() == "cpu"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "cuda"])
+    assert "--device cuda: torch sees no CUDA device; pass --device cpu" in capsys.readouterr().err
+
+
+def test_the_continuous_batching_system_is_skipped_for_fixed_lengths():
+    # transformers' continuous batching drops min_new_tokens: the system is skipped, with the
+    # flag that makes it run, instead of sampling other shapes than the rest
+    bench = load_benchmark("grpo_step")
+    fixed = bench.Setup("tiny", ((1, 2),), group_size=2, max_new_tokens=4, lr=0, beta=0, seed=0)
+    with pytest.raises(bench.Skipped, match=r"\(min_new_tokens\).*; pass --responses eos"):
+        bench.check_engine("cb", fixed)
+    bench.check_engine("cb", dataclasses.replace(fixed, responses="eos"))
+    bench.check_engine("hf", fixed)
+
+
+def test_keep_going_records_a_failing_system_and_runs_the_others(tmp_path, monkeypatch):
+    # A system whose model folder is absent fails for real (rb.models.load raises OSError).
+    # Without --keep-going that stops the benchmark; with it the others are still measured and
+    # the failure is recorded, and the run ends with status 1.
+    import rlblocks as rb
+
+    bench = load_benchmark("grpo_step")
+    monkeypatch.setitem(bench.SYSTEMS, "broken", lambda setup: rb.models.load(tmp_path / "absent"))
+    out = tmp_path / "out"
+    argv = [*TINY, "--repeats", "1", "--systems", "floor", "broken", "rlblocks", "--out", str(out)]
+    with pytest.raises(OSError, match="no model folder at"):
+        bench.main(argv)
+    with pytest.raises(SystemExit, match=r"1 system\(s\) failed: broken: OSError: no model folder"):
+        bench.main([*argv, "--keep-going"])
+    record = json.loads((out / "results.json").read_text())
+    assert list(record["systems"]) == ["floor", "rlblocks"]
+    assert record["failed"]["broken"].startswith("OSError: no model folder at")
+    assert "- broken: failed (OSError: no model folder at" in (out / "results.md").read_text()
