@@ -227,3 +227,13 @@ def test_keep_going_records_a_failing_system_and_runs_the_others(tmp_path, monke
     assert list(record["systems"]) == ["floor", "rlblocks"]
     assert record["failed"]["broken"].startswith("OSError: no model folder at")
     assert "- broken: failed (OSError: no model folder at" in (out / "results.md").read_text()
+
+
+def test_logprob_memory_measures_three_ways_on_the_tiny_model(capsys):
+    # A plumbing check (the tiny model's logits are too small to show the saving): three
+    # processes each report a positive peak, and the table names every way.
+    bench = load_benchmark("logprob_memory")
+    out = bench.main(["--model", "tiny", "--rows", "4", "--prompt", "4", "--tokens", "16"])
+    assert set(bench.WAYS) <= set(out) and all(out[way] > 0 for way in bench.WAYS)
+    printed = capsys.readouterr().out
+    assert all(f"| {way} |" in printed for way in bench.WAYS)

@@ -38,7 +38,11 @@ each row's score at its rightmost token that is not ``config.pad_token_id``; it 
 attention mask for that. Rows are therefore padded with exactly that id, on the side the
 tokenizer says (``tokenizer.padding_side``): on the right the real tokens keep positions
 0…n−1 as without padding; on the left the position ids are counted from each row's first real
-token. Either way a row's score is its unpadded score up to float rounding (tested). A model
+token. Either way a row's score is its unpadded score up to float rounding (tested). With
+``packing`` (the default, for models whose head is ``model.score``, as every transformers
+decoder's ``*ForSequenceClassification``) a batch's rows run as one sequence with attention
+kept per row (``rlblocks.models.packing``) and each score is read from the head's output at
+that same token, so nothing is padded. A model
 whose config has no ``pad_token_id`` would refuse batches of more than one row: it gets the
 tokenizer's padding token, else its EOS (TRL's rule), so a row that *ends* in that token is
 scored at the token before it, batched or not.
@@ -65,9 +69,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from rlblocks.interfaces import Dispatch, RewardOutput, dispatch
+from rlblocks.models.packing import Packed, check_isolation, packed_attention
 
 if TYPE_CHECKING:
     from rlblocks.data.dataset import PromptDataset
@@ -106,6 +111,7 @@ class RewardModel:
         prompt_key: str | None = "messages",
         label: int | None = None,
         normalize: Callable[[Tensor], Tensor] | None = None,
+        packing: bool = True,
     ) -> None:
         if batch_size < 1:
             raise ValueError(
@@ -123,6 +129,9 @@ class RewardModel:
         self.label = _label(model, label)
         self.pad_token_id = _pad_token_id(model, tokenizer)
         _check_vocabulary(model, tokenizer, self.pad_token_id)
+        self.packing = packing and isinstance(getattr(model, "score", None), nn.Linear)
+        if self.packing:  # refuse a model that mixes packed rows before any scoring
+            check_isolation(getattr(model, "base_model", model), owner="RewardModel")
         self.__name__ = "reward_model"  # what combine() names it
         self._warned_verbatim = False
 
@@ -248,7 +257,10 @@ class RewardModel:
 
     @torch.inference_mode()
     def _forward(self, rows: list[Sequence[int]]) -> Tensor:
-        """Raw scores of one padded batch, (b) float32 on the CPU."""
+        """Raw scores of one batch, (b) float32 on the CPU: packed (:meth:`_forward_packed`) or
+        padded."""
+        if self.packing:
+            return self._forward_packed(rows)
         left = getattr(self.tokenizer, "padding_side", "right") == "left"
         width = max(len(r) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
@@ -263,6 +275,38 @@ class RewardModel:
         device = self.device
         logits = self.model(**{k: v.to(device) for k, v in inputs.items()}).logits  # (b labels)
         return logits[:, self.label].float().cpu()
+
+    def _forward_packed(self, rows: list[Sequence[int]]) -> Tensor:
+        """Raw scores of ``rows`` run as one packed sequence (``rlblocks.models.packing``): the
+        head's per-token outputs are taken, by a hook on ``model.score``, at each row's last
+        token that is not ``pad_token_id`` (the token transformers' pooling reads; the row's
+        first when it is all padding), before the model pools them."""
+        device = self.device
+        lengths = torch.tensor([len(r) for r in rows])
+        ends = lengths.cumsum(0)
+        starts = ends - lengths
+        ids = torch.tensor([token for row in rows for token in row], device=device)[None]
+        positions = torch.cat([torch.arange(n) for n in lengths.tolist()])[None].to(device)
+        read = [_last_real(row, self.pad_token_id) for row in rows]
+        last = (starts + torch.tensor(read)).to(device)
+        packed = Packed(
+            input_ids=ids,
+            position_ids=positions,
+            bounds=tuple(zip(starts.tolist(), ends.tolist(), strict=True)),
+            keep=last,
+            targets=ids[0, last],
+            rows=torch.arange(len(rows), device=device),
+            cols=torch.zeros(len(rows), dtype=torch.long, device=device),
+            shape=(len(rows), 1),
+        )
+        outputs: list[Tensor] = []
+        hook = self.model.score.register_forward_hook(lambda _m, _i, out: outputs.append(out))
+        try:
+            with packed_attention(self.model, packed) as kwargs:
+                self.model(**kwargs)
+        finally:
+            hook.remove()
+        return outputs[-1][0, last, self.label].float().cpu()
 
     def _render(self, rollouts: Rollouts, i: int) -> tuple[str, bool]:
         """``(text, templated)`` of row ``i`` (module docstring)."""
@@ -392,3 +436,11 @@ def _pad_token_id(model: Any, tokenizer: Any) -> int:
     logger.info("RewardModel: the model's config has no pad_token_id; using %d", pad)
     config.pad_token_id = int(pad)
     return int(pad)
+
+
+def _last_real(row: Sequence[int], pad_token_id: int | None) -> int:
+    """Index of ``row``'s last token that is not ``pad_token_id`` (0 if there is none)."""
+    for i in range(len(row) - 1, -1, -1):
+        if row[i] != pad_token_id:
+            return i
+    return 0

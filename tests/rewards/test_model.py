@@ -143,6 +143,24 @@ def test_batched_scores_equal_unpadded_single_row_forwards(make_rollouts, family
     assert metrics["reward/raw_mean"] == pytest.approx(float(reference.mean()), abs=ATOL)
 
 
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_packed_and_padded_batches_give_the_unpadded_scores(make_rollouts, family):
+    # float32 scores of the same tokens by differently shaped forwards: rounding only (ATOL,
+    # as above); a row reading another row's tokens moves its score by more than 1e-3.
+    tokenizer = rm_tokenizer()
+    model = qwen_rm(tokenizer) if family == "qwen2" else llama_rm(tokenizer)
+    ro = chat_rollouts(make_rollouts)
+    packed = rb.rewards.RewardModel(model, tokenizer, batch_size=4)
+    padded = rb.rewards.RewardModel(model, tokenizer, batch_size=4, packing=False)
+    assert packed.packing and not padded.packing
+    reference = unpadded_scores(model, packed.encode(ro)[0])
+    torch.testing.assert_close(packed(ro).rewards, reference, rtol=0, atol=ATOL)
+    torch.testing.assert_close(padded(ro).rewards, reference, rtol=0, atol=ATOL)
+    # A row ending in the padding id is read at the token before it, as the pooling reads it.
+    ids = [[7, 8, 9, tokenizer.pad_token_id], [5, 6]]
+    torch.testing.assert_close(packed.score_ids(ids), padded.score_ids(ids), rtol=0, atol=ATOL)
+
+
 def test_left_and_right_padding_give_the_same_scores(make_rollouts):
     ro = chat_rollouts(make_rollouts)
     tokenizer = rm_tokenizer(side="right")

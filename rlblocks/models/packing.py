@@ -1,0 +1,298 @@
+"""Padding-free forwards: rows as one sequence, attention kept per row.
+
+``Packed`` is the layout (``rlblocks.trainer.packing.pack`` builds it from ``Rollouts``, a
+reward model from its token-id rows); this module runs a model over it. A right-padded ``(b s)``
+batch of responses of very different lengths computes every padding
+column in every layer. Packed, the real tokens of all rows are concatenated into one ``(1 n)``
+sequence, ``n = Σ_i len_i``, with position ids restarting at 0 for each row (so each row gets
+the rotary positions it gets alone), and attention kept within each row.
+
+How attention is kept within each row (:func:`packed_attention`):
+
+- **sdpa and eager models** run, for the duration of the forward, an attention function
+  registered with transformers' ``AttentionInterface`` under :data:`ROW_ATTENTION`: one
+  ``scaled_dot_product_attention(..., is_causal=True)`` per row over that row's slice of the
+  packed queries, keys and values. It costs Σ_i len_i² per layer, what the rows cost alone;
+  transformers' own packed path for these implementations builds a dense ``(n n)``
+  block-causal mask and computes n² (on SmolLM2-135M, 16 rows of 48-104 tokens, one CPU
+  thread: forward + backward 21.5 s dense, 16.0 s per row, 20.0 s right-padded).
+- **flash-attention models** (``flash_attention_2/3``, on a GPU) are given the packed
+  position ids with no attention mask: transformers derives the varlen ``cu_seqlens`` from
+  them, which is the kernel's own packed mode.
+- Models whose attention takes more than a causal mask (a sliding window, soft-capped
+  scores, attention sinks) or another implementation go through transformers' own packed
+  masks (position ids, no attention mask, no cache), which apply the model's own rules.
+
+Whatever the path, :func:`check_isolation` runs once per model and path before its first
+packed forward: it packs two rows twice, the second row the same and the first row's tokens
+changed, and requires the second row's outputs to be equal. With attention kept within rows
+they are exactly equal (the same shapes run the same kernels; the first row's keys get
+probability exactly 0); with attention mixed across rows, they differ. A model that fails is
+refused with the fix (``packing=False``), never trained on mixed rows. (Transformers' own
+path mixes rows silently when a cache is passed: its packed-sequence detection is skipped
+whenever ``past_key_values`` is set, and a forward with ``use_cache`` on creates one.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+ROW_ATTENTION = "rlblocks_rows"
+"""The name under which :func:`_row_attention` is registered with transformers."""
+
+_FLASH = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
+_ROWWISE = ("sdpa", "eager")
+_state = threading.local()  # the row bounds of the packed forward running in this thread
+
+
+@dataclass(frozen=True)
+class Packed:
+    """The real tokens of a ``Rollouts`` batch as one sequence, and where its scores go.
+
+    ``input_ids``, ``position_ids``: ``(1 n)`` int64, the rows' real tokens (prompt, then
+    response) one row after another, positions restarting at 0 per row. ``bounds``: each
+    row's ``[start, end)`` in the sequence. ``keep``: ``(m)`` int64, the positions whose
+    outputs score the ``m`` real response tokens (the position before each), in row-major
+    order; ``targets``: ``(m)`` those tokens; ``rows``, ``cols``: ``(m)`` where each score goes
+    in the batch's ``(b t)`` response grid.
+    """
+
+    input_ids: Tensor
+    position_ids: Tensor
+    bounds: tuple[tuple[int, int], ...]
+    keep: Tensor
+    targets: Tensor
+    rows: Tensor
+    cols: Tensor
+    shape: tuple[int, int]
+
+    @property
+    def length(self) -> int:
+        """n, the tokens computed."""
+        return self.input_ids.shape[1]
+
+    def scatter(self, values: Tensor) -> Tensor:
+        """``(m)`` scores (one per real response token, ``keep``'s order) as the batch's
+        ``(b t)`` grid, 0 at response padding; differentiable through ``values``."""
+        grid = values.new_zeros(self.shape)
+        return grid.index_put((self.rows, self.cols), values)
+
+
+def attention_path(model: nn.Module) -> str:
+    """How :func:`packed_attention` keeps ``model``'s rows apart: ``"rows"`` (one sdpa call
+    per row), ``"flash"`` (the varlen kernel, from the position ids) or ``"transformers"``
+    (transformers' packed masks)."""
+    configs = _attention_configs(model)
+    if not configs:
+        return "transformers"
+    implementation = configs[0]._attn_implementation
+    if implementation in _FLASH:
+        return "flash"
+    if implementation in (*_ROWWISE, ROW_ATTENTION) and not _needs_model_rules(configs[0]):
+        return "rows"
+    return "transformers"
+
+
+def _needs_model_rules(config: Any) -> bool:
+    """True when the model's attention is more than causal: sliding windows in use, soft-capped
+    scores, attention sinks. Those go through transformers' own packed masks."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types is not None and any(kind != "full_attention" for kind in layer_types):
+        return True
+    window = getattr(text, "sliding_window", None)
+    if window is not None and getattr(text, "use_sliding_window", True) and layer_types is None:
+        return True
+    return any(
+        getattr(text, name, None) is not None for name in ("attn_logit_softcapping", "sinks")
+    )
+
+
+@contextlib.contextmanager
+def packed_attention(model: nn.Module, packed: Packed) -> Iterator[dict[str, Any]]:
+    """The keyword arguments of a packed forward of ``model`` over ``packed``, with the row
+    attention in effect while the block runs (``"rows"`` path). Inside :func:`kept_apart` of
+    the same model the row attention and these bounds stay in effect after the block, until
+    the next packed forward or the end of :func:`kept_apart`: the backward pass of a
+    gradient-checkpointed model recomputes its layers then, and must get the same attention."""
+    kwargs: dict[str, Any] = {
+        "input_ids": packed.input_ids,
+        "position_ids": packed.position_ids,
+        "use_cache": False,  # a cache turns transformers' packed-sequence masks off
+    }
+    if attention_path(model) != "rows":
+        yield kwargs
+        return
+    if _in_span(model):
+        _state.bounds = packed.bounds
+        yield kwargs
+        return
+    if torch.is_grad_enabled() and getattr(model, "is_gradient_checkpointing", False):
+        raise RuntimeError(
+            f"packed_attention: {type(model).__name__} recomputes its layers in the backward "
+            "pass (gradient checkpointing), after this forward's row attention has ended; "
+            "run the forward and its backward inside rlblocks.trainer.packing.kept_apart(model)"
+        )
+    with kept_apart(model):
+        _state.bounds = packed.bounds
+        yield kwargs
+
+
+@contextlib.contextmanager
+def kept_apart(model: nn.Module) -> Iterator[None]:
+    """Row attention in effect for ``model`` (``"rows"`` path; nothing otherwise) for the whole
+    block: packed forwards inside it and their backward passes, recomputed layers included.
+    Restores the model's own attention implementation at the end."""
+    if attention_path(model) != "rows" or _in_span(model):
+        yield
+        return
+    _register()
+    configs = _attention_configs(model)
+    saved = [config._attn_implementation for config in configs]
+    previous = getattr(_state, "bounds", None)
+    spans = _spans()
+    spans.add(id(model))
+    for config in configs:
+        config._attn_implementation = ROW_ATTENTION
+    try:
+        yield
+    finally:
+        for config, implementation in zip(configs, saved, strict=True):
+            config._attn_implementation = implementation
+        spans.discard(id(model))
+        _state.bounds = previous
+
+
+def _spans() -> set[int]:
+    if not hasattr(_state, "spans"):
+        _state.spans = set()
+    return _state.spans
+
+
+def _in_span(model: nn.Module) -> bool:
+    return id(model) in _spans()
+
+
+def _attention_configs(model: nn.Module) -> list[Any]:
+    """Every distinct config object of ``model``'s modules (a model and its sub-models may
+    hold their own), each of which the attention layers read their implementation from."""
+    seen: dict[int, Any] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            seen.setdefault(id(config), config)
+    return list(seen.values())
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ROW_ATTENTION, _row_attention)
+    AttentionMaskInterface.register(ROW_ATTENTION, _no_mask)
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    """The mask of the row attention: none (each row's causal mask is sdpa's ``is_causal``)."""
+
+
+def _row_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    *,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """Causal attention within each row of a packed sequence (transformers' attention function
+    signature: ``query`` ``(1 h n d)``, ``key``/``value`` ``(1 h_kv n d)``; returns ``(1 n h
+    d)`` and no weights)."""
+    bounds = getattr(_state, "bounds", None)
+    if bounds is None or query.shape[0] != 1 or attention_mask is not None:
+        raise RuntimeError(
+            f"{ROW_ATTENTION}: called outside a packed forward (batch {query.shape[0]}, mask "
+            f"{attention_mask is not None}); this attention only serves packed_attention"
+        )
+    for name in ("sliding_window", "softcap", "s_aux"):
+        if kwargs.get(name) is not None:
+            raise RuntimeError(
+                f"{ROW_ATTENTION}: the model passes {name}={kwargs[name]!r}, which row "
+                "attention does not apply; train this model with packing=False"
+            )
+    p = dropout if module.training else 0.0
+    gqa = query.shape[1] != key.shape[1]
+    outputs = [
+        F.scaled_dot_product_attention(
+            query[:, :, start:end],
+            key[:, :, start:end],
+            value[:, :, start:end],
+            dropout_p=p,
+            is_causal=True,
+            scale=scaling,
+            enable_gqa=gqa,
+        )
+        for start, end in bounds
+    ]
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+# ---------------------------------------------------------------------- isolation check
+_checked: weakref.WeakKeyDictionary[nn.Module, set[str]] = weakref.WeakKeyDictionary()
+
+
+def check_isolation(model: nn.Module, *, owner: str) -> None:
+    """Refuse ``model`` for packed forwards when its attention reaches across rows (module
+    docstring); checked once per model and attention path, in no-grad mode, on 2 rows of 3
+    and 2 tokens."""
+    path = attention_path(model)
+    done = _checked.setdefault(model, set())
+    if path in done:
+        return
+    device = next(model.parameters()).device
+    # Token ids below 9: inside any vocabulary.
+    first = torch.tensor([[1, 2, 3, 7, 8]], device=device)
+    changed = torch.tensor([[4, 5, 6, 7, 8]], device=device)
+    outputs = []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for ids in (first, changed):
+                probe = Packed(
+                    input_ids=ids,
+                    position_ids=torch.tensor([[0, 1, 2, 0, 1]], device=device),
+                    bounds=((0, 3), (3, 5)),
+                    keep=torch.arange(5, device=device),
+                    targets=ids[0],
+                    rows=torch.zeros(5, dtype=torch.long, device=device),
+                    cols=torch.arange(5, device=device),
+                    shape=(1, 5),
+                )
+                with packed_attention(model, probe) as kwargs:
+                    out = model(**kwargs)
+                    out = out.logits if hasattr(out, "logits") else out[0]
+                    outputs.append(out[0, 3:].float())
+    finally:
+        model.train(was_training)
+    if not torch.equal(outputs[0], outputs[1]):
+        gap = float((outputs[0] - outputs[1]).abs().max())
+        name = type(model).__name__
+        raise ValueError(
+            f"{owner}: packed rows of {name} attend to each other (attention path {path!r}, "
+            f"implementation {getattr(getattr(model, 'config', None), '_attn_implementation', None)!r}: "
+            f"a row's logits moved by {gap:.3g} when the row before it changed); train it with "
+            "packing=False, or load it with attn_implementation='sdpa'"
+        )
+    done.add(path)
