@@ -222,13 +222,13 @@ def _row_attention(
     bounds = getattr(_state, "bounds", None)
     if bounds is None or query.shape[0] != 1 or attention_mask is not None:
         raise RuntimeError(
-            f"{ROW_ATTENTION}: called outside a packed forward (batch {query.shape[0]}, mask "
+            f"packed_attention: the row attention was called outside a packed forward (batch {query.shape[0]}, mask "
             f"{attention_mask is not None}); this attention only serves packed_attention"
         )
     for name in ("sliding_window", "softcap", "s_aux"):
         if kwargs.get(name) is not None:
             raise RuntimeError(
-                f"{ROW_ATTENTION}: the model passes {name}={kwargs[name]!r}, which row "
+                f"packed_attention: the model passes {name}={kwargs[name]!r}, which row "
                 "attention does not apply; train this model with packing=False"
             )
     p = dropout if module.training else 0.0
