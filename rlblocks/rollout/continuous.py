@@ -48,17 +48,17 @@ where flash attention and CUDA graphs apply (docs/rollout.md has the numbers mea
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, TensorSpec, dispatch
+from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, dispatch
 from rlblocks.models import loading
 from rlblocks.models.context import check_lengths, context_length
-from rlblocks.rollout.hf import _device, _generating, _special_ids, load_weights
+from rlblocks.rollout.hf import LocalWeights, _device, _generating, _special_ids
 from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
 from rlblocks.rollout.sampling import generation_config, seeded
 from rlblocks.rollout.stopping import ResponseEnds, valid_tokens
@@ -79,7 +79,7 @@ PAGED_ATTENTION = ("sdpa", "eager", "paged|eager")
 PAGED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
-class ContinuousBatchingEngine:
+class ContinuousBatchingEngine(LocalWeights):
     """Samples responses with transformers' continuous batching; implements ``RolloutEngine``.
 
     ``model``: a Hugging Face causal LM with paged-attention support (a decoder whose attention is
@@ -126,34 +126,9 @@ class ContinuousBatchingEngine:
         self.progress = progress
         self.weights_version = 0
 
-    # from_pretrained(name_or_path, *, dtype=float32, device="cpu", **kwargs): load (a built-in
-    # such as "tiny" or a folder), then cls(model, tokenizer=tokenizer, **kwargs).
+    # from_pretrained(name_or_path, *, dtype=float32, device=None, **kwargs): as HFEngine's
+    # (device None: CUDA when torch sees a GPU, else the CPU).
     from_pretrained = classmethod(loading.from_pretrained)
-
-    def update_weights(self, weights: Iterable[tuple[str, Tensor]], *, version: int) -> None:
-        """Copy ``(name, tensor)`` pairs into the model and record ``weights_version``, exactly
-        as `HFEngine.update_weights` (names, shapes and casts checked before the first copy)."""
-        load_weights(self.model, weights, owner="ContinuousBatchingEngine.update_weights")
-        self.weights_version = version
-
-    def weight_spec(self) -> dict[str, TensorSpec]:
-        """The model's ``state_dict`` names (tied weights under each), shapes and dtypes."""
-        return {name: TensorSpec.of(t) for name, t in self.model.state_dict(keep_vars=True).items()}
-
-    def load_adapter(self, path: Any, *, version: int) -> None:
-        """Not served: the engine samples with plain weights (the resharder sends a LoRA
-        policy's merged weights instead)."""
-        raise NotImplementedError(
-            "ContinuousBatchingEngine.load_adapter: the engine does not serve LoRA adapters; "
-            "sync a LoRA policy's merged weights with rb.resharder.Resharder, or share the "
-            "policy's model (ContinuousBatchingEngine(policy.model, ...))"
-        )
-
-    def sleep(self) -> None:
-        """Nothing to free: the paged cache lives only inside a ``generate`` call."""
-
-    def wake_up(self) -> None:
-        """Nothing to take back (see :meth:`sleep`)."""
 
     # ------------------------------------------------------------------ RolloutEngine
     @dispatch(Dispatch.PROMPTS)

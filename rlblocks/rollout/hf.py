@@ -45,7 +45,52 @@ from rlblocks.rollouts import Rollouts
 DEFAULT_SAMPLING = SamplingParams()
 
 
-class HFEngine:
+class LocalWeights:
+    """The weight side of an engine that samples with a model object in this process
+    (``HFEngine``, ``ContinuousBatchingEngine``): copies into ``self.model``, its spec, no
+    adapters, and nothing to free between calls (the cache lives inside a ``generate`` call).
+    Sets ``self.weights_version``."""
+
+    model: nn.Module
+    weights_version: int
+
+    def update_weights(self, weights: Iterable[tuple[str, Tensor]], *, version: int) -> None:
+        """Copy ``(name, tensor)`` pairs into the model, like ``load_state_dict``, then record
+        ``weights_version = version``.
+
+        Names are the model's ``state_dict`` names (Hugging Face names; tied weights answer to
+        either name). A subset is fine (weights may arrive in several calls), but an unknown
+        name or a shape mismatch raises ``ValueError`` naming it before anything of the call
+        is copied. Values are cast to each parameter's dtype and device; a tensor that already
+        is the parameter (a shared model) is skipped. A value that the cast would turn into
+        ±inf (a float32 weight past float16's range) raises ``FloatingPointError`` naming it,
+        before anything of the call is copied (`rlblocks.rollout.casting`).
+        """
+        load_weights(self.model, weights, owner=f"{type(self).__name__}.update_weights")
+        self.weights_version = version
+
+    def weight_spec(self) -> dict[str, TensorSpec]:
+        """The model's ``state_dict`` names (tied weights under each), shapes and dtypes."""
+        return {name: TensorSpec.of(t) for name, t in self.model.state_dict(keep_vars=True).items()}
+
+    def load_adapter(self, path: Any, *, version: int) -> None:
+        """Not served: the engine samples with plain weights (the resharder sends a LoRA
+        policy's merged weights instead)."""
+        name = type(self).__name__
+        raise NotImplementedError(
+            f"{name}.load_adapter: {name} does not serve LoRA adapters; sync a LoRA policy's "
+            f"merged weights with rb.resharder.Resharder, or share the policy's model "
+            f"({name}(policy.model, ...))"
+        )
+
+    def sleep(self) -> None:
+        """Nothing to free: the KV cache lives only inside a ``generate`` call."""
+
+    def wake_up(self) -> None:
+        """Nothing to take back (see :meth:`sleep`)."""
+
+
+class HFEngine(LocalWeights):
     """Samples responses with ``model.generate``; implements ``RolloutEngine``.
 
     ``model``: a causal LM (any dtype, any device); ``tokenizer``: its tokenizer.
@@ -143,40 +188,6 @@ class HFEngine:
                 bar.update((k + 1) * params.max_new_tokens - bar.n)  # a chunk may end early
                 parts.append(self._rollouts(chunk, batch, texts, meta, pad))
         return parts[0] if len(parts) == 1 else Rollouts.concat(parts)
-
-    def update_weights(self, weights: Iterable[tuple[str, Tensor]], *, version: int) -> None:
-        """Copy ``(name, tensor)`` pairs into the model, like ``load_state_dict``, then record
-        ``weights_version = version``.
-
-        Names are the model's ``state_dict`` names (Hugging Face names; tied weights answer to
-        either name). A subset is fine (weights may arrive in several calls), but an unknown
-        name or a shape mismatch raises ``ValueError`` naming it before anything of the call
-        is copied. Values are cast to each parameter's dtype and device; a tensor that already
-        is the parameter (a shared model) is skipped. A value that the cast would turn into
-        ±inf (a float32 weight past float16's range) raises ``FloatingPointError`` naming it,
-        before anything of the call is copied (`rlblocks.rollout.casting`).
-        """
-        load_weights(self.model, weights, owner="HFEngine.update_weights")
-        self.weights_version = version
-
-    def weight_spec(self) -> dict[str, TensorSpec]:
-        """The model's ``state_dict`` names (tied weights under each), shapes and dtypes."""
-        return {name: TensorSpec.of(t) for name, t in self.model.state_dict(keep_vars=True).items()}
-
-    def load_adapter(self, path: Any, *, version: int) -> None:
-        """Not served: an ``HFEngine`` samples with plain weights (the resharder sends a LoRA
-        policy's merged weights instead)."""
-        raise NotImplementedError(
-            "HFEngine.load_adapter: HFEngine does not serve LoRA adapters; sync a LoRA policy's "
-            "merged weights with rb.resharder.Resharder, or share the policy's model "
-            "(HFEngine(policy.model, ...))"
-        )
-
-    def sleep(self) -> None:
-        """Nothing to free: the KV cache lives only inside a ``generate`` call."""
-
-    def wake_up(self) -> None:
-        """Nothing to take back (see :meth:`sleep`)."""
 
     # ------------------------------------------------------------------ one model.generate
     def _generate_rows(
