@@ -158,7 +158,29 @@ QWEN25_05B: dict[str, Any] = {
     "tie_word_embeddings": True,
     "use_sliding_window": False,
 }
-RANDOM_MODELS = {"qwen2-0.5b-random": QWEN25_05B, "tiny": {}}
+# SmolLM2-135M's shape (the built-in model, a Llama) as a Qwen2: 30 layers of hidden 576, 9
+# query and 3 key-value heads, MLP 1536, the tied 49152-token vocabulary. The same matrices but
+# for Qwen2's q/k/v biases (0.06M of 135M parameters): its CPU cost with random weights, so
+# that EOS can be planted (--responses eos) for mixed lengths at the main job's shapes.
+SMOLLM2_135M: dict[str, Any] = {
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "hidden_act": "silu",
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 100000.0,
+    "tie_word_embeddings": True,
+    "use_sliding_window": False,
+}
+RANDOM_MODELS = {
+    "qwen2-0.5b-random": QWEN25_05B,
+    "smollm2-135m-random": SMOLLM2_135M,
+    "tiny": {},
+}
 """Models built here from random weights with rb.models' tokenizer (a 384-token byte-level BPE;
 the model's vocabulary is not cut to it: ids the tokenizer lacks decode to nothing)."""
 
@@ -438,9 +460,10 @@ def plant_eos_hazard(model: Qwen2ForCausalLM, eos: int, hazard: float, channel: 
 
 def prepare_model(args: argparse.Namespace, folder: Path) -> str:
     """The model every system loads: ``--model`` itself, or a random model written into
-    ``folder`` (``qwen2-0.5b-random`` always; ``tiny`` only for EOS-terminated responses, which
+    ``folder`` (``qwen2-0.5b-random`` and ``smollm2-135m-random`` always; ``tiny`` only for
+    EOS-terminated responses, which
     it needs the hazard for)."""
-    random_model = args.model == "qwen2-0.5b-random" or (
+    random_model = args.model in ("qwen2-0.5b-random", "smollm2-135m-random") or (
         args.model == "tiny" and args.responses == "eos"
     )
     if not random_model:
@@ -1003,7 +1026,7 @@ def default_device() -> str:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m",
-                   help="built-in name, folder, or qwen2-0.5b-random")  # fmt: skip
+                   help="built-in name, folder, qwen2-0.5b-random or smollm2-135m-random")  # fmt: skip
     p.add_argument("--steps", type=int, default=3, help="steps per run, the first a warm-up")
     p.add_argument("--repeats", type=int, default=2, help="rounds over the systems")
     p.add_argument("--prompts", type=int, default=4, help="prompts per step")

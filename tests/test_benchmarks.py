@@ -138,6 +138,27 @@ def test_the_random_qwen2_has_qwen25_05b_parameter_count(tmp_path):
     assert (size.layers, size.heads, size.head_dim) == (24, 14, 64)
 
 
+def test_the_random_smollm2_has_smollm2s_matrices(tmp_path):
+    # The built-in SmolLM2-135M (a Llama) against its random Qwen2 twin, both built on the meta
+    # device: the same matrices, so the same count but for Qwen2's q/k/v biases, 30 layers of
+    # 576 + 192 + 192.
+    import rlblocks as rb
+
+    bench = load_benchmark("grpo_step")
+    config = rb.models.tiny_config(rb.models.tiny_tokenizer(), **bench.SMOLLM2_135M)
+    config.save_pretrained(tmp_path)
+    twin = bench.model_size(str(tmp_path))
+    real = bench.model_size("smollm2-135m")
+    assert twin.parameters == real.parameters + 30 * (576 + 192 + 192)
+    assert (twin.body, twin.head, twin.layers, twin.heads, twin.head_dim) == (
+        real.body,
+        real.head,
+        real.layers,
+        real.heads,
+        real.head_dim,
+    )
+
+
 @pytest.mark.parametrize("hazard", [0.05, 0.25])
 def test_the_eos_hazard_gives_eos_that_probability_everywhere(hazard):
     # After plant_eos_hazard a logit is z_v = h_c·E_vc + r_v: h_c the normed constant channel
