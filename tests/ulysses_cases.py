@@ -68,10 +68,11 @@ def one_process(overrides: dict, packed: Packed) -> dict:
     for loss_name, loss in (("sum", torch.sum), ("squares", lambda x: x.square().mean())):
         model, _ = rb.models.tiny(dtype=torch.float64, **overrides)
         with packed_attention(model, packed) as kwargs:
-            logprobs = token_logprobs(model(**kwargs).logits, packed.keep, packed.targets)
+            logits = model(**kwargs).logits  # (1 n v)
+        logprobs = token_logprobs(logits, packed.keep, packed.targets)
         loss(logprobs).backward()
         out[f"grads_{loss_name}"] = grads(model)
-        out["logprobs"] = logprobs.detach()
+        out["logprobs"], out["logits"] = logprobs.detach(), logits.detach()
     return out
 
 
@@ -80,7 +81,7 @@ def sequence_parallel(overrides: dict, packed: Packed) -> dict:
 
     ``grads_sum``: each rank's loss is the sum of its own tokens' log-probs, gradients summed
     over the ranks. ``grads_squares``: every rank computes the same loss from the gathered
-    log-probs (:func:`ulysses.gather`), gradients summed over the ranks."""
+    log-probs (:func:`ulysses.gather_at`), gradients summed over the ranks."""
     out = {}
     for loss_name in ("sum", "squares"):
         model, _ = rb.models.tiny(dtype=torch.float64, **overrides)
@@ -89,12 +90,12 @@ def sequence_parallel(overrides: dict, packed: Packed) -> dict:
             logits = model(**kwargs).logits  # (1 l v)
         mine, local = shard.local(packed.keep)
         own = token_logprobs(logits, local, packed.targets[mine])
-        grid = logits.new_zeros(shard.input_ids.shape[1]).index_put((local,), own)  # (l)
-        whole = ulysses.gather(grid[None], shard)[0, packed.keep]  # (m), every rank's tokens
+        whole = ulysses.gather_at(own, packed.keep, shard)  # (m), every rank's tokens
         loss = own.sum() if loss_name == "sum" else whole.square().mean()
         loss.backward()
         out[f"grads_{loss_name}"] = summed_over_ranks(grads(model))
         out["logprobs"] = whole.detach()
+        out["logits"] = ulysses.gather(logits.detach(), shard)  # (1 n v), padding dropped
         out["local_length"] = shard.input_ids.shape[1]
     return out
 
@@ -137,6 +138,7 @@ def refusals(rank: int) -> dict:
         messages["split"] = _refusal(
             lambda: ulysses.split(packed.input_ids[0], packed.position_ids[0])
         )
+        messages["other_inputs"] = _refusal(lambda: _whole_sequence_inside(shard, packed))
         messages["positions"] = _refusal(
             lambda: ulysses.split(packed.input_ids[:, 1:], packed.position_ids[:, 1:])
         )
@@ -145,6 +147,14 @@ def refusals(rank: int) -> dict:
     gathered: list = [None, None]
     dist.all_gather_object(gathered, messages)  # rank 1's refusal too
     return {"messages": gathered[0] | gathered[1], "after": after, "reference": reference}
+
+
+def _whole_sequence_inside(shard: ulysses.Shard, packed: Packed) -> None:
+    """The whole sequence run inside the block meant for this rank's slice: the attention
+    refuses it in the first layer, before its all-to-all."""
+    model, _ = rb.models.tiny(dtype=torch.float64)
+    with ulysses.sequence_parallel(model, shard):
+        model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
 
 
 def _refusal(call) -> str | None:

@@ -37,6 +37,8 @@ Typical use, every rank of ``group`` holding the same ``packed``::
     with sequence_parallel(model, shard) as kwargs:
         logits = model(**kwargs).logits              # (1 l v): this rank's tokens only
     mine, local = shard.local(packed.keep)           # the kept positions this rank holds
+    own = log_softmax(logits[0, local]).gather(-1, packed.targets[mine][:, None])[:, 0]
+    logprobs = gather_at(own, packed.keep, shard)    # (m): every rank's, in keep's order
 """
 
 from __future__ import annotations
@@ -147,6 +149,18 @@ def gather(local: Tensor, shard: Shard) -> Tensor:
     dist.all_gather(parts, local.detach().contiguous(), group=shard.group)
     parts[shard.rank] = local
     return torch.cat(parts, dim=1)[:, : shard.length]
+
+
+def gather_at(values: Tensor, index: Tensor, shard: Shard) -> Tensor:
+    """Values at whole-sequence positions ``index`` ``(m)`` from the ranks that hold them:
+    ``values`` ``(m' …)`` are this rank's, at the positions :meth:`Shard.local` gives it (in
+    that order); returns ``(m …)`` on every rank of the group, differentiable as
+    :func:`gather` (through this rank's own values). E.g. log-probs of ``Packed.targets``
+    scored at this rank's share of ``Packed.keep``, back in ``keep``'s order."""
+    _, local = shard.local(index)
+    grid = values.new_zeros(shard.input_ids.shape[1], *values.shape[1:])  # (l …)
+    whole = gather(grid.index_put((local,), values)[None], shard)[0]
+    return whole[index]
 
 
 @contextlib.contextmanager

@@ -47,6 +47,8 @@ def test_sequence_parallel_log_probs_equal_the_one_process_packed_forward(equal)
         assert case["sp"]["local_length"] == 66 // world, name  # 65 tokens padded to 66
         assert case["sp"]["logprobs"].shape == case["one"]["logprobs"].shape == (35,)
         assert_equal_to_float64_rounding(case["sp"]["logprobs"], case["one"]["logprobs"])
+        assert case["sp"]["logits"].shape == (1, 65, 384)
+        assert_equal_to_float64_rounding(case["sp"]["logits"], case["one"]["logits"])
 
 
 @pytest.mark.parametrize("loss", ["sum", "squares"])
@@ -84,5 +86,10 @@ def test_layouts_that_cannot_run_are_refused_before_any_collective(tmp_path):
         "(1 n) sequence of the same shape; pass Packed.input_ids and Packed.position_ids"
     )
     assert "64 tokens, the first at position 1" in messages["positions"]
+    assert messages["other_inputs"] == (
+        "RuntimeError: ulysses.sequence_parallel: the sequence-parallel attention was called "
+        "outside its forward (queries (1, 2, 65, 32), mask False); run the model on the kwargs "
+        "that sequence_parallel(model, shard) yields, inside its block"
+    )
     assert "global rank 1) is not in the sequence-parallel group" in messages["group"]
     assert_equal_to_float64_rounding(result["after"], result["reference"])
