@@ -135,6 +135,10 @@ def refusals(rank: int) -> dict:
             messages[name] = _refusal(
                 lambda m=model: ulysses.sequence_parallel(m, shard).__enter__()
             )
+        two_heads, _ = rb.models.tiny()  # under tp = 2 each rank holds one head
+        messages["heads_tp"] = _refusal(
+            lambda: ulysses.sequence_parallel(two_heads, shard, tp=2).__enter__()
+        )
         messages["split"] = _refusal(
             lambda: ulysses.split(packed.input_ids[0], packed.position_ids[0])
         )

@@ -164,18 +164,20 @@ def gather_at(values: Tensor, index: Tensor, shard: Shard) -> Tensor:
 
 
 @contextlib.contextmanager
-def sequence_parallel(model: nn.Module, shard: Shard) -> Iterator[dict[str, Any]]:
+def sequence_parallel(model: nn.Module, shard: Shard, *, tp: int = 1) -> Iterator[dict[str, Any]]:
     """The keyword arguments of ``model``'s forward over this rank's slice of the packed
     sequence, with the sequence-parallel attention in effect while the block runs: every
     attention layer then attends over the whole sequence through two all-to-alls per layer
-    (module docstring). Every rank of ``shard.group`` must run the same forward.
+    (module docstring). Every rank of ``shard.group`` must run the same forward. ``tp``: the
+    tensor-parallel size the model's attention heads are already split by (each rank then
+    holds ``heads / tp`` of them, which the sequence-parallel size must divide).
 
     Refused (``ValueError``/``RuntimeError``) before any compute: attention heads not
-    divisible by ``shard.size``, a model whose attention the packed row path does not serve
+    divisible by ``tp · shard.size``, a model whose attention the packed row path does not serve
     (``rlblocks.models.packing.attention_path``), a gradient-checkpointed model in grad mode
     (its backward would recompute the layers after the block restored their attention).
     Restores the model's own attention implementation at the end."""
-    _check_model(model, shard.size)
+    _check_model(model, shard.size, tp)
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
@@ -195,7 +197,7 @@ def sequence_parallel(model: nn.Module, shard: Shard) -> Iterator[dict[str, Any]
         _state.shard = previous
 
 
-def _check_model(model: nn.Module, sp: int) -> None:
+def _check_model(model: nn.Module, sp: int, tp: int) -> None:
     """Refuse what the sequence-parallel attention cannot run, naming the sizes."""
     name = type(model).__name__
     path = attention_path(model)
@@ -217,12 +219,18 @@ def _check_model(model: nn.Module, sp: int) -> None:
     for config in _attention_configs(model):
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         heads = getattr(text, "num_attention_heads", None)
-        if heads is not None and heads % sp != 0:
-            divisors = [k for k in range(1, heads + 1) if heads % k == 0]
+        if heads is not None and heads % (tp * sp) != 0:
+            sizes = (
+                f"the sequence-parallel size sp = {sp}"
+                if tp == 1
+                else f"tp·sp = {tp}·{sp} = {tp * sp}"
+            )
+            share = "heads / sp" if tp == 1 else "heads / (tp·sp)"
+            choices = [k for k in range(1, heads + 1) if heads % (tp * k) == 0]
             raise ValueError(
                 f"ulysses.sequence_parallel: num_attention_heads = {heads} of {name} is not "
-                f"divisible by the sequence-parallel size sp = {sp} (each rank attends over "
-                f"heads / sp of them); choose sp among {divisors}"
+                f"divisible by {sizes} (each rank attends over {share} of them); choose sp "
+                f"among {choices}"
             )
 
 

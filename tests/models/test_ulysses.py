@@ -76,6 +76,11 @@ def test_layouts_that_cannot_run_are_refused_before_any_collective(tmp_path):
         "not divisible by the sequence-parallel size sp = 2 (each rank attends over heads / sp "
         "of them); choose sp among [1, 3]"
     )
+    assert messages["heads_tp"] == (
+        "ValueError: ulysses.sequence_parallel: num_attention_heads = 2 of Qwen2ForCausalLM is "
+        "not divisible by tp·sp = 2·2 = 4 (each rank attends over heads / (tp·sp) of them); "
+        "choose sp among [1]"
+    )
     assert messages["checkpointing"].startswith(
         "RuntimeError: ulysses.sequence_parallel: Qwen2ForCausalLM recomputes its layers"
     )
