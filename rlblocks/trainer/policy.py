@@ -157,6 +157,11 @@ class PolicyTrainer:
         size}`` (``{"dp": 1, "tp": 1}`` until ``shard``)."""
         return {"dp": self.dp.size, "tp": self.config.tp if self.dp.sharded else 1}
 
+    @property
+    def row_replicas(self) -> int:
+        """Consecutive ranks that score the same rows (``Shardable``): a tensor-parallel group."""
+        return self.layout["tp"]
+
     def shard(self, group: Any = None) -> None:
         """Join a data-parallel group (``torch.distributed``; None: the default group), as a
         placement does right after building the trainer in each worker (``Shardable``).

@@ -32,6 +32,9 @@ def test_a_tp2_policy_on_two_workers_steps_like_one_process_and_syncs(tmp_path):
             local = policy.step(ro, advantages, loss_fn=LOSS)
             metrics = remote.step(ro, advantages, loss_fn=LOSS)
             assert metrics["grad_norm"] == pytest.approx(local["grad_norm"], rel=1e-9)
+        # Scoring by rows: each tensor-parallel pair scores the same rows (row_replicas);
+        # float32 out, so equal to float32 rounding of the float64 scores.
+        torch.testing.assert_close(remote.logprobs(ro), policy.logprobs(ro), rtol=1e-6, atol=1e-6)
         rb.resharder.Resharder(bucket_mb=0.05).sync(remote, remote_engine)
         held = remote_engine.model.state_dict()
         for name, value in policy.named_weights():
