@@ -12,9 +12,9 @@ once ``TrainConfig`` has ``sp``; until then the row says "not built yet").
 Each rank is a fresh process (gloo over a ``file://`` rendezvous, one thread, seed 0) that
 builds the trainer (``PolicyTrainer(model, reference=None, tp=...)``, ``shard()`` when it has
 peers), runs a short warm-up ``forward_backward`` (2 rows of 8 tokens: packing's isolation
-check, gloo's buffers and the gradients are allocated there), then the measured
-``forward_backward`` on the long batch as one micro-batch, then ``optim_step``. It reports, of
-its own LOCAL shards (``DTensor.to_local()``):
+check, gloo's buffers and the gradients are allocated there), one more to count its
+collectives, then the measured ``forward_backward`` on the long batch as one micro-batch,
+then ``optim_step``. It reports, of its own LOCAL shards (``DTensor.to_local()``):
 
 - **params**, **grads** (after the measured pass), **optimizer** (AdamW's two moments and its
   step counters, after ``optim_step``), and **whole**: the parameter bytes it holds unsplit
@@ -27,7 +27,11 @@ its own LOCAL shards (``DTensor.to_local()``):
   before it through ``/proc/self/clear_refs``) minus its resident size then. It adds the
   transient buffers (attention, logit chunks, gathered weights not already held from the
   warm-up) to the saved activations, and depends on the allocator: a secondary measure;
-- **tokens**: the tokens its embedding layer saw in the measured pass.
+- **tokens**: the tokens its embedding layer saw in the measured pass;
+- **collectives**: the collectives of the second short ``forward_backward`` (counted apart,
+  so that the counting touches no measured number), by kind: all-reduce, all-gather,
+  reduce-scatter, all-to-all (:func:`collectives`). Their number depends on the layers and
+  the layout, not on the tokens.
 
 The table prints the largest value over a layout's ranks, with ratios to the one-process row.
 """
@@ -35,6 +39,7 @@ The table prints the largest value over a layout's ranks, with ratios to the one
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -42,7 +47,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -207,7 +213,10 @@ def measure(layout: Layout, shape: Shape, **options: int) -> dict[str, int]:
         trainer.shard()
     loss = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.2))
     vocab = model.config.vocab_size
-    trainer.forward_backward(*batch(shape, *WARM_UP, vocab), loss_fn=loss)
+    short = batch(shape, *WARM_UP, vocab)
+    trainer.forward_backward(*short, loss_fn=loss)  # first calls: one-time checks, buffers
+    with collectives() as counted:  # the collectives of a pass, apart from the one measured
+        trainer.forward_backward(*short, loss_fn=loss)
     ro, advantages = batch(shape, shape.prompt, shape.response, vocab)
     tokens = []
     embedding = trainer.model.get_input_embeddings()
@@ -231,7 +240,39 @@ def measure(layout: Layout, shape: Shape, **options: int) -> dict[str, int]:
         "saved": saved.nbytes,
         "rss": rss,
         "tokens": sum(tokens),
+        **{f"collectives/{kind}": n for kind, n in counted.items()},
     }
+
+
+#: Collective ops (c10d and functional-collective op names) by the kind they are counted as.
+KINDS = {
+    "all-reduce": ("allreduce", "all_reduce"),
+    "all-gather": ("allgather", "all_gather"),
+    "reduce-scatter": ("reduce_scatter",),
+    "all-to-all": ("alltoall", "all_to_all"),
+    "broadcast": ("broadcast",),
+}
+
+
+@contextlib.contextmanager
+def collectives() -> Iterator[Counter]:
+    """Count the collectives launched inside (kind -> calls), DTensor's functional collectives
+    and FSDP2's c10d calls alike, by watching the ops that reach the dispatcher."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: Counter = Counter()
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace in ("c10d", "_c10d_functional"):
+                name = func.__name__.split(".")[0].lstrip("_")
+                kind = next((k for k, names in KINDS.items() if name.startswith(names)), None)
+                if kind is not None:
+                    counts[kind] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Watch():
+        yield counts
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -317,7 +358,8 @@ def _wait(procs: list[subprocess.Popen], layout: Layout, timeout: float) -> None
         output = procs[rank].stdout.read()[-3000:] if procs[rank].stdout else ""
         raise RuntimeError(
             f"mesh_memory: {layout.name}: rank {rank} of {layout.world} failed (exit status "
-            f"{procs[rank].returncode}, limit {timeout:.0f} s); its output:\n{output}"
+            f"{procs[rank].returncode}, limit {timeout:.0f} s); fix what its output below "
+            f"names, or raise --timeout if it ran out of time:\n{output}"
         )
 
 
@@ -332,14 +374,15 @@ def table(rows: dict[str, dict[str, int] | str]) -> str:
     assert isinstance(one, dict)
     head = (
         "| layout | ranks | tokens/rank | params MiB | grads MiB | optimizer MiB | "
-        "weight-side MiB (×) | held whole KiB | saved activations MiB (×) | RSS growth MiB (×) |"
+        "weight-side MiB (×) | held whole KiB | saved activations MiB (×) | RSS growth MiB (×) | "
+        "collectives per pass |"
     )
-    lines = [head, "|---" * 10 + "|"]
+    lines = [head, "|---" * 11 + "|"]
     weight_one = one["params"] + one["grads"] + one["optimizer"]
     for name, row in rows.items():
         layout = next(x for x in LAYOUTS if x.name == name)
         if isinstance(row, str):
-            lines.append(f"| {name} | {layout.world} | {row} |" + " |" * 7)  # 10 cells
+            lines.append(f"| {name} | {layout.world} | {row} |" + " |" * 8)  # 11 cells
             continue
         weight = row["params"] + row["grads"] + row["optimizer"]
         cells = [
@@ -353,6 +396,7 @@ def table(rows: dict[str, dict[str, int] | str]) -> str:
             f"{row['whole'] / 2**10:.1f}",
             f"{mib(row['saved'])} ({row['saved'] / one['saved']:.3f})",
             f"{mib(row['rss'])} ({row['rss'] / max(one['rss'], 1):.3f})",
+            ", ".join(f"{k.split('/')[1]} {n}" for k, n in row.items() if "/" in k) or "none",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -418,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict[str, int]] | 
         print(f"{layout.name}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
     print(setup_line(args, shape, measured["one process"]))
     rows = {
-        name: v if isinstance(v, str) else {c: max(r[c] for r in v) for c in COLUMNS}
+        name: v if isinstance(v, str) else {c: max(r.get(c, 0) for r in v) for c in v[0]}
         for name, v in measured.items()
     }
     print(table(rows))

@@ -308,7 +308,7 @@ def test_mesh_memory_table_names_a_layout_not_built():
     rows = table_rows(printed)
     assert rows["TP2"]["weight-side MiB (×)"].endswith("(0.500)")
     assert rows["TP2"]["saved activations MiB (×)"].endswith("(0.250)")
-    assert rows["XP2"]["tokens/rank"] == "not built yet" and len(rows["XP2"]) == 10
+    assert rows["XP2"]["tokens/rank"] == "not built yet" and len(rows["XP2"]) == 11
 
 
 def quick_weight_bytes() -> tuple[int, int]:
@@ -333,6 +333,9 @@ def check_tp2(rows: dict, total: int, whole: int) -> None:
     assert tp2[0]["tokens"] == rows["one process"][0]["tokens"]  # every row on every rank
     one = rows["one process"][0]["saved"]
     assert one / 2 < tp2[0]["saved"] < one  # heads and MLP features split, the residual not
+    assert not [k for k in rows["one process"][0] if k.startswith("collectives/")]
+    # TP's collectives are all-reduces (and the rows' hand-out); nothing is FSDP-sharded
+    assert tp2[0]["collectives/all-reduce"] > 0 and "collectives/reduce-scatter" not in tp2[0]
 
 
 def test_mesh_memory_quick_tp2(capsys):
@@ -350,18 +353,21 @@ def test_mesh_memory_quick_every_layout(tmp_path, capsys):
     # DP2 (FSDP2) shards every weight, norms included, in two by rows; DP2×TP2 splits the
     # TP2 shards again in two over the data-parallel pair. Two equal rows: a data-parallel
     # rank trains one of them, so it sees half the tokens and saves fewer activations.
+    import rlblocks as rb
+
     bench = load_benchmark("mesh_memory")
     rows = bench.main(["--quick", "--out", str(tmp_path)])
     total, whole = quick_weight_bytes()
     check_tp2(rows, total, whole)
     one = rows["one process"][0]
-    for rank in rows["DP2"]:
-        assert (rank["params"], rank["whole"], rank["tokens"]) == (
-            total // 2,
-            0,
-            one["tokens"] // 2,
-        )
-        assert rank["saved"] < one["saved"]
+    units = rb.models.tiny(**bench.QUICK.model)[0].config.num_hidden_layers + 1  # FSDP units:
+    for rank in rows["DP2"]:  # every decoder layer, then the whole model
+        assert (rank["params"], rank["whole"]) == (total // 2, 0)
+        assert rank["tokens"] == one["tokens"] // 2 and rank["saved"] < one["saved"]
+        # each unit gathers its weights in the forward and again in the backward, and
+        # reduce-scatters its gradients once
+        gathers = (rank["collectives/all-gather"], rank["collectives/reduce-scatter"])
+        assert gathers == (2 * units, units)
     quarter = (total - whole) // 4 + whole // 2
     for rank in rows["DP2xTP2"]:
         assert (rank["params"], rank["grads"]) == (quarter, quarter)
