@@ -258,3 +258,123 @@ def test_logprob_memory_measures_three_ways_on_the_tiny_model(capsys):
     assert set(bench.WAYS) <= set(out) and all(out[way] > 0 for way in bench.WAYS)
     printed = capsys.readouterr().out
     assert all(f"| {way} |" in printed for way in bench.WAYS)
+
+
+# ---------------------------------------------------------------------- mesh_memory
+def test_saved_for_backward_counts_each_storage_once_and_no_weight():
+    # y = x Wᵀ saves x and Wᵀ (both require grad), Wᵀ a view of the weight's storage: left
+    # out; y * y saves y twice, one storage; y[1:] is a view of y, the same storage again;
+    # exp saves its output. So exactly x (5·4 floats), y (5·3) and exp's output (4·3).
+    bench = load_benchmark("mesh_memory")
+    layer = torch.nn.Linear(4, 3, bias=False)
+    x = torch.randn(5, 4, requires_grad=True)
+    saved = bench.SavedForBackward(layer)
+    with saved.hooks():
+        y = layer(x)
+        loss = (y * y).sum() + (y[1:] * 2).exp().sum()
+    assert saved.nbytes == (5 * 4 + 5 * 3 + 4 * 3) * 4
+    loss.backward()  # the hook hands the tensors back untouched
+    assert layer.weight.grad.shape == (3, 4)
+
+
+def test_mesh_memory_one_process_in_this_process():
+    # The one-process row's weight side, exactly: every parameter once, its gradient, AdamW's
+    # two moments plus one float32 step counter per parameter tensor; nothing split.
+    import rlblocks as rb
+
+    bench = load_benchmark("mesh_memory")
+    model, _ = rb.models.tiny(**bench.QUICK.model)
+    params = list(model.parameters())  # tied embeddings: once
+    nbytes = sum(p.numel() * 4 for p in params)
+    row = bench.measure(bench.LAYOUTS[0], bench.QUICK)
+    assert (row["params"], row["grads"], row["whole"]) == (nbytes, nbytes, nbytes)
+    assert row["optimizer"] == 2 * nbytes + 4 * len(params)
+    assert row["tokens"] == bench.QUICK.rows * (bench.QUICK.prompt + bench.QUICK.response)
+    assert row["saved"] > 0 and row["rss"] >= 0
+
+
+def test_mesh_memory_table_names_a_layout_not_built():
+    bench = load_benchmark("mesh_memory")
+    future = bench.Layout("XP2", 2, {"no_such_field": 2})
+    assert bench.missing_options(future) == ["no_such_field"]
+    assert bench.missing_options(bench.LAYOUTS[2]) == []  # TP2: TrainConfig.tp
+    one = dict.fromkeys(bench.COLUMNS, 100) | {"tokens": 8}
+    half = {**one, "params": 50, "grads": 50, "optimizer": 50, "saved": 25}
+    bench.LAYOUTS += (future,)
+    try:
+        printed = bench.table({"one process": one, "TP2": half, "XP2": "not built yet"})
+    finally:
+        bench.LAYOUTS = bench.LAYOUTS[:-1]
+    rows = table_rows(printed)
+    assert rows["TP2"]["weight-side MiB (×)"].endswith("(0.500)")
+    assert rows["TP2"]["saved activations MiB (×)"].endswith("(0.250)")
+    assert rows["XP2"]["tokens/rank"] == "not built yet" and len(rows["XP2"]) == 11
+
+
+def quick_weight_bytes() -> tuple[int, int]:
+    """(all parameter bytes, bytes of the norms: what tensor parallelism leaves whole) of the
+    quick model; every split dimension of it divides by 4."""
+    import rlblocks as rb
+
+    bench = load_benchmark("mesh_memory")
+    model, _ = rb.models.tiny(**bench.QUICK.model)
+    whole = sum(p.numel() * 4 for n, p in model.named_parameters() if "norm" in n)
+    return sum(p.numel() * 4 for p in model.parameters()), whole
+
+
+def check_tp2(rows: dict, total: int, whole: int) -> None:
+    # Tensor parallelism splits every weight but the norms in two, the embedding by its
+    # vocabulary rows; the gradients and AdamW's moments follow their weights.
+    tp2 = rows["TP2"]
+    exact = [{k: v for k, v in rank.items() if k != "rss"} for rank in tp2]  # rss: the heap's
+    assert len(tp2) == 2 and exact[0] == exact[1]  # the same on both ranks
+    split = (total - whole) // 2 + whole
+    assert (tp2[0]["params"], tp2[0]["grads"], tp2[0]["whole"]) == (split, split, whole)
+    assert tp2[0]["tokens"] == rows["one process"][0]["tokens"]  # every row on every rank
+    one = rows["one process"][0]["saved"]
+    assert one / 2 < tp2[0]["saved"] < one  # heads and MLP features split, the residual not
+    assert not [k for k in rows["one process"][0] if k.startswith("collectives/")]
+    # TP's collectives are all-reduces (and the rows' hand-out); nothing is FSDP-sharded
+    assert tp2[0]["collectives/all-reduce"] > 0 and "collectives/reduce-scatter" not in tp2[0]
+
+
+def test_mesh_memory_quick_tp2(capsys):
+    bench = load_benchmark("mesh_memory")
+    rows = bench.main(["--quick", "--layouts", "TP2"])
+    assert list(rows) == ["one process", "TP2"]
+    check_tp2(rows, *quick_weight_bytes())
+    printed = table_rows(capsys.readouterr().out)
+    assert printed["one process"]["weight-side MiB (×)"].endswith("(1.000)")
+    assert printed["TP2"]["weight-side MiB (×)"].endswith("(0.502)")  # the norms stay whole
+
+
+@pytest.mark.slow
+def test_mesh_memory_quick_every_layout(tmp_path, capsys):
+    # DP2 (FSDP2) shards every weight, norms included, in two by rows; DP2×TP2 splits the
+    # TP2 shards again in two over the data-parallel pair. Two equal rows: a data-parallel
+    # rank trains one of them, so it sees half the tokens and saves fewer activations.
+    import rlblocks as rb
+
+    bench = load_benchmark("mesh_memory")
+    rows = bench.main(["--quick", "--out", str(tmp_path)])
+    total, whole = quick_weight_bytes()
+    check_tp2(rows, total, whole)
+    one = rows["one process"][0]
+    units = rb.models.tiny(**bench.QUICK.model)[0].config.num_hidden_layers + 1  # FSDP units:
+    for rank in rows["DP2"]:  # every decoder layer, then the whole model
+        assert (rank["params"], rank["whole"]) == (total // 2, 0)
+        assert rank["tokens"] == one["tokens"] // 2 and rank["saved"] < one["saved"]
+        # each unit gathers its weights in the forward and again in the backward, and
+        # reduce-scatters its gradients once
+        gathers = (rank["collectives/all-gather"], rank["collectives/reduce-scatter"])
+        assert gathers == (2 * units, units)
+    quarter = (total - whole) // 4 + whole // 2
+    for rank in rows["DP2xTP2"]:
+        assert (rank["params"], rank["grads"]) == (quarter, quarter)
+        assert rank["saved"] < rows["TP2"][0]["saved"]
+    assert len(rows["DP2xTP2"]) == 4
+    sp = rows["SP2"]
+    assert isinstance(sp, list) or sp.startswith("not built yet (TrainConfig has no sp)")
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert record["layouts"]["DP2"] == rows["DP2"]
+    assert set(table_rows(capsys.readouterr().out)) == {x.name for x in bench.LAYOUTS}
