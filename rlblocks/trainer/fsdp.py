@@ -133,9 +133,12 @@ def gathered(
     pending: list[tuple[str, Tensor]] = []
     size = 0
     done: dict[int, Tensor] = {}
+    # the least size of a shared-memory bucket: one that fits every later bucket, no larger
+    # than the model (shared_gather.gather_rows)
+    reserve = min(bucket_bytes, sum(v.numel() * v.element_size() for _, v in named))
     for name, value in named:
         if id(value) in done or not _row_sharded(value, dp):
-            yield from _gather_bucket(pending, dp, done, shared, bucket_bytes)
+            yield from _gather_bucket(pending, dp, done, shared, reserve)
             pending, size = [], 0
             whole = done.get(id(value))
             if whole is None:
@@ -147,11 +150,11 @@ def gathered(
         nbytes = value.numel() * value.element_size()
         dtype_changes = pending and pending[0][1].dtype != value.dtype
         if pending and (size + nbytes > bucket_bytes or dtype_changes):
-            yield from _gather_bucket(pending, dp, done, shared, bucket_bytes)
+            yield from _gather_bucket(pending, dp, done, shared, reserve)
             pending, size = [], 0
         pending.append((name, value))
         size += nbytes
-    yield from _gather_bucket(pending, dp, done, shared, bucket_bytes)
+    yield from _gather_bucket(pending, dp, done, shared, reserve)
 
 
 # torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns).
@@ -174,7 +177,7 @@ def _gather_bucket(
     dp: DataParallel,
     done: dict[int, Tensor],
     shared: set[int] | None = None,
-    bucket_bytes: int = 0,
+    reserve: int = 0,
 ) -> Iterator[tuple[str, Tensor]]:
     if not bucket:
         return
@@ -183,7 +186,7 @@ def _gather_bucket(
     if owner is not None:  # through shared memory (rlblocks.trainer.shared_gather)
         locals_ = [value.to_local().detach() for _, value in bucket]
         shapes = [value.shape for _, value in bucket]
-        wholes = gather_rows(locals_, shapes, group=dp.group, owner=owner, reserve=bucket_bytes)
+        wholes = gather_rows(locals_, shapes, group=dp.group, owner=owner, reserve=reserve)
     else:
         wholes = _all_gather_bucket([value for _, value in bucket], dp)
     for (name, value), whole in zip(bucket, wholes, strict=True):

@@ -190,8 +190,9 @@ def _open_slab(nbytes: int, rank: int, group: dist.ProcessGroup | None, owner: i
         return os.open(path, os.O_RDWR)
     except OSError as e:
         raise RuntimeError(
-            f"gathered: rank {rank} could not open rank 0's shared bucket {path} ({e}); rank 0 "
-            f"(pid {owner}) must stay alive and readable by this process during a weight gather"
+            f"PolicyTrainer.named_weights: rank {rank} could not open rank 0's shared-memory "
+            f"bucket {path} ({e}), which it could read when the group started; rank 0 (pid "
+            f"{owner}) has most likely died: read its log, then build the trainer again"
         ) from e
 
 
@@ -203,7 +204,7 @@ def _write_rows(whole: Tensor, local: Tensor, rank: int, size: int) -> None:
     expected = min(rows, n - start)
     if local.shape[0] != expected:
         raise ValueError(
-            f"gathered: rank {rank} of {size} holds {local.shape[0]} rows of a tensor of "
+            f"PolicyTrainer.named_weights: rank {rank} of {size} holds {local.shape[0]} rows of a tensor of "
             f"{n}, FSDP2's dim-0 sharding gives it {expected}; shard with Shard(0) only"
         )
     with torch.no_grad():
