@@ -9,13 +9,14 @@ gather in 64 MiB buckets, against 0.06 s to copy it into the engine; gloo's raw
 How one bucket travels (:func:`gather_rows`):
 
 1. The ranks pick a *slab*: an anonymous in-memory file of rank 0's (``memfd_create``) that
-   every rank has mapped, at least the bucket's size, which no rank still reads (one
-   all-reduce of each slab's "free" flag). If none is free, rank 0 makes one, one small
-   broadcast gives its descriptor number to the others, which open it through
-   ``/proc/<rank 0's pid>/fd/<number>`` and map it.
+   every rank has mapped, at least the bucket's size, which no rank still reads (each slab's
+   "free" flag, all-reduced at the previous bucket's barrier, or afresh when none of those
+   fits). If none is free, rank 0 makes one, one small broadcast gives its descriptor number
+   to the others, which open it through ``/proc/<rank 0's pid>/fd/<number>`` and map it.
 2. Each rank writes its rows of every tensor straight where they belong in the whole tensor
    (FSDP2 gives rank r rows [r·c, r·c + its rows), c = ⌈n / W⌉), laid out tensor after tensor.
-3. One barrier; then each whole tensor is a view of the slab (nothing is copied again).
+3. One barrier (the all-reduce of the free flags); then each whole tensor is a view of the
+   slab (nothing is copied again). So a bucket costs one small collective, not gloo's copy.
 
 Slabs stay mapped from one gather to the next: a fresh mapping costs a page fault per page
 written, which made a first version (a new file per bucket) hardly faster than gloo (0.42 s
@@ -39,7 +40,7 @@ import mmap
 import os
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -98,8 +99,23 @@ class _Slab:
         return self.lease is None or self.lease() is None
 
 
-# process group -> its slabs, the same list on every rank; unmapped once the group is gone
-_SLABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+@dataclass
+class _Pool:
+    """A group's slabs, the same list on every rank in the order of last use, and the free
+    flags every rank agreed on at the last barrier (None once the list has changed since)."""
+
+    slabs: list[_Slab] = field(default_factory=list)
+    agreed: list[bool] | None = None
+
+    def agree(self, group: dist.ProcessGroup | None) -> list[bool]:
+        """Which slabs no rank reads now: one all-reduce (a barrier too)."""
+        flags = torch.tensor([1, *(int(s.free) for s in self.slabs)], dtype=torch.int64)
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=group)
+        return [bool(f) for f in flags[1:]]
+
+
+# process group -> its pool of slabs; unmapped once the group is gone
+_POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def gather_rows(
@@ -113,15 +129,15 @@ def gather_rows(
     """The whole tensors of a bucket of FSDP2 dim-0 shards: ``locals_[i]`` is this rank's rows of
     a tensor of global shape ``shapes[i]``; all share one dtype. ``owner``: rank 0's pid from
     :func:`shared_group`; ``reserve``: the least size of a new slab (the bucket budget, so that
-    a slab serves every later bucket). Two collectives (three when a slab is added); every rank
-    must call it with the same shapes. The results are CPU views of a shared slab (module
-    docstring)."""
+    a slab serves every later bucket). One collective, the barrier (two when no slab that was
+    free at the last barrier fits, three when a slab is added); every rank must call it with
+    the same shapes. The results are CPU views of a shared slab (module docstring)."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     dtype = locals_[0].dtype
     numels = [math.prod(shape) for shape in shapes]
     nbytes = max(sum(numels), 1) * dtype.itemsize
-    slabs = _SLABS.setdefault(group or dist.group.WORLD, [])
-    slab, fd = _slab_for(slabs, nbytes, reserve, rank, group, owner)
+    pool = _POOLS.setdefault(group or dist.group.WORLD, _Pool())
+    slab, fd = _slab_for(pool, nbytes, reserve, rank, group, owner)
     try:
         lease = memoryview(slab.buffer)[:nbytes]
         flat = torch.frombuffer(lease, dtype=dtype)
@@ -132,7 +148,10 @@ def gather_rows(
             offset += numel
             _write_rows(whole, local, rank, size)
             wholes.append(whole)
-        dist.barrier(group=group)  # every rank's rows are in; a new slab is mapped everywhere
+        # The barrier: every rank's rows are in, a new slab is mapped everywhere. Its flags
+        # serve the next bucket: a slab free now stays free until then, since only a gather
+        # makes views of a slab and every rank gathers in step.
+        pool.agreed = pool.agree(group)
     finally:
         if fd is not None:
             os.close(fd)
@@ -140,21 +159,22 @@ def gather_rows(
 
 
 def _slab_for(
-    slabs: list[_Slab],
+    pool: _Pool,
     nbytes: int,
     reserve: int,
     rank: int,
     group: dist.ProcessGroup | None,
     owner: int,
 ) -> tuple[_Slab, int | None]:
-    """The smallest slab of ``nbytes`` or more that no rank still reads (free everywhere: one
-    all-reduce), or a new one of ``max(nbytes, reserve)`` bytes (rank 0's descriptor comes
-    back, to close after the barrier). ``slabs`` is kept in the order of last use; of the other
-    free slabs the ``KEEP`` used last stay mapped, the rest are dropped: the same ones on every
-    rank, since all decide from the same all-reduced flags."""
-    flags = torch.tensor([1, *(int(s.free) for s in slabs)], dtype=torch.int64)
-    dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=group)
-    free = [bool(f) for f in flags[1:]]
+    """The smallest slab of ``nbytes`` or more that no rank reads (by the flags of the last
+    barrier, or of a fresh all-reduce when none of those fits), or a new one of
+    ``max(nbytes, reserve)`` bytes (rank 0's descriptor comes back, to close after the
+    barrier). Of the other free slabs the ``KEEP`` used last stay mapped, the rest are dropped:
+    the same ones on every rank, since all decide from the same agreed flags."""
+    slabs, free = pool.slabs, pool.agreed
+    if free is None or not any(f and s.capacity >= nbytes for f, s in zip(free, slabs)):
+        free = pool.agree(group)  # slabs let go since the last barrier count too
+    pool.agreed = None  # the list changes below
     fits = [i for i, s in enumerate(slabs) if free[i] and s.capacity >= nbytes]
     pick = min(fits, key=lambda i: slabs[i].capacity) if fits else None
     spare = [i for i in range(len(slabs)) if free[i] and i != pick][-KEEP:]  # latest used
