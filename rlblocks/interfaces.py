@@ -430,6 +430,10 @@ class Shardable(Protocol):
     def shard(self, group: Any = None) -> None:
         """Join a data-parallel process group (None: the default group)."""
 
+    # Optional, read after ``shard``: ``row_replicas`` (int, default 1), how many consecutive
+    # ranks must receive the same rows (a tensor-parallel group computes one forward
+    # together): a placement splits a ``Dispatch.ROWS`` call over size / row_replicas groups.
+
 
 @runtime_checkable
 class Resharder(Protocol):

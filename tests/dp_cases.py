@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import faulthandler
+import importlib
 import os
 import sys
 from datetime import timedelta
@@ -61,7 +62,7 @@ def worker(rank: int, world: int, case: str, out: str, store: str, backend: str 
         timeout=timedelta(seconds=60),
     )
     try:
-        result = CASES[case](rank)
+        result = case_named(case)(rank)
         if rank == 0:
             torch.save(result, out)
         dist.barrier()  # nobody tears the group down while a peer still talks to it
@@ -312,6 +313,14 @@ CASES = {
     "critic_checkpoint": critic_checkpoint,
     "strict_sync_sharded": strict_sync_sharded,
 }
+
+
+def case_named(case: str):
+    """``CASES[case]``, or ``module:function`` of another cases module (tests/mesh_cases.py)."""
+    if ":" not in case:
+        return CASES[case]
+    module, name = case.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def run(case: str, out: str, world: int = 2, backend: str = "gloo") -> dict:

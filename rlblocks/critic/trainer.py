@@ -109,6 +109,11 @@ class CriticTrainer:
             raise RuntimeError(
                 "CriticTrainer.shard: the critic is already sharded; call shard once"
             )
+        if self.config.tp > 1:
+            raise NotImplementedError(
+                f"CriticTrainer.shard: tensor parallelism (tp = {self.config.tp}) is built for "
+                "the policy only; shard the critic data parallel (tp=1)"
+            )
         self.dp = shard_modules(group, self.config.fsdp, trainable=self.model)
         self.rebuild_optimizer()
 

@@ -27,6 +27,7 @@ from rlblocks.losses.entropy import (
     entropy_loss,
     linear_token_scores,
     token_logprobs,
+    vocab_parallel_token_scores,
 )
 from rlblocks.losses.gpg import gpg_loss
 from rlblocks.losses.gspo import gspo
@@ -104,4 +105,5 @@ __all__ = [
     "token_mean",
     "uses_reference",
     "value_loss",
+    "vocab_parallel_token_scores",
 ]

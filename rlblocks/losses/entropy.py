@@ -19,8 +19,11 @@ to compare at tight tolerances), and the result has that dtype.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
@@ -202,9 +205,74 @@ def linear_token_scores(
     if chunk_size < 1:
         raise ValueError(f"linear_token_scores: chunk_size={chunk_size}; use chunk_size >= 1")
     logprobs, ent = _LinearTokenScores.apply(
-        hidden, weight, bias, token_ids.long(), temperature, chunk_size, entropy
+        hidden, weight, bias, token_ids.long(), temperature, chunk_size, entropy, None
     )
     return logprobs, ent if entropy else None
+
+
+def vocab_parallel_token_scores(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    token_ids: Tensor,
+    /,
+    *,
+    group: Any,
+    vocab_start: int,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`linear_token_scores` of an output layer split by vocabulary rows over the ranks of
+    ``group`` (tensor parallelism's "loss parallelism"): ``weight`` ``(v/tp d)`` and ``bias``
+    are this rank's rows ``[vocab_start, vocab_start + v/tp)``; ``hidden`` ``(n d)`` and
+    ``token_ids`` ``(n)`` are the same on every rank. Every rank of ``group`` must call it.
+
+    Each rank computes its logits chunk by chunk, as :func:`linear_token_scores` does, and
+    keeps per token only its partial logsumexp ℓ_r, the chosen token's logit where the token is
+    its own (0 elsewhere) and, for the entropy, s_r = Σ_{its v} softmax_r(z) z. Then
+    lse = logsumexp_r ℓ_r (one all-gather of ``(n)`` per rank), z_y = Σ_r (an all-reduce) and
+    Σ_v p z = Σ_r e^{ℓ_r − lse} s_r (an all-reduce): the same numbers as one process up to
+    summation order, with ``(n)`` floats per collective, never ``(n v)``. Backward: the local
+    logit gradient, with the global lse and H, times the local weight rows, all-reduced over
+    ``group`` (each rank holds a part of ∂/∂h); ``weight`` gets its own rows' gradient.
+
+    Returns ``(n)`` log-probs and entropies (None unless ``entropy``), identical on every rank.
+    """
+    if hidden.dim() != 2 or token_ids.shape != hidden.shape[:1]:
+        raise ValueError(
+            f"vocab_parallel_token_scores: hidden {tuple(hidden.shape)} and token_ids "
+            f"{tuple(token_ids.shape)}; pass (n d) hidden states and (n) token ids"
+        )
+    if chunk_size < 1:
+        raise ValueError(
+            f"vocab_parallel_token_scores: chunk_size={chunk_size}; use chunk_size >= 1"
+        )
+    shard = _VocabShard(group, vocab_start)
+    logprobs, ent = _LinearTokenScores.apply(
+        hidden, weight, bias, token_ids.long(), temperature, chunk_size, entropy, shard
+    )
+    return logprobs, ent if entropy else None
+
+
+@dataclass(frozen=True)
+class _VocabShard:
+    """The process group an output layer's vocabulary rows are split over, and this rank's
+    first row."""
+
+    group: Any
+    start: int
+
+    def reduce(self, x: Tensor) -> Tensor:
+        """Σ over the group's ranks, in place."""
+        dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group)
+        return x
+
+    def logsumexp(self, lse: Tensor) -> Tensor:
+        """logsumexp over the ranks of each rank's partial logsumexp."""
+        parts = [torch.empty_like(lse) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(parts, lse.contiguous(), group=self.group)
+        return torch.logsumexp(torch.stack(parts), dim=0)
 
 
 class _LinearTokenScores(torch.autograd.Function):
@@ -227,30 +295,43 @@ class _LinearTokenScores(torch.autograd.Function):
         temperature: float,
         chunk_size: int,
         want_entropy: bool,
+        shard: _VocabShard | None,
     ) -> tuple[Tensor, Tensor]:
         device_type = hidden.device.type
         ctx.autocast = torch.is_autocast_enabled(device_type)
         ctx.autocast_dtype = torch.get_autocast_dtype(device_type)
-        n = hidden.shape[0]
+        n, rows = hidden.shape[0], weight.shape[0]
         dtype = torch.promote_types(torch.promote_types(hidden.dtype, weight.dtype), torch.float32)
+        ids = ids - (shard.start if shard is not None else 0)  # this rank's rows
+        own = (ids >= 0) & (ids < rows)
+        ids = ids.clamp(0, rows - 1)
         lse = torch.empty(n, dtype=dtype, device=hidden.device)
-        out = torch.empty(n, dtype=dtype, device=hidden.device)
-        ent = torch.zeros(n if want_entropy else 0, dtype=dtype, device=hidden.device)
+        chosen = torch.empty(n, dtype=dtype, device=hidden.device)
+        pz = torch.zeros(n if want_entropy else 0, dtype=dtype, device=hidden.device)
         for start in range(0, n, chunk_size):
             part = slice(start, start + chunk_size)
             z = F.linear(hidden[part], weight, bias).to(dtype) / temperature
             torch.logsumexp(z, dim=-1, out=lse[part])
-            out[part] = z.gather(-1, ids[part, None])[:, 0] - lse[part]
+            chosen[part] = z.gather(-1, ids[part, None])[:, 0]
             if want_entropy:
-                ent[part] = lse[part] - (torch.softmax(z, dim=-1) * z).sum(-1)
-        ctx.save_for_backward(hidden, weight, bias, ids, lse, ent)
+                pz[part] = (torch.softmax(z, dim=-1) * z).sum(-1)
+        chosen = torch.where(own, chosen, torch.zeros((), dtype=dtype, device=chosen.device))
+        if shard is not None:
+            local_lse, lse = lse, shard.logsumexp(lse)
+            shard.reduce(chosen)
+            if want_entropy:
+                pz = shard.reduce(pz * (local_lse - lse).exp())
+        out = chosen - lse
+        ent = lse - pz if want_entropy else pz
+        ctx.save_for_backward(hidden, weight, bias, ids, own, lse, ent)
         ctx.temperature, ctx.chunk_size, ctx.want_entropy = temperature, chunk_size, want_entropy
+        ctx.shard = shard
         return out, ent
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_lp: Tensor | None, grad_ent: Tensor | None):  # type: ignore[override]
-        hidden, weight, bias, ids, lse, ent = ctx.saved_tensors
+        hidden, weight, bias, ids, own, lse, ent = ctx.saved_tensors
         temperature = ctx.temperature
         device_type = hidden.device.type
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
@@ -275,7 +356,8 @@ class _LinearTokenScores(torch.autograd.Function):
             gz = torch.zeros_like(z)
             if grad_lp is not None:
                 g = grad_lp[part].to(lse.dtype)
-                gz.add_(p * -g[:, None]).scatter_add_(-1, ids[part, None], g[:, None])
+                g_own = torch.where(own[part], g, torch.zeros((), dtype=g.dtype, device=g.device))
+                gz.add_(p * -g[:, None]).scatter_add_(-1, ids[part, None], g_own[:, None])
             if use_ent:
                 gamma = grad_ent[part].to(lse.dtype)
                 shift = z - (lse[part] - ent[part])[:, None]  # z_j − lse + H
@@ -287,10 +369,13 @@ class _LinearTokenScores(torch.autograd.Function):
                 grad_w += (gz.T @ h.to(gz.dtype)).to(accumulate)
             if grad_b is not None:
                 grad_b += gz.sum(0).to(accumulate)
+        if grad_h is not None and ctx.shard is not None:
+            ctx.shard.reduce(grad_h)  # each rank's vocabulary rows give part of ∂/∂h
         return (
             grad_h,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(bias.dtype) if grad_b is not None else None,
+            None,
             None,
             None,
             None,

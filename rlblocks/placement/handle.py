@@ -9,7 +9,9 @@ declares (``rlblocks.interfaces.Dispatch``):
 - ``ROWS``: the rows of the ``Rollouts`` argument (and of every ``(b …)`` tensor argument) go to
   the workers balanced by tokens, every worker getting at least one row (FSDP's collectives need
   every rank: a worker without a row of its own scores a copy of row 0, thrown away); answers
-  come back in row order. Undeclared methods that take a ``Rollouts`` (a reward function's
+  come back in row order. A block whose forward spans several ranks (``row_replicas`` of a
+  tensor-parallel trainer, ``rlblocks.interfaces.Shardable``) gets the same rows on each group
+  of that many consecutive ranks, and one answer per group. Undeclared methods that take a ``Rollouts`` (a reward function's
   ``__call__``) are split this way.
 - ``PROMPTS``: prompts and their ``metadata`` in contiguous pieces; the ``Rollouts`` come back
   concatenated in prompt order, group ids renumbered; with a seed, worker r samples with
@@ -48,6 +50,7 @@ class WorkerGroup:
         self._type = kind["type"]
         self._methods: dict[str, Dispatch | None] = dict(kind["methods"])
         self._attributes = frozenset(kind["attributes"])  # at build time
+        self._replicas = int(kind.get("replicas", 1))  # ranks that get the same rows
 
     @property
     def world_size(self) -> int:
@@ -150,7 +153,8 @@ class _Method:
 
     def _rows(self, batch: Rollouts, args: tuple, kwargs: dict) -> Any:
         g, b = self.group, len(batch)
-        index = batch.balanced_shares(g.world_size)
+        replicas = g._replicas  # consecutive ranks that compute one forward together (TP)
+        index = batch.balanced_shares(g.world_size // replicas)
         weights = [len(rows) for rows in index]
         index = [rows or [0] for rows in index]  # every rank runs (FSDP collectives)
         calls = [
@@ -160,8 +164,9 @@ class _Method:
                 {k: take_rows(v, rows, b) for k, v in kwargs.items()},
             )
             for rows in index
+            for _ in range(replicas)
         ]
-        answers = g._workers.calls(g._role, calls, self.name, every=True)
+        answers = g._workers.calls(g._role, calls, self.name, every=True)[::replicas]
         return gather_answers(answers, index, b, weights)
 
     def _prompts(self, prompts: Sequence[Any], *args: Any, **kwargs: Any) -> Rollouts:

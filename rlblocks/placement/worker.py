@@ -101,7 +101,12 @@ class Worker:
             methods = {n: dispatch_of(getattr(kind, n)) for n in public if _is_method(kind, n)}
             if callable(block):
                 methods["__call__"] = dispatch_of(type(block).__call__)
-            return {"type": type(block).__name__, "methods": methods, "attributes": public}
+            return {
+                "type": type(block).__name__,
+                "methods": methods,
+                "attributes": public,
+                "replicas": int(getattr(block, "row_replicas", 1)),  # Shardable
+            }
 
         return self._guard(role, "build", make)
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
@@ -82,16 +83,16 @@ def save_trainer(
     if tensors:
         _write_shards(trainer, tensors, folder / "state")
     reference = fingerprint(frozen, trainer.dp)  # a collective: every rank, not just rank 0
-    if trainer.dp.rank == 0:
+    if trainer.dp.process == 0:
         write_tree(folder / "state" / LAYOUT, tree)
         meta = {
             "scheduler": trainer.scheduler.state_dict(),
             "counters": {k: getattr(trainer, k) for k in COUNTERS},
-            "world_size": trainer.dp.size,
+            "world_size": dist.get_world_size(trainer.dp.everyone) if trainer.dp.sharded else 1,
             "reference": reference,
         }
         write_state(folder / "trainer.json", meta)
-    write_state(folder / f"rng-{trainer.dp.rank}.json", rng_state())
+    write_state(folder / f"rng-{trainer.dp.process}.json", rng_state())
 
 
 def load_trainer(
@@ -136,7 +137,7 @@ def load_trainer(
     apply_config(trainer.optimizer, trainer.scheduler, trainer.config)  # the asked lr, schedule
     for name, value in meta["counters"].items():
         setattr(trainer, name, int(value))
-    rng = folder / f"rng-{trainer.dp.rank}.json"
+    rng = folder / f"rng-{trainer.dp.process}.json"
     if rng.is_file():  # a rank the saved run did not have starts with its own random state
         set_rng_state(read_state(rng))
 
@@ -280,20 +281,23 @@ def _load_full_weights(trainer: Any, saved: Mapping[str, Tensor], folder: Path) 
 
 # ---------------------------------------------------------------------- reference identity
 def fingerprint(tensors: Iterable[tuple[str, Tensor]], dp: Any) -> dict[str, list[float]]:
-    """Per tensor: its numel and the float64 sums of its values and squares, added over ranks."""
+    """Per tensor: its numel and the float64 sums of its values and squares, added over every
+    process of the trainer, each part counted once (``dp.copies``: tensor parallelism keeps
+    some tensors whole, or data-parallel shards, on several processes)."""
     names, rows = [], []
     for name, tensor in tensors:
         local = (tensor.to_local() if isinstance(tensor, DTensor) else tensor).detach().double()
         names.append(name)
-        rows.append(
-            torch.stack([local.new_tensor(local.numel()), local.sum(), local.square().sum()])
-        )
+        row = torch.stack([local.new_tensor(local.numel()), local.sum(), local.square().sum()])
+        rows.append(row / dp.copies(tensor) if dp.sharded else row)
     if not rows:
         return {}
     stacked = torch.stack(rows)
     if dp.sharded and dp.device is not None:  # NCCL reduces CUDA tensors
         stacked = stacked.to(dp.device)
-    total = dp.all_sum(stacked).cpu()
+    if dp.sharded:
+        dist.all_reduce(stacked, op=dist.ReduceOp.SUM, group=dp.everyone)
+    total = stacked.cpu()
     return {name: row.tolist() for name, row in zip(names, total, strict=True)}
 
 
@@ -333,7 +337,7 @@ def _model_state(trainer: Any) -> dict[str, Any]:
 
 
 def _group(trainer: Any) -> Any:
-    return trainer.dp.group if trainer.dp.sharded else None
+    return trainer.dp.everyone if trainer.dp.sharded else None
 
 
 @contextmanager

@@ -73,8 +73,14 @@ class TrainConfig:
     None: FSDP2 with defaults in a group of several processes, unsharded in a group of one.
     An ``FSDP(...)`` shards a group of one too (mixed precision or CPU offload there)."""
 
+    tp: int = 1
+    """Tensor-parallel size: ``shard`` splits every layer over groups of ``tp`` consecutive
+    ranks (``rlblocks.trainer.tensor_parallel``; the model's own plan), data parallel across
+    the groups: a world of W processes is a ``(W / tp) × tp`` mesh. 1: data parallel only."""
+
     def __post_init__(self) -> None:
         positive = {
+            "tp": self.tp,
             "mini_batch_size": self.mini_batch_size,
             "micro_batch_size": self.micro_batch_size,
             "micro_batch_tokens": self.micro_batch_tokens,

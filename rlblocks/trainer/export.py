@@ -95,7 +95,7 @@ def save_pretrained(
     Every rank of a data-parallel group must call; rank 0 writes (module docstring).
     """
     folder = Path(folder).expanduser()
-    rank = trainer.dp.rank
+    rank = trainer.dp.process  # with tensor parallelism, one process of many has dp.rank 0
     if trainer.has_adapter and not merge_lora:
         if rank == 0:  # LoRA policies are never sharded: no collective to join
             with _replacing(folder) as partial:
@@ -138,7 +138,7 @@ def push_to_hub(
             base_model=base_model,
             max_shard_size=max_shard_size,
         )
-        if trainer.dp.rank != 0:
+        if trainer.dp.process != 0:
             return None
         from huggingface_hub import HfApi
 

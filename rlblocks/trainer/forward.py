@@ -42,11 +42,17 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from rlblocks.losses.entropy import entropy_from_logits, linear_token_scores, token_logprobs
+from rlblocks.losses.entropy import (
+    entropy_from_logits,
+    linear_token_scores,
+    token_logprobs,
+    vocab_parallel_token_scores,
+)
 from rlblocks.models.context import check_rows
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.packing import check_isolation, pack, packed_attention
@@ -237,15 +243,28 @@ class _ScoringHead(nn.Module):
 
     def forward(self, hidden: Tensor) -> Tensor:
         lead = hidden.shape[:-1]
-        lp, ent = linear_token_scores(
-            hidden.reshape(-1, hidden.shape[-1]),
-            self.head.weight,
-            self.head.bias,
-            self.targets.reshape(-1),
-            temperature=self.temperature,
-            chunk_size=self.chunk_size,
-            entropy=self.want_entropy,
-        )
+        options = {
+            "temperature": self.temperature,
+            "chunk_size": self.chunk_size,
+            "entropy": self.want_entropy,
+        }
+        hidden, targets = hidden.reshape(-1, hidden.shape[-1]), self.targets.reshape(-1)
+        weight, bias = self.head.weight, self.head.bias
+        split = vocab_split(weight)
+        if split is None:
+            lp, ent = linear_token_scores(hidden, weight, bias, targets, **options)
+        else:  # tensor parallel: this rank's vocabulary rows (rlblocks.trainer.tensor_parallel)
+            group, start = split
+            local_bias = None if bias is None else _local(bias)
+            lp, ent = vocab_parallel_token_scores(
+                hidden,
+                _local(weight),
+                local_bias,
+                targets,
+                group=group,
+                vocab_start=start,
+                **options,
+            )
         scores = [lp] if ent is None else [lp, ent]
         self.result = torch.stack([x.view(lead) for x in scores], dim=-1)  # not a view
         return self.result
@@ -262,6 +281,30 @@ def _swapped(model: nn.Module, head: nn.Module, scorer: nn.Module) -> Iterator[N
         yield
     finally:
         setattr(parent, leaf, head)
+
+
+def vocab_split(weight: Tensor) -> tuple[Any, int] | None:
+    """``(group, first row)`` of an output-layer weight split by vocabulary rows over a 1-D
+    device mesh (a ``Shard(0)`` DTensor: tensor parallelism), None for a whole weight."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(weight, DTensor):
+        return None
+    if weight.device_mesh.ndim != 1 or tuple(weight.placements) != (Shard(0),):
+        raise ValueError(
+            f"score_responses: the output layer's weight is a DTensor placed "
+            f"{tuple(weight.placements)} on a {weight.device_mesh.ndim}-D mesh; the scoring "
+            "takes whole weights or vocabulary rows split over one mesh dimension (Shard(0))"
+        )
+    mesh = weight.device_mesh
+    rows = -(-weight.shape[0] // mesh.size())  # torch.chunk's rows per rank
+    return mesh.get_group(), mesh.get_local_rank() * rows
+
+
+def _local(x: Tensor) -> Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return x.to_local() if isinstance(x, DTensor) else x
 
 
 def _accepts_logits_to_keep(model: nn.Module) -> bool:

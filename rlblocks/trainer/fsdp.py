@@ -10,6 +10,7 @@ each rank's loss already carries the mini-batch's global normalizer
 from __future__ import annotations
 
 import math
+import socket
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -44,29 +45,81 @@ def shard_modules(
     *,
     trainable: nn.Module,
     frozen: Iterable[nn.Module | None] = (),
+    tp: int = 1,
+    owner: str = "PolicyTrainer.shard",
 ) -> SingleProcess | DataParallel:
     """The sharding rule of every trainer: the ``dp`` it keeps for ``group``.
 
-    A group of one process stays whole (:class:`SingleProcess`) unless ``config`` is given: an
-    ``FSDP(...)`` shards even then (FSDP2 at world size 1: mixed precision, CPU offload). Else
-    ``trainable`` (gradients summed over ranks) and every ``frozen`` module (a reference
-    policy) are sharded with :func:`shard_module`. Rebuild the optimizer afterwards.
+    ``tp == 1``: a group of one process stays whole (:class:`SingleProcess`) unless ``config``
+    is given: an ``FSDP(...)`` shards even then (FSDP2 at world size 1: mixed precision, CPU
+    offload). Else ``trainable`` (gradients summed over ranks) and every ``frozen`` module (a
+    reference policy) are sharded with :func:`shard_module`.
+
+    ``tp > 1``: the world becomes a ``(dp, tp)`` device mesh (``dp = W / tp``; tensor-parallel
+    groups of consecutive ranks); every module is split over its ``tp`` group first
+    (``rlblocks.trainer.tensor_parallel``), then FSDP2-sharded over its ``dp`` group, as
+    torchtitan composes them. The layout is checked against the model's sizes and the world
+    before any collective. Rebuild the optimizer afterwards.
     """
-    dp = DataParallel(group)
-    if dp.size == 1 and config is None:
-        return SingleProcess()
+    if tp == 1:
+        dp = DataParallel(group)
+        if dp.size == 1 and config is None:
+            return SingleProcess()
+        mesh = _mesh_of(group, trainable)
+    else:
+        mesh = tensor_parallel_mesh(group, trainable, frozen, tp, owner=owner)
+        dp = DataParallel(mesh["dp"].get_group(), everyone=dist.group.WORLD)
     config = config or FSDP()
-    shard_module(trainable, dp, config, trainable=True)
+    shard_module(trainable, mesh, config, trainable=True)
     for module in frozen:
         if module is not None:
-            shard_module(module, dp, config, trainable=False)
+            shard_module(module, mesh, config, trainable=False)
     return dp
 
 
-def shard_module(model: nn.Module, dp: DataParallel, config: FSDP, *, trainable: bool) -> None:
-    """Every decoder layer of ``model`` (the classes its ``_no_split_modules`` names), then the
-    model itself, become FSDP2 units over ``dp``'s group; ``trainable`` ones sum gradients."""
+def tensor_parallel_mesh(
+    group: Any, trainable: nn.Module, frozen: Iterable[nn.Module | None], tp: int, *, owner: str
+) -> Any:
+    """Check the ``(dp, tp)`` layout, build its mesh over the default group, and split every
+    module over the mesh's ``tp`` dimension; returns the mesh's ``dp`` dimension (FSDP's)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from rlblocks.trainer.tensor_parallel import check_groups, check_layout, parallelize
+
+    world = dist.get_world_size(group)
+    if group is not None and group is not dist.group.WORLD:
+        raise ValueError(
+            f"{owner}: tensor parallelism (tp = {tp}) builds its mesh over every process of "
+            "the default group; call shard() without a group"
+        )
+    if world % tp:
+        raise ValueError(
+            f"{owner}: the tensor-parallel size tp = {tp} does not divide the {world} "
+            f"processes of the group; use a tp that divides {world}, or {tp}·k processes"
+        )
+    modules = [trainable, *(m for m in frozen if m is not None)]
+    plans = [check_layout(m, tp, owner=owner) for m in modules]  # before any collective
+    hosts: list[Any] = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    check_groups(hosts, tp, owner=owner)
+    device = next(trainable.parameters()).device
+    mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    for module, plan in zip(modules, plans, strict=True):
+        parallelize(module, mesh["tp"], plan)
+    return mesh["dp"]
+
+
+def _mesh_of(group: Any, model: nn.Module) -> Any:
     from torch.distributed.device_mesh import DeviceMesh
+
+    device = next(model.parameters()).device
+    return DeviceMesh.from_group(group or dist.group.WORLD, device_type=device.type)
+
+
+def shard_module(model: nn.Module, mesh: Any, config: FSDP, *, trainable: bool) -> None:
+    """Every decoder layer of ``model`` (the classes its ``_no_split_modules`` names), then the
+    model itself, become FSDP2 units over the 1-D device ``mesh``; ``trainable`` ones sum
+    gradients."""
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,
         FSDPModule,
@@ -74,8 +127,6 @@ def shard_module(model: nn.Module, dp: DataParallel, config: FSDP, *, trainable:
         fully_shard,
     )
 
-    device = next(model.parameters()).device
-    mesh = DeviceMesh.from_group(dp.group or dist.group.WORLD, device_type=device.type)
     kwargs: dict[str, Any] = {
         "mesh": mesh,
         "reshard_after_forward": config.reshard_after_forward,

@@ -54,6 +54,8 @@ class SingleProcess:
     rank = 0
     size = 1
     sharded = False  # the model is whole: its own tensors are its weights
+    everyone = None  # the group of every process of the trainer: none
+    process = 0  # this process's rank in it
 
     def all_sum(self, x: Tensor) -> Tensor:
         """``x`` itself: one process is the whole group."""
@@ -84,10 +86,16 @@ class DataParallel:
 
     sharded = True  # FSDP2 units: weights are gathered, state is collected (rlblocks.trainer.fsdp)
 
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self, group: dist.ProcessGroup | None = None, everyone: dist.ProcessGroup | None = None
+    ) -> None:
         self.group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
+        # Every process of the trainer: the data-parallel group itself, or with tensor
+        # parallelism all of the mesh (each rank holds its own shards: checkpoints, exports).
+        self.everyone = everyone if everyone is not None else group
+        self.process = dist.get_rank(self.everyone)
         # NCCL reduces only CUDA tensors, gloo (here) CPU ones.
         nccl = dist.get_backend(group) == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
@@ -121,6 +129,21 @@ class DataParallel:
     def share(self, batch: Rollouts, plan: Sequence[Tensor]) -> Share:
         """This rank's :class:`Share` of an update of ``batch`` by ``plan`` (global rows)."""
         return share(batch, plan, rank=self.rank, size=self.size)
+
+    def copies(self, x: Tensor) -> int:
+        """How many processes of :attr:`everyone` hold the same part of ``x`` (a DTensor's
+        shard, or a whole tensor): a sum over every process divided by it counts each once."""
+        from torch.distributed.tensor import DTensor, Shard
+
+        processes = dist.get_world_size(self.everyone)
+        if not isinstance(x, DTensor):
+            return processes
+        mesh = x.device_mesh
+        shards = 1
+        for dim, placement in enumerate(x.placements):
+            if isinstance(placement, Shard) or type(placement).__name__ == "_StridedShard":
+                shards *= mesh.size(dim)
+        return processes // shards
 
     def __repr__(self) -> str:
         return f"DataParallel(rank {self.rank} of {self.size})"

@@ -151,6 +151,17 @@ class PolicyTrainer:
         """The device of the model's parameters."""
         return next(self.model.parameters()).device
 
+    @property
+    def layout(self) -> dict[str, int]:
+        """The processes the trainer spans: ``{"dp": data-parallel size, "tp": tensor-parallel
+        size}`` (``{"dp": 1, "tp": 1}`` until ``shard``)."""
+        return {"dp": self.dp.size, "tp": self.config.tp if self.dp.sharded else 1}
+
+    @property
+    def row_replicas(self) -> int:
+        """Consecutive ranks that score the same rows (``Shardable``): a tensor-parallel group."""
+        return self.layout["tp"]
+
     def shard(self, group: Any = None) -> None:
         """Join a data-parallel group (``torch.distributed``; None: the default group), as a
         placement does right after building the trainer in each worker (``Shardable``).
@@ -170,6 +181,13 @@ class PolicyTrainer:
                 "PolicyTrainer.shard: the trainer is already sharded; call shard once"
             )
         if self.has_adapter:
+            if self.config.tp > 1:
+                raise NotImplementedError(
+                    f"PolicyTrainer.shard: a LoRA policy cannot be tensor parallel (tp = "
+                    f"{self.config.tp}): peft's adapter layers wrap the projections the plan "
+                    "splits; train LoRA with tp=1, or fine-tune all weights under tensor "
+                    "parallelism"
+                )
             if dist.get_world_size(group) == 1:
                 return
             raise NotImplementedError(
@@ -178,7 +196,11 @@ class PolicyTrainer:
                 "worker (it then trains unsharded), or fine-tune all weights with several workers"
             )
         self.dp = shard_modules(
-            group, self.config.fsdp, trainable=self.model, frozen=[self.reference]
+            group,
+            self.config.fsdp,
+            trainable=self.model,
+            frozen=[self.reference],
+            tp=self.config.tp,
         )
         self.rebuild_optimizer()
 

@@ -207,10 +207,12 @@ def test_an_exported_policy_serves_with_the_trainers_log_probs(policy, tmp_path)
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("layout", ["colocated", "split"])
+@pytest.mark.parametrize("layout", ["colocated", "split", "tp"])
 def test_vllm_engines_in_ray_workers_follow_the_sharded_trainer(layout):
     # Colocated: each of the two workers holds a trainer shard (FSDP2) and its own vLLM engine.
     # Split: the engine has a worker of its own; the weights go through Ray's object store.
+    # TP: colocated, the trainer tensor parallel over the two workers ("tiny-mha": two
+    # key-value heads, so that every size splits two ways).
     from ray_helpers import LOSS, policy_factory
 
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -219,10 +221,14 @@ def test_vllm_engines_in_ray_workers_follow_the_sharded_trainer(layout):
         placement = rb.placement.Ray(pools=pools, roles={"rollout": "gen"}, env=env)
     else:
         placement = rb.placement.Ray(workers=2, env=env)
+    model, trainer = "tiny", policy_factory(torch.float32)
+    if layout == "tp":
+        model = "tiny-mha"
+        trainer = policy_factory(torch.float32, tp=2, model_config={"num_key_value_heads": 2})
     with placement:
-        policy = placement.build("actor", policy_factory(torch.float32))
+        policy = placement.build("actor", trainer)
         engine = placement.build(
-            "rollout", VLLMEngine, "tiny", max_model_len=256, enforce_eager=True
+            "rollout", VLLMEngine, model, max_model_len=256, enforce_eager=True
         )
         sampling = rb.SamplingParams(max_new_tokens=6, seed=1)
         ro = engine.generate(PROMPTS, group_size=2, sampling=sampling)
