@@ -102,3 +102,30 @@ def checkpoint_shapes(rank: int) -> dict:
 def tp4_on_two(rank: int) -> dict:
     make(4)  # refused: the world has two processes
     return {}
+
+
+def sp2(rank: int) -> dict:
+    """The update at sp = 2 (a data-parallel size of W / 2) under each aggregation mode."""
+    return {name: update(sp=2, aggregation=mode) for name, mode in rb.losses.AGGREGATIONS.items()}
+
+
+def sp2_tokens_interleaved(rank: int) -> dict:
+    """A wrong exchange: the all-to-all's received blocks laid out token-interleaved
+    ``(l s)`` instead of rank after rank ``(s l)``, which runs without an error."""
+    import torch.distributed._functional_collectives as funcol
+    from einops import rearrange
+
+    from rlblocks.models import ulysses
+
+    def interleaved(x, group, sp):
+        send = rearrange(x, "b (s h) l d -> s b h l d", s=sp).contiguous()
+        received = funcol.all_to_all_single(send, None, None, group)
+        return rearrange(received, "s b h l d -> b h (l s) d")
+
+    ulysses._heads_to_sequence = interleaved
+    return update(sp=2)
+
+
+def sp3_on_two_heads(rank: int) -> dict:
+    make_trainer(sp=3, **SCHEDULE).shard()  # refused: two attention heads do not split 3 ways
+    return {}

@@ -135,6 +135,13 @@ def test_demo_runs_one_step_off(tmp_path, monkeypatch):
         demo.main([*argv, "--workers", "2", "--out", str(tmp_path / "other")])
 
 
+def test_demo_refuses_tp_without_workers_to_split_over(tmp_path):
+    for argv in (["--tp", "2"], ["--tp", "2", "--workers", "3"]):
+        with pytest.raises(SystemExit, match="--tp 2 splits the policy over Ray workers"):
+            demo.main([*argv, "--model", "tiny", "--out", str(tmp_path / "run")])
+    assert not (tmp_path / "run").exists()  # refused before --out is made
+
+
 def test_demo_rejects_unknown_task():
     import pytest
 
@@ -143,9 +150,11 @@ def test_demo_rejects_unknown_task():
 
 
 @pytest.mark.ray
-def test_demo_runs_on_two_ray_workers(tmp_path):
+@pytest.mark.parametrize("layout", [[], ["--tp", "2"]], ids=["fsdp", "tp2"])
+def test_demo_runs_on_two_ray_workers(tmp_path, layout):
     out = tmp_path / "run"
-    argv = ["--model", "tiny", "--steps", "2", "--eval-size", "4", "--group-size", "2"]
+    model = "tiny-mha" if layout else "tiny"  # two key-value heads split two ways
+    argv = ["--model", model, "--steps", "2", "--eval-size", "4", "--group-size", "2", *layout]
     summary = demo.main(
         [
             *argv,

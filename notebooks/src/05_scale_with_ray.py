@@ -258,6 +258,33 @@ print("wrote", folder, sorted(p.name for p in folder.iterdir()))
 print("wrote", RUN / "metrics.jsonl", f"({len(dash.history)} steps)")
 print(f"load it back: transformers.AutoModelForCausalLM.from_pretrained('{folder}')")
 print(f"          or: rb.trainer.PolicyTrainer.from_pretrained('{folder}', lr=3e-5)")
+
+# %% [markdown]
+# ## Tensor and sequence parallelism: one more setting
+#
+# Above, each worker held an FSDP shard of the weights but computed whole layers for its own
+# rows. `tp=2` splits every layer over the two workers instead (each computes half of the
+# attention heads and of the MLP, and the output layer's log-probs without ever holding the
+# whole vocabulary's logits); `sp=2` splits every micro-batch's tokens over them (each runs
+# its half of the sequence, attention crossing over by two all-to-alls per layer). Both are
+# proven equal to one process (`docs/parallelism.md`). The model must split: heads, key-value
+# heads, MLP features and vocabulary divisible by `tp`. SmolLM2-135M has 9 heads and 3
+# key-value heads, so it takes `tp=3` on three workers, not `tp=2`; the built-in `tiny-mha`
+# splits two ways. Rebuilding the `"actor"` role replaces the policy above.
+
+# %%
+one = rb.trainer.PolicyTrainer.from_pretrained("tiny-mha", reference=None)  # in this kernel
+ro = rb.rollout.HFEngine(one.model, one.tokenizer).generate(["2 + 3?", "Hi"], group_size=2)
+for layout in ({"tp": 2}, {"sp": 2}):
+    split = placement.build(
+        "actor", rb.trainer.PolicyTrainer.from_pretrained, "tiny-mha", reference=None, **layout
+    )
+    gap = (split.logprobs(ro) - one.logprobs(ro)).abs().max().item()
+    print(split.layout, f"| max |split - one process| log-prob: {gap:.1e}")
+try:  # MODEL's heads do not split two ways: refused before any compute, naming the sizes
+    placement.build("actor", rb.trainer.PolicyTrainer.from_pretrained, MODEL, tp=2)
+except rb.placement.WorkerError as error:
+    print(error.remote_traceback.strip().splitlines()[-1][:150], "...")
 placement.shutdown()
 
 # %% [markdown]

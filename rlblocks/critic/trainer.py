@@ -109,10 +109,11 @@ class CriticTrainer:
             raise RuntimeError(
                 "CriticTrainer.shard: the critic is already sharded; call shard once"
             )
-        if self.config.tp > 1:
+        if self.config.tp > 1 or self.config.sp > 1:
             raise NotImplementedError(
-                f"CriticTrainer.shard: tensor parallelism (tp = {self.config.tp}) is built for "
-                "the policy only; shard the critic data parallel (tp=1)"
+                f"CriticTrainer.shard: tensor and sequence parallelism (tp = {self.config.tp}, "
+                f"sp = {self.config.sp}) are built for the policy only; shard the critic data "
+                "parallel (tp=1, sp=1)"
             )
         self.dp = shard_modules(group, self.config.fsdp, trainable=self.model)
         self.rebuild_optimizer()

@@ -232,20 +232,37 @@ def _row_attention(
                 "attention does not apply; train this model with packing=False"
             )
     p = dropout if module.training else 0.0
+    out = attend_rows(query, key, value, bounds, scale=scaling, dropout_p=p)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def attend_rows(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    bounds: tuple[tuple[int, int], ...],
+    *,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Causal attention within each row ``[start, end)`` of ``bounds``: one
+    ``scaled_dot_product_attention(..., is_causal=True)`` per row. ``query`` ``(1 h n d)``,
+    ``key``/``value`` ``(1 h_kv n d)`` (grouped-query when ``h_kv < h``); returns ``(1 h n
+    d)``. The bounds must cover ``[0, n)`` in order."""
     gqa = query.shape[1] != key.shape[1]
     outputs = [
         F.scaled_dot_product_attention(
             query[:, :, start:end],
             key[:, :, start:end],
             value[:, :, start:end],
-            dropout_p=p,
+            dropout_p=dropout_p,
             is_causal=True,
-            scale=scaling,
+            scale=scale,
             enable_gqa=gqa,
         )
         for start, end in bounds
     ]
-    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+    return torch.cat(outputs, dim=2)
 
 
 # ---------------------------------------------------------------------- isolation check

@@ -77,10 +77,16 @@ class TrainConfig:
     """Tensor-parallel size: ``shard`` splits every layer over groups of ``tp`` consecutive
     ranks (``rlblocks.trainer.tensor_parallel``; the model's own plan), data parallel across
     the groups: a world of W processes is a ``(W / tp) × tp`` mesh. 1: data parallel only."""
+    sp: int = 1
+    """Sequence-parallel size: ``shard`` gives each group of ``sp`` consecutive ranks the same
+    rows, and each rank of a group a contiguous slice of every packed micro-batch's tokens,
+    attention crossing the slices by two all-to-alls per layer (Ulysses,
+    ``rlblocks.models.ulysses``); FSDP2 over every rank. Needs ``packing``; not with ``tp``."""
 
     def __post_init__(self) -> None:
         positive = {
             "tp": self.tp,
+            "sp": self.sp,
             "mini_batch_size": self.mini_batch_size,
             "micro_batch_size": self.micro_batch_size,
             "micro_batch_tokens": self.micro_batch_tokens,
@@ -92,6 +98,22 @@ class TrainConfig:
                 raise ValueError(
                     f"TrainConfig.{name}: must be >= 1 or None, got {value}; pass a positive count"
                 )
+        if self.sp > 1 and self.tp > 1:
+            raise ValueError(
+                f"TrainConfig.sp: sequence parallelism (sp = {self.sp}) with tensor parallelism "
+                f"(tp = {self.tp}) is not built; use one of them"
+            )
+        if self.sp > 1 and not self.packing:
+            raise ValueError(
+                f"TrainConfig.sp: sequence parallelism (sp = {self.sp}) splits packed "
+                "micro-batches; keep packing=True"
+            )
+        if self.sp > 1 and self.gradient_checkpointing:
+            raise ValueError(
+                f"TrainConfig.sp: sequence parallelism (sp = {self.sp}) does not run with "
+                "gradient checkpointing (the recomputed layers would lose its attention); turn "
+                "one of them off"
+            )
         if self.temperature <= 0:
             raise ValueError(
                 f"TrainConfig.temperature: must be > 0, got {self.temperature}; pass a positive value"

@@ -123,6 +123,7 @@ def score_responses(
     chunk_size: int,
     entropy: bool = False,
     packing: bool = False,
+    sequence: Any = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of the response tokens under ``model``, chunked over tokens.
 
@@ -131,7 +132,10 @@ def score_responses(
     ``chunk_size`` tokens at a time in float32, without the ``(b t v)`` logits where the
     model's head allows (module docstring). Both are 0 at response padding. ``packing``: run
     the rows padding-free (module docstring); the model must keep packed rows apart
-    (``rlblocks.trainer.packing.check_isolation``, else ``ValueError``).
+    (``rlblocks.trainer.packing.check_isolation``, else ``ValueError``). ``sequence``: a
+    sequence-parallel process group (``packing`` only): every rank of it passes the same rows,
+    runs the model on its slice of the packed tokens (``rlblocks.models.ulysses``) and gets
+    every rank's scores; each rank's gradient then covers its own tokens.
 
     Shapes: returns ``(b t)`` ``logprobs`` and ``(b t)`` ``entropy`` (``None`` unless
     ``entropy``), float32 (float64 for a float64 model). Both carry the gradient of the model's
@@ -142,6 +146,9 @@ def score_responses(
     if packing:
         check_isolation(model, owner="score_responses")
         packed = pack(rollouts)
+        if sequence is not None:
+            lp, ent = _sequence_parallel_scores(model, packed, sequence, bf16, options)
+            return packed.scatter(lp), None if ent is None else packed.scatter(ent)
         with packed_attention(model, packed) as kwargs, _autocast(bf16, packed.keep):
             lp, ent = _token_scores(model, kwargs, packed.keep, packed.targets[None], **options)
         return packed.scatter(lp[0]), None if ent is None else packed.scatter(ent[0])
@@ -159,6 +166,21 @@ def score_responses(
     real = rollouts.response_attention_mask
     zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
     return torch.where(real, lp, zero), None if ent is None else torch.where(real, ent, zero)
+
+
+def _sequence_parallel_scores(
+    model: nn.Module, packed: Any, group: Any, bf16: bool, options: dict
+) -> tuple[Tensor, Tensor | None]:
+    """The ``(m)`` scores of ``packed``'s kept positions, this rank computing those in its
+    slice (``rlblocks.models.ulysses``), every rank's gathered in ``keep``'s order."""
+    from rlblocks.models import ulysses
+
+    shard = ulysses.split(packed.input_ids, packed.position_ids, group)
+    mine, local = shard.local(packed.keep)
+    with ulysses.sequence_parallel(model, shard) as kwargs, _autocast(bf16, packed.keep):
+        lp, ent = _token_scores(model, kwargs, local, packed.targets[mine][None], **options)
+    lp = ulysses.gather_at(lp[0], packed.keep, shard)
+    return lp, None if ent is None else ulysses.gather_at(ent[0], packed.keep, shard)
 
 
 def _autocast(bf16: bool, like: Tensor) -> contextlib.AbstractContextManager:

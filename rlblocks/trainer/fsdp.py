@@ -46,6 +46,7 @@ def shard_modules(
     trainable: nn.Module,
     frozen: Iterable[nn.Module | None] = (),
     tp: int = 1,
+    sp: int = 1,
     owner: str = "PolicyTrainer.shard",
 ) -> SingleProcess | DataParallel:
     """The sharding rule of every trainer: the ``dp`` it keeps for ``group``.
@@ -61,7 +62,10 @@ def shard_modules(
     torchtitan composes them. The layout is checked against the model's sizes and the world
     before any collective. Rebuild the optimizer afterwards.
     """
-    if tp == 1:
+    if sp > 1:
+        dp = sequence_parallel_group(group, trainable, sp, owner=owner)
+        mesh = _mesh_of(group, trainable)
+    elif tp == 1:
         dp = DataParallel(group)
         if dp.size == 1 and config is None:
             return SingleProcess()
@@ -107,6 +111,36 @@ def tensor_parallel_mesh(
     for module, plan in zip(modules, plans, strict=True):
         parallelize(module, mesh["tp"], plan)
     return mesh["dp"]
+
+
+def sequence_parallel_group(group: Any, model: nn.Module, sp: int, *, owner: str) -> DataParallel:
+    """Check the sequence-parallel layout (``sp`` divides the processes and the attention
+    heads) and build the groups of ``sp`` consecutive ranks; FSDP2 then shards over every
+    rank (each rank's gradient covers its own tokens: summed, they are the update's)."""
+    world = dist.get_world_size(group)
+    if group is not None and group is not dist.group.WORLD:
+        raise ValueError(
+            f"{owner}: sequence parallelism (sp = {sp}) builds its groups over every process "
+            "of the default group; call shard() without a group"
+        )
+    if world % sp:
+        raise ValueError(
+            f"{owner}: the sequence-parallel size sp = {sp} does not divide the {world} "
+            f"processes of the group; use an sp that divides {world}, or {sp}·k processes"
+        )
+    config = model.config.get_text_config() if hasattr(model, "config") else None
+    heads = getattr(config, "num_attention_heads", None)
+    if heads is not None and heads % sp:
+        raise ValueError(
+            f"{owner}: num_attention_heads = {heads} is not divisible by the sequence-parallel "
+            f"size sp = {sp} (each rank attends with heads / sp of them); pick an sp that "
+            f"divides {heads}"
+        )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (world // sp, sp), mesh_dim_names=("dp", "sp"))
+    return DataParallel(group, sequence=mesh["sp"].get_group())
 
 
 def _mesh_of(group: Any, model: nn.Module) -> Any:
@@ -218,7 +252,7 @@ def _row_sharded(x: Tensor, dp: DataParallel) -> bool:
     return (
         isinstance(x, DTensor)
         and x.dim() > 0
-        and x.device_mesh.size() == dp.size
+        and x.device_mesh.size() == dist.get_world_size(dp.group)
         and tuple(x.placements) == (Shard(0),)
     )
 
@@ -248,7 +282,7 @@ def _gather_bucket(
 
 def _all_gather_bucket(values: list[Tensor], dp: DataParallel) -> list[Tensor]:
     """The whole tensors of ``values`` (row-sharded DTensors) by one ``all_gather_single``."""
-    world = dp.size
+    world = dist.get_world_size(dp.group)  # FSDP shards (all ranks under sp)
     pieces, layout = [], []
     for value in values:
         n, rest = value.shape[0], tuple(value.shape[1:])

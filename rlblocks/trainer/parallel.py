@@ -56,6 +56,7 @@ class SingleProcess:
     sharded = False  # the model is whole: its own tensors are its weights
     everyone = None  # the group of every process of the trainer: none
     process = 0  # this process's rank in it
+    sequence = None  # the sequence-parallel group: none
 
     def all_sum(self, x: Tensor) -> Tensor:
         """``x`` itself: one process is the whole group."""
@@ -87,11 +88,19 @@ class DataParallel:
     sharded = True  # FSDP2 units: weights are gathered, state is collected (rlblocks.trainer.fsdp)
 
     def __init__(
-        self, group: dist.ProcessGroup | None = None, everyone: dist.ProcessGroup | None = None
+        self,
+        group: dist.ProcessGroup | None = None,
+        everyone: dist.ProcessGroup | None = None,
+        *,
+        sequence: dist.ProcessGroup | None = None,
     ) -> None:
         self.group = group
-        self.rank = dist.get_rank(group)
-        self.size = dist.get_world_size(group)
+        # Sequence parallelism: groups of sp consecutive ranks train on the same rows, each
+        # rank on its slice of the tokens; ``rank`` and ``size`` count the row groups.
+        self.sequence = sequence
+        self.sp = 1 if sequence is None else dist.get_world_size(sequence)
+        self.rank = dist.get_rank(group) // self.sp
+        self.size = dist.get_world_size(group) // self.sp
         # Every process of the trainer: the data-parallel group itself, or with tensor
         # parallelism all of the mesh (each rank holds its own shards: checkpoints, exports).
         self.everyone = everyone if everyone is not None else group
@@ -101,9 +110,13 @@ class DataParallel:
         self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
 
     def all_sum(self, x: Tensor) -> Tensor:
-        """Σ over ranks of ``x``: a new tensor on ``x``'s device, in ``x``'s dtype."""
+        """Σ over the row groups of ``x``: a new tensor on ``x``'s device, in ``x``'s dtype.
+        Under sequence parallelism the ranks of a group hold the same value (the metrics of
+        their shared rows): the sum over every rank, divided by ``sp``."""
         out = x.detach().to(self.device or x.device, copy=True)
         dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
+        if self.sp > 1:
+            out = out / self.sp
         return out.to(x.device)
 
     def all_max(self, value: float) -> float:
@@ -146,7 +159,8 @@ class DataParallel:
         return processes // shards
 
     def __repr__(self) -> str:
-        return f"DataParallel(rank {self.rank} of {self.size})"
+        sp = f", sp {self.sp}" if self.sp > 1 else ""
+        return f"DataParallel(rank {self.rank} of {self.size}{sp})"
 
 
 def share(batch: Rollouts, plan: Sequence[Tensor], *, rank: int, size: int) -> Share:

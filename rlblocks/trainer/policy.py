@@ -155,12 +155,18 @@ class PolicyTrainer:
     def layout(self) -> dict[str, int]:
         """The processes the trainer spans: ``{"dp": data-parallel size, "tp": tensor-parallel
         size}`` (``{"dp": 1, "tp": 1}`` until ``shard``)."""
-        return {"dp": self.dp.size, "tp": self.config.tp if self.dp.sharded else 1}
+        sharded = self.dp.sharded
+        return {
+            "dp": self.dp.size,
+            "tp": self.config.tp if sharded else 1,
+            "sp": self.config.sp if sharded else 1,
+        }
 
     @property
     def row_replicas(self) -> int:
-        """Consecutive ranks that score the same rows (``Shardable``): a tensor-parallel group."""
-        return self.layout["tp"]
+        """Consecutive ranks that score the same rows (``Shardable``): a tensor- or
+        sequence-parallel group."""
+        return self.layout["tp"] * self.layout["sp"]
 
     def shard(self, group: Any = None) -> None:
         """Join a data-parallel group (``torch.distributed``; None: the default group), as a
@@ -201,6 +207,7 @@ class PolicyTrainer:
             trainable=self.model,
             frozen=[self.reference],
             tp=self.config.tp,
+            sp=self.config.sp,
         )
         self.rebuild_optimizer()
 
@@ -264,6 +271,7 @@ class PolicyTrainer:
             chunk_size=c.logprob_chunk_size,
             entropy=entropy,
             packing=c.packing,
+            sequence=self.dp.sequence,
         )
 
     # ------------------------------------------------------------------ the update
