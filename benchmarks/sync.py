@@ -13,10 +13,13 @@ the tokenizer of :mod:`rlblocks.models.tiny`). Three things are timed in the sam
   module would copy nothing). What it adds to the memcpy: the bucketing, ``state_dict`` look-ups,
   shape checks and one ``update_weights`` call per bucket.
 - **ray**: the colocated ``rb.placement.Ray(workers=...)`` path (skip with ``--no-ray``). Actor and
-  rollout are built in the same workers from a saved copy of the model; a sync all-gathers the
-  FSDP2 shards (gloo on CPU) one tensor at a time and copies them into each worker's engine.
-  Its bytes (``sync/bytes``) are summed over workers; its seconds are the driver's, so they
-  include the Ray round trip. The workers copy in parallel, so this ratio can pass 1.
+  rollout are built in the same workers from a saved copy of the model; a sync gathers the
+  FSDP2 shards bucket by bucket through memory the workers share (each writes its rows, gloo
+  carries only a barrier: ``rlblocks.trainer.shared_gather``) and each worker copies the
+  buckets into its own engine. Its bytes (``sync/bytes``) are summed over workers; its seconds
+  are the driver's, so they include the Ray round trip. The workers copy in parallel, so this
+  ratio can pass 1. The first sync of a pool maps its shared memory (0.3-0.7 s more on the
+  machine of docs/blocks/placement.md): the warm-up takes it.
 
 How it is timed: for each sync path (and bucket size) one untimed warm-up, then ``--repeats``
 rounds of one memcpy and one sync; each row reports the median sync time, and its ratio is its

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
+from rlblocks.trainer.shared_gather import gather_rows, shared_group
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,8 @@ def gathered(
     brings every rank's buffer; tensor i is then rows [0, n) of the W pieces stacked. A tensor
     that appears under several names (tied weights) is gathered once. Tensors that are not
     sharded that way (plain tensors, other placements) are gathered alone with ``full_tensor``.
+    A gloo group whose ranks all run on this machine skips the flat buffer and gloo's TCP: each
+    rank writes its rows straight into a shared-memory bucket (``rlblocks.trainer.shared_gather``).
     """
     named = list(named)  # references only
     counts = Counter(id(value) for _, value in named)
@@ -215,9 +218,12 @@ def gathered(
     pending: list[tuple[str, Tensor]] = []
     size = 0
     done: dict[int, Tensor] = {}
+    # the least size of a shared-memory bucket: one that fits every later bucket, no larger
+    # than the model (shared_gather.gather_rows)
+    reserve = min(bucket_bytes, sum(v.numel() * v.element_size() for _, v in named))
     for name, value in named:
         if id(value) in done or not _row_sharded(value, dp):
-            yield from _gather_bucket(pending, dp, done, shared)
+            yield from _gather_bucket(pending, dp, done, shared, reserve)
             pending, size = [], 0
             whole = done.get(id(value))
             if whole is None:
@@ -229,11 +235,11 @@ def gathered(
         nbytes = value.numel() * value.element_size()
         dtype_changes = pending and pending[0][1].dtype != value.dtype
         if pending and (size + nbytes > bucket_bytes or dtype_changes):
-            yield from _gather_bucket(pending, dp, done, shared)
+            yield from _gather_bucket(pending, dp, done, shared, reserve)
             pending, size = [], 0
         pending.append((name, value))
         size += nbytes
-    yield from _gather_bucket(pending, dp, done, shared)
+    yield from _gather_bucket(pending, dp, done, shared, reserve)
 
 
 # torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns).
@@ -256,13 +262,29 @@ def _gather_bucket(
     dp: DataParallel,
     done: dict[int, Tensor],
     shared: set[int] | None = None,
+    reserve: int = 0,
 ) -> Iterator[tuple[str, Tensor]]:
     if not bucket:
         return
     shared = shared or set()
+    owner = shared_group(dp.group) if dp.device is None else None  # gloo: all on this machine?
+    if owner is not None:  # through shared memory (rlblocks.trainer.shared_gather)
+        locals_ = [value.to_local().detach() for _, value in bucket]
+        shapes = [value.shape for _, value in bucket]
+        wholes = gather_rows(locals_, shapes, group=dp.group, owner=owner, reserve=reserve)
+    else:
+        wholes = _all_gather_bucket([value for _, value in bucket], dp)
+    for (name, value), whole in zip(bucket, wholes, strict=True):
+        if id(value) in shared:
+            done[id(value)] = whole
+        yield name, whole
+
+
+def _all_gather_bucket(values: list[Tensor], dp: DataParallel) -> list[Tensor]:
+    """The whole tensors of ``values`` (row-sharded DTensors) by one ``all_gather_single``."""
     world = dist.get_world_size(dp.group)  # FSDP shards (all ranks under sp)
     pieces, layout = [], []
-    for _, value in bucket:
+    for value in values:
         n, rest = value.shape[0], tuple(value.shape[1:])
         rows = -(-n // world)  # ⌈n / W⌉
         local = value.to_local().detach()
@@ -275,14 +297,12 @@ def _gather_bucket(
     received = send.new_empty(world * send.numel(), device=device)
     _all_gather(received, send.to(device), group=dp.group)
     received = received.view(world, send.numel())
-    offset = 0
-    for (name, value), (n, rows, rest) in zip(bucket, layout, strict=True):
+    wholes, offset = [], 0
+    for n, rows, rest in layout:
         width = rows * math.prod(rest)
-        whole = received[:, offset : offset + width].reshape(world * rows, *rest)[:n]
+        wholes.append(received[:, offset : offset + width].reshape(world * rows, *rest)[:n])
         offset += width
-        if id(value) in shared:
-            done[id(value)] = whole
-        yield name, whole
+    return wholes
 
 
 def full_tensor(x: Tensor) -> Tensor:

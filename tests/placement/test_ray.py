@@ -7,6 +7,7 @@ One local Ray instance and one pool of two workers serve the module (starting th
 import os
 import re
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -242,6 +243,29 @@ def test_one_grpo_step_is_three_round_trips(placement):
         assert len(history) == steps
         assert placement.round_trips - before == 3 * steps + 5
     assert history[-1]["optimizer_steps"] == 1.0 and history[-1]["sync/buckets"] >= 1
+
+
+def test_colocated_workers_sync_through_memory_they_share(ray_blocks):
+    # Each worker writes its rows of a bucket into memory both workers map (an in-memory file
+    # of rank 0's, rlblocks.trainer.shared_gather) and copies from there into its own engine:
+    # no weight crosses gloo's TCP, and a later sync writes into the slabs of the one before
+    # (fresh pages fault one by one: that cost is the reason to keep them).
+    def slabs(policy, engine) -> list[str]:  # in a worker: the slabs it maps, by inode
+        maps = Path("/proc/self/maps").read_text().splitlines()
+        return sorted({line.split()[4] for line in maps if "memfd:rlblocks-gather" in line})
+
+    policy, engine = ray_blocks
+    resharder = rb.resharder.Resharder(bucket_mb=1)  # whole layers: the default's shape
+    resharder.sync(policy, engine)  # maps what the next syncs need (earlier tests' are freed)
+    resharder.sync(policy, engine)
+    first = policy.run_with(slabs, engine)
+    resharder.sync(policy, engine)
+    assert first[0], "no shared-memory slab in the worker: the gather went through gloo"
+    assert first[0] == first[1]  # both workers map the same files
+    assert policy.run_with(slabs, engine) == first
+    engine_weights = engine.model.state_dict()  # rank 0's engine, float32
+    for name, value in policy.named_weights():
+        assert torch.equal(engine_weights[name], value.float()), name
 
 
 def test_a_missing_attribute_is_an_attribute_error_as_in_one_process(ray_blocks):
