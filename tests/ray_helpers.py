@@ -43,3 +43,31 @@ def grpo_batch(engine, step):
         rewards + 0.1 * torch.arange(len(ro)), ro.response_mask, ro.group_ids
     )
     return ro, advantages
+
+
+def kill_mid_step(policy, ro, advantages, *, rank: int = 1) -> dict:
+    """Start ``policy.step`` on a long batch in a thread, ``kill -9`` worker ``rank`` two
+    seconds in, and wait (at most 90 s): ``{"error": what the step raised, "seconds": its
+    duration}``; ``"alive"`` is True if the step was still running after 90 s."""
+    import os
+    import signal
+    import threading
+    import time
+
+    outcome = {}
+
+    def step():
+        start = time.perf_counter()
+        try:
+            policy.step(ro, advantages, loss_fn=LOSS)
+        except Exception as e:  # noqa: BLE001 - the caller inspects it
+            outcome["error"] = e
+        outcome["seconds"] = time.perf_counter() - start
+
+    thread = threading.Thread(target=step)
+    thread.start()
+    time.sleep(2.0)  # the step is running on every rank
+    os.kill(policy.pids()[rank], signal.SIGKILL)
+    thread.join(timeout=90)
+    outcome["alive"] = thread.is_alive()
+    return outcome

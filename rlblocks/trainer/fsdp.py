@@ -9,6 +9,8 @@ each rank's loss already carries the mini-batch's global normalizer
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import socket
 from collections import Counter
@@ -90,17 +92,7 @@ def tensor_parallel_mesh(
 
     from rlblocks.trainer.tensor_parallel import check_groups, check_layout, parallelize
 
-    world = dist.get_world_size(group)
-    if group is not None and group is not dist.group.WORLD:
-        raise ValueError(
-            f"{owner}: tensor parallelism (tp = {tp}) builds its mesh over every process of "
-            "the default group; call shard() without a group"
-        )
-    if world % tp:
-        raise ValueError(
-            f"{owner}: the tensor-parallel size tp = {tp} does not divide the {world} "
-            f"processes of the group; use a tp that divides {world}, or {tp}·k processes"
-        )
+    world = _check_world(group, "tensor", "tp", tp, owner=owner)
     modules = [trainable, *(m for m in frozen if m is not None)]
     plans = [check_layout(m, tp, owner=owner) for m in modules]  # before any collective
     hosts: list[Any] = [None] * world
@@ -117,17 +109,7 @@ def sequence_parallel_group(group: Any, model: nn.Module, sp: int, *, owner: str
     """Check the sequence-parallel layout (``sp`` divides the processes and the attention
     heads) and build the groups of ``sp`` consecutive ranks; FSDP2 then shards over every
     rank (each rank's gradient covers its own tokens: summed, they are the update's)."""
-    world = dist.get_world_size(group)
-    if group is not None and group is not dist.group.WORLD:
-        raise ValueError(
-            f"{owner}: sequence parallelism (sp = {sp}) builds its groups over every process "
-            "of the default group; call shard() without a group"
-        )
-    if world % sp:
-        raise ValueError(
-            f"{owner}: the sequence-parallel size sp = {sp} does not divide the {world} "
-            f"processes of the group; use an sp that divides {world}, or {sp}·k processes"
-        )
+    world = _check_world(group, "sequence", "sp", sp, owner=owner)
     config = model.config.get_text_config() if hasattr(model, "config") else None
     heads = getattr(config, "num_attention_heads", None)
     if heads is not None and heads % sp:
@@ -141,6 +123,23 @@ def sequence_parallel_group(group: Any, model: nn.Module, sp: int, *, owner: str
     device = next(model.parameters()).device
     mesh = init_device_mesh(device.type, (world // sp, sp), mesh_dim_names=("dp", "sp"))
     return DataParallel(group, sequence=mesh["sp"].get_group())
+
+
+def _check_world(group: Any, kind: str, name: str, size: int, *, owner: str) -> int:
+    """The number of processes, once shown to be the default group's and a multiple of the
+    ``kind``-parallel size ``name`` = ``size``."""
+    world = dist.get_world_size(group)
+    if group is not None and group is not dist.group.WORLD:
+        raise ValueError(
+            f"{owner}: {kind} parallelism ({name} = {size}) builds its mesh over every process "
+            "of the default group; call shard() without a group"
+        )
+    if world % size:
+        raise ValueError(
+            f"{owner}: the {kind}-parallel size {name} = {size} does not divide the {world} "
+            f"processes of the group; use a {name} that divides {world}, or {size}·k processes"
+        )
+    return world
 
 
 def _mesh_of(group: Any, model: nn.Module) -> Any:
@@ -310,7 +309,23 @@ def full_tensor(x: Tensor) -> Tensor:
     same order); a plain tensor is returned as it is."""
     from torch.distributed.tensor import DTensor
 
-    return x.full_tensor() if isinstance(x, DTensor) else x
+    if not isinstance(x, DTensor):
+        return x
+    with _quiet_redistribution():
+        return x.full_tensor()
+
+
+@contextlib.contextmanager
+def _quiet_redistribution() -> Iterator[None]:
+    """DTensor logs a warning for every FSDP x TP tensor it makes whole ("2 sequential
+    all_gather operations will be performed"): true, and known; not news at every sync."""
+    log = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:

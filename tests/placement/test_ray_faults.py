@@ -1,14 +1,9 @@
 """Failures of Ray workers: a killed worker is reported within seconds, nothing is left running."""
 
-import os
-import signal
-import threading
-import time
-
 import psutil
 import pytest
 import torch
-from ray_helpers import LOSS, grpo_batch, policy_factory
+from ray_helpers import LOSS, grpo_batch, kill_mid_step, policy_factory
 
 import rlblocks as rb
 from rlblocks.placement import PoolBroken, WorkerDied
@@ -23,22 +18,8 @@ def test_a_killed_worker_fails_fast_and_shutdown_leaves_no_process():
     pids = policy.pids()
     ro, advantages = grpo_batch(rb.rollout.HFEngine.from_pretrained("tiny", progress=False), 0)
     ro = ro.repeat(200)  # 2400 rows, 600 optimizer steps: a step of a minute or more
-    outcome = {}
-
-    def step():
-        start = time.perf_counter()
-        try:
-            policy.step(ro, advantages.repeat_interleave(200, dim=0), loss_fn=LOSS)
-        except Exception as e:  # noqa: BLE001 - the test inspects it
-            outcome["error"] = e
-        outcome["seconds"] = time.perf_counter() - start
-
-    thread = threading.Thread(target=step)
-    thread.start()
-    time.sleep(2.0)  # the step is running on both ranks
-    os.kill(pids[1], signal.SIGKILL)
-    thread.join(timeout=90)
-    assert not thread.is_alive()
+    outcome = kill_mid_step(policy, ro, advantages.repeat_interleave(200, dim=0))
+    assert not outcome["alive"]
     error = outcome["error"]
     assert isinstance(error, WorkerDied), error
     assert "actor worker rank 1" in str(error) and "died during step" in str(error)

@@ -8,7 +8,7 @@ workers, and data parallelism across; one line of the factory (``tp=2``) switche
 
 import pytest
 import torch
-from ray_helpers import LOSS, grpo_batch, policy_factory
+from ray_helpers import LOSS, grpo_batch, kill_mid_step, policy_factory
 
 import rlblocks as rb
 
@@ -48,11 +48,6 @@ def test_a_tensor_parallel_rank_killed_mid_step_fails_the_step_naming_it(tmp_pat
     # As with FSDP (tests/placement/test_ray_faults.py): the surviving rank waits in a
     # tensor-parallel all-reduce for the dead one; the step fails within the pool's grace
     # period, naming the rank, instead of hanging.
-    import os
-    import signal
-    import threading
-    import time
-
     from rlblocks.placement import WorkerDied
 
     folder = rb.models.save_tiny(tmp_path / "tiny", **MODEL)
@@ -61,22 +56,8 @@ def test_a_tensor_parallel_rank_killed_mid_step_fails_the_step_naming_it(tmp_pat
     ro, advantages = ro.repeat(200), advantages.repeat_interleave(200, dim=0)  # a long step
     with rb.placement.Ray(workers=2) as placement:
         policy = placement.build("actor", policy_factory(torch.float32, model_config=MODEL, tp=2))
-        outcome = {}
-
-        def step():
-            start = time.perf_counter()
-            try:
-                policy.step(ro, advantages, loss_fn=LOSS)
-            except Exception as e:  # noqa: BLE001 - the test inspects it
-                outcome["error"] = e
-            outcome["seconds"] = time.perf_counter() - start
-
-        thread = threading.Thread(target=step)
-        thread.start()
-        time.sleep(2.0)  # the step is running on both ranks
-        os.kill(policy.pids()[1], signal.SIGKILL)
-        thread.join(timeout=90)
-        assert not thread.is_alive()
+        outcome = kill_mid_step(policy, ro, advantages)
+        assert not outcome["alive"]
         assert isinstance(outcome["error"], WorkerDied), outcome["error"]
         assert (outcome["error"].role, outcome["error"].rank) == ("actor", 1)
         assert outcome["seconds"] < 60
