@@ -129,3 +129,19 @@ def sp2_tokens_interleaved(rank: int) -> dict:
 def sp3_on_two_heads(rank: int) -> dict:
     make_trainer(sp=3, **SCHEDULE).shard()  # refused: two attention heads do not split 3 ways
     return {}
+
+
+def long_prompts(sp: int = 1) -> dict:
+    """Rows of long prompts and short responses, one per micro-batch: under sp = 2 the first
+    rank's slice of a row holds no response token (nothing of its own to score)."""
+    from builders import ragged_rollouts
+
+    trainer = make(sp=sp) if sp > 1 else make()
+    ro = ragged_rollouts(4, seed=3, max_prompt=40, max_response=3)
+    advantages = torch.randn(4, generator=torch.Generator().manual_seed(3))
+    metrics = trainer.step(ro, advantages, loss_fn=LOSS)
+    return {"metrics": metrics, "weights": {k: v.clone() for k, v in trainer.named_weights()}}
+
+
+def sp2_long_prompts(rank: int) -> dict:
+    return long_prompts(sp=2)

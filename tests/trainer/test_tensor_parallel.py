@@ -70,6 +70,16 @@ def test_sp2_gives_the_one_process_update_under_every_aggregation(tmp_path):
         )
 
 
+def test_sp2_ranks_whose_slice_scores_nothing_still_train_like_one_process(tmp_path):
+    # A row of a long prompt and a short response: rank 0's half is prompt only. It scores
+    # nothing, yet runs the layers (the all-to-alls of its peer need it) and its gradient
+    # still carries the keys and values its tokens give rank 1's.
+    from mesh_cases import long_prompts
+
+    result = run("mesh_cases:sp2_long_prompts", str(tmp_path / "out.pt"), world=2)
+    assert_same_update(result, long_prompts())
+
+
 def test_a_wrong_sequence_exchange_is_caught_by_the_comparison(tmp_path):
     result = run("mesh_cases:sp2_tokens_interleaved", str(tmp_path / "out.pt"), world=2)
     expected = update(1)
