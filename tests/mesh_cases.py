@@ -80,20 +80,20 @@ def sync_into_engine(rank: int) -> dict:
 
 
 def checkpoint_shapes(rank: int) -> dict:
-    """Save after step 1 into ``$RLBLOCKS_CHECKPOINT_DIR/<world>-tp<tp>`` (W and tp from the
-    environment: ``RLBLOCKS_TP``); then step 2 straight on, by a fresh trainer of the same
+    """Save after step 1 into ``$RLBLOCKS_CHECKPOINT_DIR/<world>-tp<tp>`` (or ``<world>-sp<sp>``;
+    tp and sp from the environment: ``RLBLOCKS_TP``, ``RLBLOCKS_SP``); then step 2 straight on, by a fresh trainer of the same
     layout loading it, and by a fresh trainer loading each other checkpoint found there."""
     root = Path(os.environ["RLBLOCKS_CHECKPOINT_DIR"])
-    tp = int(os.environ["RLBLOCKS_TP"])
+    tp, sp = int(os.environ["RLBLOCKS_TP"]), int(os.environ.get("RLBLOCKS_SP", "1"))
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    own = root / f"{world}-tp{tp}"
-    trainer = make(tp)
+    own = root / (f"{world}-tp{tp}" if sp == 1 else f"{world}-sp{sp}")
+    trainer = make(tp, sp=sp)
     out = {"saved": update(trainer=trainer, seed=1)}
     own.mkdir(exist_ok=True)
     trainer.save_checkpoint(own)
     out["straight"] = update(trainer=trainer, seed=2)
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
-        resumed = make(tp)
+        resumed = make(tp, sp=sp)
         resumed.load_checkpoint(folder)
         out[folder.name] = update(trainer=resumed, seed=2)
     return out

@@ -107,7 +107,7 @@ def test_a_tensor_parallel_trainer_syncs_whole_weights_into_an_engine(tmp_path):
     assert "model.layers.0.self_attn.q_proj.weight" in result["names"]
 
 
-def test_checkpoints_move_between_tp2_dp2_and_one_process(tmp_path, monkeypatch):
+def test_checkpoints_move_between_tp2_sp2_dp2_and_one_process(tmp_path, monkeypatch):
     monkeypatch.setenv("RLBLOCKS_CHECKPOINT_DIR", str(tmp_path))
     monkeypatch.setenv("RLBLOCKS_TP", "1")
     single = checkpoint_shapes(0)  # saves "1-tp1", resumes from it
@@ -115,8 +115,10 @@ def test_checkpoints_move_between_tp2_dp2_and_one_process(tmp_path, monkeypatch)
     tp2 = run("mesh_cases:checkpoint_shapes", str(tmp_path / "tp2.pt"), world=2)  # + "2-tp2"
     monkeypatch.setenv("RLBLOCKS_TP", "1")
     dp2 = run("mesh_cases:checkpoint_shapes", str(tmp_path / "dp2.pt"), world=2)  # + "2-tp1"
+    monkeypatch.setenv("RLBLOCKS_SP", "2")
+    sp2 = run("mesh_cases:checkpoint_shapes", str(tmp_path / "sp2.pt"), world=2)  # + "2-sp2"
     # The same layout continues bitwise; every other layout continues within the bound.
-    for result, own in ((single, "1-tp1"), (tp2, "2-tp2"), (dp2, "2-tp1")):
+    for result, own in ((single, "1-tp1"), (tp2, "2-tp2"), (dp2, "2-tp1"), (sp2, "2-sp2")):
         assert numbers(result[own]["metrics"]) == numbers(result["straight"]["metrics"])
         for name, value in result["straight"]["weights"].items():
             assert torch.equal(result[own]["weights"][name], value)
@@ -124,6 +126,8 @@ def test_checkpoints_move_between_tp2_dp2_and_one_process(tmp_path, monkeypatch)
     assert_same_update(tp2["1-tp1"], single["straight"])  # one process → TP2
     assert_same_update(dp2["1-tp1"], single["straight"])  # one process → DP2
     assert_same_update(dp2["2-tp2"], single["straight"])  # TP2 → DP2
+    assert_same_update(sp2["2-tp2"], single["straight"])  # TP2 → SP2
+    assert_same_update(sp2["1-tp1"], single["straight"])  # one process → SP2
 
 
 # ---------------------------------------------------------------------- layouts refused
