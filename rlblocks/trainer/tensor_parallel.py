@@ -78,6 +78,7 @@ def check_layout(model: nn.Module, tp: int, *, owner: str) -> dict[str, str]:
     ``tp`` (else ``ValueError`` naming the dimension and the sizes). Touches no process group.
     """
     plan = tp_plan(model, owner=owner)
+    _check_matches(model, plan, owner=owner)
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
     config = config or model.config
     sizes = {
@@ -113,7 +114,6 @@ def parallelize(model: nn.Module, mesh: Any, plan: dict[str, str]) -> None:
 
     tied = _tied(model)
     styles = {name: _style(style) for name, style in plan.items()}
-    _check_matches(model, styles)
     parallelize_module(model, mesh, styles)
     if tied:
         output = model.get_output_embeddings()
@@ -141,14 +141,14 @@ def _style(name: str) -> Any:
     return RowwiseParallel(input_layouts=Replicate())  # embedding_rowwise: ids are whole
 
 
-def _check_matches(model: nn.Module, styles: dict[str, Any]) -> None:
+def _check_matches(model: nn.Module, plan: dict[str, str], *, owner: str) -> None:
     """Every pattern of the plan names at least one module (a plan of another model family
     would otherwise be applied to nothing and train the model whole, in silence)."""
     names = [n for n, _ in model.named_modules()]
-    missing = [p for p in styles if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+    missing = [p for p in plan if not any(fnmatch.fnmatchcase(n, p) for n in names)]
     if missing:
         raise ValueError(
-            f"PolicyTrainer.shard: the tensor-parallel plan names modules {type(model).__name__} "
+            f"{owner}: the tensor-parallel plan names modules {type(model).__name__} "
             f"does not have: {missing}; the plan does not fit this model: train it with tp=1"
         )
 

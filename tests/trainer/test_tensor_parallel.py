@@ -158,6 +158,15 @@ def test_a_model_family_without_a_plan_is_refused():
     assert tp_plan(model, owner="PolicyTrainer.shard")["model.layers.*.mlp.down_proj"] == "rowwise"
 
 
+def test_a_plan_naming_modules_the_model_lacks_is_refused():
+    # A plan of another family would split nothing and train the model whole, in silence.
+    model, _ = rb.models.tiny(**MODEL)
+    with pytest.warns(UserWarning):  # transformers' own setter warns, and takes it
+        model.tp_plan = {"model.layers.*.self_attn.qkv_proj": "colwise"}
+    with pytest.raises(ValueError, match=r"names modules .* does not have: \['model.layers"):
+        check_layout(model, 2, owner="PolicyTrainer.shard")
+
+
 def test_a_mesh_larger_than_the_workers_is_refused_before_any_collective(tmp_path):
     with pytest.raises(Exception, match=r"tp = 4 does not divide the 2 processes"):
         run("mesh_cases:tp4_on_two", str(tmp_path / "out.pt"), world=2)
