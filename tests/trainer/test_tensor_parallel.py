@@ -70,6 +70,7 @@ def test_sp2_gives_the_one_process_update_under_every_aggregation(tmp_path):
         )
 
 
+@pytest.mark.slow  # spawned ranks: run by .ci/run's slow step
 def test_sp2_ranks_whose_slice_scores_nothing_still_train_like_one_process(tmp_path):
     # A row of a long prompt and a short response: rank 0's half is prompt only. It scores
     # nothing, yet runs the layers (the all-to-alls of its peer need it) and its gradient
@@ -80,6 +81,7 @@ def test_sp2_ranks_whose_slice_scores_nothing_still_train_like_one_process(tmp_p
     assert_same_update(result, long_prompts())
 
 
+@pytest.mark.slow  # spawned ranks: run by .ci/run's slow step
 def test_a_wrong_sequence_exchange_is_caught_by_the_comparison(tmp_path):
     result = run("mesh_cases:sp2_tokens_interleaved", str(tmp_path / "out.pt"), world=2)
     expected = update(1)
@@ -87,6 +89,7 @@ def test_a_wrong_sequence_exchange_is_caught_by_the_comparison(tmp_path):
     assert gap > 1e-4
 
 
+@pytest.mark.slow  # spawned ranks: run by .ci/run's slow step
 def test_an_untied_output_layer_is_caught_by_the_comparison(tmp_path):
     # The check above must be able to fail: splitting the tied embeddings into two weights
     # runs without an error but trains them apart.
@@ -96,6 +99,7 @@ def test_an_untied_output_layer_is_caught_by_the_comparison(tmp_path):
     assert gap > 1e-4
 
 
+@pytest.mark.slow  # spawned ranks: run by .ci/run's slow step
 def test_a_row_wise_layer_planned_column_wise_fails(tmp_path):
     with pytest.raises(Exception, match="must have same reduction dim"):
         run("mesh_cases:row_wise_planned_column_wise", str(tmp_path / "out.pt"), world=2)
@@ -107,6 +111,7 @@ def test_a_tensor_parallel_trainer_syncs_whole_weights_into_an_engine(tmp_path):
     assert "model.layers.0.self_attn.q_proj.weight" in result["names"]
 
 
+@pytest.mark.slow  # spawned ranks: run by .ci/run's slow step
 def test_checkpoints_move_between_tp2_sp2_dp2_and_one_process(tmp_path, monkeypatch):
     monkeypatch.setenv("RLBLOCKS_CHECKPOINT_DIR", str(tmp_path))
     monkeypatch.setenv("RLBLOCKS_TP", "1")
@@ -167,6 +172,7 @@ def test_a_plan_naming_modules_the_model_lacks_is_refused():
         check_layout(model, 2, owner="PolicyTrainer.shard")
 
 
+@pytest.mark.slow  # spawned ranks: run by .ci/run's slow step
 def test_a_mesh_larger_than_the_workers_is_refused_before_any_collective(tmp_path):
     with pytest.raises(Exception, match=r"tp = 4 does not divide the 2 processes"):
         run("mesh_cases:tp4_on_two", str(tmp_path / "out.pt"), world=2)
@@ -192,6 +198,7 @@ def test_a_tensor_parallel_group_across_machines_is_refused():
         check_groups(["a", "a", "a", "b", "b", "b"], 2, owner="PolicyTrainer.shard")
 
 
+@pytest.mark.slow  # spawned ranks: run by .ci/run's slow step
 def test_a_sequence_parallel_layout_that_cannot_apply_is_refused(tmp_path):
     with pytest.raises(
         Exception, match=r"num_attention_heads = 2 is not divisible by the sequence"
