@@ -199,11 +199,14 @@ def test_a_tensor_parallel_group_across_machines_is_refused():
 
 
 @pytest.mark.slow  # spawned ranks: run by .ci/run's slow step
-def test_a_sequence_parallel_layout_that_cannot_apply_is_refused(tmp_path):
+def test_heads_not_divisible_by_sp_are_refused_before_any_collective(tmp_path):
     with pytest.raises(
         Exception, match=r"num_attention_heads = 2 is not divisible by the sequence"
     ):
         run("mesh_cases:sp3_on_two_heads", str(tmp_path / "out.pt"), world=3)
+
+
+def test_a_sequence_parallel_layout_that_cannot_apply_is_refused():
     with pytest.raises(ValueError, match=r"sp = 2\) with tensor parallelism \(tp = 2\)"):
         rb.trainer.TrainConfig(sp=2, tp=2)
     with pytest.raises(ValueError, match="keep packing=True"):
