@@ -154,7 +154,7 @@ class PolicyTrainer:
     @property
     def layout(self) -> dict[str, int]:
         """The processes the trainer spans: ``{"dp": data-parallel size, "tp": tensor-parallel
-        size}`` (``{"dp": 1, "tp": 1}`` until ``shard``)."""
+        size, "sp": sequence-parallel size}`` (all 1 until ``shard``)."""
         sharded = self.dp.sharded
         return {
             "dp": self.dp.size,
