@@ -113,6 +113,13 @@ class SamplingParams:
     """Strings that end a response (the stop string is kept in the response)."""
     seed: int | None = None
     """Seed for reproducible sampling; None draws from the global generator."""
+    replay: bool = False
+    """Sampling replay: the engine reports rollout log-probs of the distribution it sampled
+    from (the tempered one renormalized over what top-k then top-p kept) and records
+    ``(temperature, top_k, top_p)`` per row in ``Rollouts.sampler``, so that the trainer scores
+    that same distribution (``rlblocks.losses.truncation``). False: log-probs of the untruncated
+    tempered distribution, nothing recorded. An engine that cannot record its sampler refuses
+    it by name."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -8,6 +8,9 @@ A batch of ``b`` sequences, each a prompt followed by a response::
     response_mask   (b t)       bool   True = a policy token that counts in the loss
     group_ids       (b)         int64  rows sampled from the same prompt share an id
     rollout_logprobs (b t)      float32 log-probs the engine sampled with, or None
+    sampler         (b 3)       float64 (temperature, top_k, top_p) each row was sampled with,
+                                or None: set by an engine asked for sampling replay
+                                (``SamplingParams.replay``; rlblocks.losses.truncation)
     prompts, completions        list[str] of length b (decoded text; "" when not decoded)
     metadata                    list[dict] of length b (ground truth, data source, ...)
     extras                      dict[str, Tensor]: the user's own per-row tensors, carried
@@ -89,6 +92,7 @@ class Rollouts:
     returns: Tensor | None = None
     old_values: Tensor | None = None
     rewards: Tensor | None = None
+    sampler: Tensor | None = None
 
     def __post_init__(self) -> None:
         b = self.prompt_ids.shape[0] if self.prompt_ids.dim() > 0 else -1
@@ -127,6 +131,9 @@ class Rollouts:
                     f"({b}, {t}); pass one reward per row, or one per response token"
                 )
             expect_dtype("rewards", self.rewards, integer=False)
+        if self.sampler is not None:
+            expect_shape("sampler", self.sampler, (b, 3), "(temperature, top_k, top_p) per row")
+            expect_dtype("sampler", self.sampler, integer=False)
         counted_padding = self.response_mask & ~self.attention_mask[:, tp:]
         # Value checks need data: a batch on the meta device (shape planning) skips them.
         if counted_padding.device.type != "meta" and counted_padding.any():
@@ -226,6 +233,7 @@ class Rollouts:
             response_mask=self.response_mask[rows],
             group_ids=self.group_ids[rows],
             **{name: _rows(getattr(self, name), rows) for name in OPTIONAL_FIELDS},
+            sampler=_rows(self.sampler, rows),
             prompts=[self.prompts[i] for i in rows.tolist()],
             completions=[self.completions[i] for i in rows.tolist()],
             metadata=[self.metadata[i] for i in rows.tolist()],
@@ -310,7 +318,7 @@ class Rollouts:
         tp = max(p.prompt_ids.shape[1] for p in parts)
         t = max(p.response_ids.shape[1] for p in parts)
         present = [name for name in OPTIONAL_FIELDS if getattr(first, name) is not None]
-        for name in OPTIONAL_FIELDS:
+        for name in (*OPTIONAL_FIELDS, "sampler"):
             if len({getattr(p, name) is not None for p in parts}) > 1:
                 raise ValueError(
                     f"Rollouts.concat: some parts have {name} and some do not; give it to "
@@ -346,6 +354,7 @@ class Rollouts:
             response_mask=cat("response_mask", False, t, False),
             group_ids=torch.cat([p.group_ids for p in parts]),
             **{name: cat(name, False, t) for name in present},
+            sampler=None if first.sampler is None else torch.cat([p.sampler for p in parts]),
             prompts=[s for p in parts for s in p.prompts],
             completions=[s for p in parts for s in p.completions],
             metadata=[m for p in parts for m in p.metadata],

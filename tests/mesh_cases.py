@@ -145,3 +145,34 @@ def long_prompts(sp: int = 1) -> dict:
 
 def sp2_long_prompts(rank: int) -> dict:
     return long_prompts(sp=2)
+
+
+def replayed_batch(seed: int = 1):
+    """The shared batch with a sampler record (sampling replay): rows alternately top-k 5 and
+    top-p 0.8, at the trainer's temperature 1."""
+    ro, advantages = make_batch(seed=seed)
+    rules = [[1.0, 5.0, 1.0], [1.0, 0.0, 0.8]] * (len(ro) // 2)
+    return ro.replace(sampler=torch.tensor(rules, dtype=torch.float64)), advantages
+
+
+def replay_update(sp: int = 1) -> dict:
+    """π_θ's log-probs of :func:`replayed_batch` before a ``step`` on it, the step's metrics
+    and the weights after."""
+    trainer = make(sp=sp)
+    ro, advantages = replayed_batch()
+    logprobs = trainer.logprobs(ro)
+    metrics = trainer.step(ro, advantages, loss_fn=LOSS)
+    weights = {k: v.clone() for k, v in trainer.named_weights()}
+    return {"logprobs": logprobs, "metrics": metrics, "weights": weights}
+
+
+def replay_sp2_and_tp2(rank: int) -> dict:
+    """Sampling replay at sp = 2 (the update, as one process gives it) and at tp = 2 (refused
+    by every rank before any collective: the vocabulary is split over the ranks)."""
+    result = {"sp2": replay_update(sp=2)}
+    try:
+        make(2).logprobs(replayed_batch()[0])
+        result["tp2"] = None
+    except ValueError as error:
+        result["tp2"] = str(error)
+    return result

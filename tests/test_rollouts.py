@@ -233,6 +233,26 @@ def test_concat_needs_every_part_to_carry_the_same_fields():
     assert {f.name for f in dataclasses.fields(Rollouts)} >= set(OPTIONAL_FIELDS)
 
 
+def test_the_sampler_record_is_a_row_field_carried_through_row_operations():
+    """``sampler`` (b 3): one (temperature, top_k, top_p) per row, never padded like a token
+    field; select, split/concat, trim and to carry it; a misshaped one fails at once."""
+    ro = make()  # 4 rows
+    sampler = torch.tensor([[1.0, 5, 1.0], [0.7, 0, 0.9], [0.0, 0, 1.0], [1.0, 20, 0.95]],
+                           dtype=torch.float64)  # fmt: skip
+    ro = ro.replace(sampler=sampler)
+    assert torch.equal(ro.select([3, 1]).sampler, sampler[[3, 1]])
+    assert torch.equal(Rollouts.concat(ro.split(rows=3)).sampler, sampler)
+    assert torch.equal(ro.select([2, 3]).trim().sampler, sampler[2:])  # columns trimmed, not it
+    assert ro.to("meta").sampler.device.type == "meta"
+    with pytest.raises(ValueError, match=r"Rollouts.sampler: has shape \(4, 2\)"):
+        ro.replace(sampler=torch.zeros(4, 2, dtype=torch.float64))
+    with pytest.raises(TypeError, match="sampler: must be a floating-point"):
+        ro.replace(sampler=torch.zeros(4, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="some parts have sampler and some do not"):
+        Rollouts.concat([ro, make()])
+    assert make().sampler is None
+
+
 # ---------------------------------------------------------------------- balanced_partition
 def test_longest_first_to_the_least_loaded_rank():
     # Lengths 9 1 5 5 4 2 over 2 ranks, longest first (ties: earlier row first):

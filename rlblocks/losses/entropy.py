@@ -14,6 +14,14 @@ a time, so that only one chunk is ever upcast to float32:
 
 The arithmetic is done in float32, or in float64 when the logits are float64 (tests use this
 to compare at tight tolerances), and the result has that dtype.
+
+**Sampling replay** (``truncation``, :mod:`rlblocks.losses.truncation`): each token may carry
+the top-k / top-p rule its engine sampled with; the scores are then those of the distribution
+renormalized over the kept set K, log π_K(y) = z_y − logsumexp_{j∈K} z_j and
+H_K = logsumexp_K z − Σ_{j∈K} π_K(j) z_j. Each chunk rebuilds K from its logits for its
+truncated tokens only (forward and, from the recomputed logits, backward: no ``(n v)`` mask is
+kept), so tokens without truncation cost nothing extra and a call without ``truncation``
+runs exactly the code it ran before.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from rlblocks.losses.truncation import Truncation, kept_tokens, masked_logits
 from rlblocks.masked import masked_mean
 
 DEFAULT_CHUNK_SIZE = 1024
@@ -43,6 +52,31 @@ def _row_entropy(logits: Tensor) -> Tensor:
     z = logits.to(_compute_dtype(logits))
     lse = torch.logsumexp(z, dim=-1)
     return lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+
+
+def _truncated_row_entropy(logits: Tensor, ids: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    # H_K = logsumexp_K(z) − Σ_{j∈K} softmax_K(z)_j · z_j: the softmax of the masked logits is 0
+    # outside K and multiplies the finite z (0 · −inf would be NaN).
+    z = logits.to(_compute_dtype(logits))
+    cut = _kept(z, ids, Truncation(top_k, top_p))
+    if cut is None:
+        return _row_entropy(logits)
+    rows, keep = cut
+    zk = z.index_put((rows,), masked_logits(z[rows], keep))  # out of place: autograd sees it
+    return torch.logsumexp(zk, dim=-1) - (torch.softmax(zk, dim=-1) * z).sum(dim=-1)
+
+
+def _kept(z: Tensor, ids: Tensor, rule: Truncation | None) -> tuple[Tensor, Tensor] | None:
+    """``(rows (m), kept set (m v))`` of the rows of a chunk whose rule truncates anything
+    (the chosen token always kept), None when none does: those rows cost nothing extra."""
+    if rule is None:
+        return None
+    active = rule.active(z.shape[-1])
+    if not bool(active.any()):
+        return None
+    rows = active.nonzero()[:, 0]
+    keep = kept_tokens(z[rows], rule.top_k[rows], rule.top_p[rows], chosen=ids[rows])
+    return rows, keep
 
 
 def _chunked_rows(
@@ -70,7 +104,14 @@ def _chunked_rows(
     return torch.cat(outputs).reshape(lead)
 
 
-def entropy_from_logits(logits: Tensor, /, *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tensor:
+def entropy_from_logits(
+    logits: Tensor,
+    /,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    truncation: Truncation | None = None,
+    token_ids: Tensor | None = None,
+) -> Tensor:
     """Entropy of the next-token distribution at every position, chunk by chunk.
 
     H(softmax(z)) = −Σ_v p_v log p_v = logsumexp(z) − Σ_v softmax(z)_v · z_v
@@ -80,12 +121,30 @@ def entropy_from_logits(logits: Tensor, /, *, chunk_size: int = DEFAULT_CHUNK_SI
     float32 (float64 for float64 logits). Differentiable through ``logits`` (not detached);
     at most ``chunk_size`` rows are in float32 at a time, also in the backward pass (see the
     module docstring). Use it as an entropy bonus with :func:`entropy_loss`.
+
+    ``truncation``: the sampler's rule of each position (flattened order), with ``token_ids``
+    ``(...)`` the sampled tokens (always kept): the entropy of the truncated distribution
+    (module docstring).
     """
-    return _chunked_rows(_row_entropy, logits, chunk_size=chunk_size)
+    if truncation is None:
+        return _chunked_rows(_row_entropy, logits, chunk_size=chunk_size)
+    if token_ids is None or token_ids.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"entropy_from_logits: truncation needs token_ids shaped {tuple(logits.shape[:-1])}, "
+            f"got {None if token_ids is None else tuple(token_ids.shape)}; pass the sampled "
+            "tokens (they stay in the kept set)"
+        )
+    extra = (token_ids.long(), truncation.top_k, truncation.top_p)
+    return _chunked_rows(_truncated_row_entropy, logits, *extra, chunk_size=chunk_size)
 
 
 def token_logprobs(
-    logits: Tensor, token_ids: Tensor, /, *, chunk_size: int = DEFAULT_CHUNK_SIZE
+    logits: Tensor,
+    token_ids: Tensor,
+    /,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    truncation: Truncation | None = None,
 ) -> Tensor:
     """Log-probability of the given token at every position: log softmax(z)[y], chunk by chunk.
 
@@ -97,7 +156,8 @@ def token_logprobs(
     scores token t), any float dtype; ``token_ids`` ``(...)`` int64. Returns ``(...)`` float32
     (float64 for float64 logits). Differentiable through ``logits`` (not detached; once: no
     second derivative), with at most ``chunk_size`` rows in float32 at a time, also in the
-    backward pass (:class:`_TokenLogprob`).
+    backward pass (:class:`_TokenLogprob`). ``truncation``: the sampler's rule of each
+    position (flattened order): log-probs of the truncated distribution (module docstring).
     """
     if token_ids.shape != logits.shape[:-1]:
         raise ValueError(
@@ -109,7 +169,7 @@ def token_logprobs(
     v = logits.shape[-1]
     rows = logits.reshape(-1, v)
     ids = token_ids.reshape(-1).long()
-    return _TokenLogprob.apply(rows, ids, chunk_size).reshape(token_ids.shape)
+    return _TokenLogprob.apply(rows, ids, chunk_size, truncation).reshape(token_ids.shape)
 
 
 class _TokenLogprob(torch.autograd.Function):
@@ -121,11 +181,14 @@ class _TokenLogprob(torch.autograd.Function):
     and the ``(n)`` logsumexps, and the backward makes one pass per chunk, written straight
     into the gradient: exp(z − lse), times −g, plus g at the chosen token. On SmolLM2-135M
     (v = 49 152) that is about 2 s less per GRPO update of 16 × 64 tokens on one CPU thread
-    than the checkpointed form.
+    than the checkpointed form. With a ``truncation`` rule, lse is over each token's kept set
+    and the softmax is 0 outside it (module docstring).
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, ids: Tensor, chunk_size: int) -> Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx, logits: Tensor, ids: Tensor, chunk_size: int, truncation: Truncation | None
+    ) -> Tensor:
         dtype = _compute_dtype(logits)
         n = logits.shape[0]
         lse = torch.empty(n, dtype=dtype, device=logits.device)
@@ -134,24 +197,39 @@ class _TokenLogprob(torch.autograd.Function):
             part = slice(start, start + chunk_size)
             z = logits[part].to(dtype)
             torch.logsumexp(z, dim=-1, out=lse[part])
+            cut = _kept(z, ids[part], None if truncation is None else truncation[part])
+            if cut is not None:
+                rows, keep = cut
+                lse[part][rows] = torch.logsumexp(masked_logits(z[rows], keep), dim=-1)
             out[part] = z.gather(-1, ids[part, None])[:, 0] - lse[part]
         ctx.save_for_backward(logits, ids, lse)
-        ctx.chunk_size = chunk_size
+        ctx.chunk_size, ctx.truncation = chunk_size, truncation
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
         logits, ids, lse = ctx.saved_tensors
         grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
         g = grad_out.to(lse.dtype)
+        truncation = ctx.truncation
         for start in range(0, logits.shape[0], ctx.chunk_size):
             part = slice(start, start + ctx.chunk_size)
             z = logits[part].to(lse.dtype)
             p = (z - lse[part, None]).exp_()  # softmax, one pass
+            _zero_outside(p, z, ids[part], None if truncation is None else truncation[part])
             p.mul_(-g[part, None]).scatter_add_(-1, ids[part, None], g[part, None])
             grad[part] = p  # cast to the logits' dtype (bf16 logits get a bf16 gradient)
-        return grad, None, None
+        return grad, None, None, None
+
+
+def _zero_outside(p: Tensor, z: Tensor, ids: Tensor, rule: Truncation | None) -> None:
+    """Set ``p`` = exp(z − lse_K) to 0 outside each truncated row's kept set, in place: the
+    truncated softmax, its set rebuilt from the (recomputed) logits ``z``."""
+    cut = _kept(z, ids, rule)
+    if cut is not None:
+        rows, keep = cut
+        p[rows] = p[rows].masked_fill_(~keep, 0)
 
 
 def entropy_loss(entropy: Tensor, mask: Tensor, /) -> tuple[Tensor, dict[str, Tensor]]:
@@ -181,6 +259,7 @@ def linear_token_scores(
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     entropy: bool = False,
+    truncation: Truncation | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probabilities of the given tokens (and entropies) from hidden states, without the
     ``(n v)`` logits: the vocabulary projection runs inside the chunks.
@@ -195,7 +274,8 @@ def linear_token_scores(
     Shapes: ``hidden`` ``(n d)``, ``weight`` ``(v d)``, ``bias`` ``(v)`` or None,
     ``token_ids`` ``(n)`` int64. Returns ``(n)`` log-probs and ``(n)`` entropies (None unless
     ``entropy``), float32 (float64), differentiable through ``hidden``, ``weight`` and
-    ``bias`` (once: no second derivative).
+    ``bias`` (once: no second derivative). ``truncation``: the sampler's rule of each token:
+    scores of the truncated distribution (module docstring).
     """
     if hidden.dim() != 2 or token_ids.shape != hidden.shape[:1]:
         raise ValueError(
@@ -205,7 +285,7 @@ def linear_token_scores(
     if chunk_size < 1:
         raise ValueError(f"linear_token_scores: chunk_size={chunk_size}; use chunk_size >= 1")
     logprobs, ent = _LinearTokenScores.apply(
-        hidden, weight, bias, token_ids.long(), temperature, chunk_size, entropy, None
+        hidden, weight, bias, token_ids.long(), temperature, chunk_size, entropy, None, truncation
     )
     return logprobs, ent if entropy else None
 
@@ -250,7 +330,7 @@ def vocab_parallel_token_scores(
         )
     shard = _VocabShard(group, vocab_start)
     logprobs, ent = _LinearTokenScores.apply(
-        hidden, weight, bias, token_ids.long(), temperature, chunk_size, entropy, shard
+        hidden, weight, bias, token_ids.long(), temperature, chunk_size, entropy, shard, None
     )
     return logprobs, ent if entropy else None
 
@@ -282,7 +362,9 @@ class _LinearTokenScores(torch.autograd.Function):
     the entropy:  ∂/∂z_j = g (1[j = y] − p_j) − γ p_j (z_j − lse + H)  (from
     ∂H/∂z_j = −p_j (log p_j + H)); then ∂/∂h = (∂/∂z) W / T, ∂/∂W = (∂/∂z)ᵀ h / T,
     ∂/∂b = Σ_rows ∂/∂z / T. The forward keeps ``hidden``, ``weight``, the ``(n)`` logsumexps
-    and entropies; the backward recomputes one chunk of logits at a time.
+    and entropies; the backward recomputes one chunk of logits at a time. With a
+    ``truncation`` rule (never with ``shard``) lse, p and H are those over each token's kept
+    set K, p = 0 outside it, so the same formulas hold (module docstring).
     """
 
     @staticmethod
@@ -296,6 +378,7 @@ class _LinearTokenScores(torch.autograd.Function):
         chunk_size: int,
         want_entropy: bool,
         shard: _VocabShard | None,
+        truncation: Truncation | None,
     ) -> tuple[Tensor, Tensor]:
         device_type = hidden.device.type
         ctx.autocast = torch.is_autocast_enabled(device_type)
@@ -315,6 +398,13 @@ class _LinearTokenScores(torch.autograd.Function):
             chosen[part] = z.gather(-1, ids[part, None])[:, 0]
             if want_entropy:
                 pz[part] = (torch.softmax(z, dim=-1) * z).sum(-1)
+            cut = _kept(z, ids[part], None if truncation is None else truncation[part])
+            if cut is not None:  # over the kept set (0 · −inf: the softmax multiplies z)
+                rows, keep = cut
+                zk = masked_logits(z[rows], keep)
+                lse[part][rows] = torch.logsumexp(zk, dim=-1)
+                if want_entropy:
+                    pz[part][rows] = (torch.softmax(zk, dim=-1) * z[rows]).sum(-1)
         chosen = torch.where(own, chosen, torch.zeros((), dtype=dtype, device=chosen.device))
         if shard is not None:
             local_lse, lse = lse, shard.logsumexp(lse)
@@ -325,7 +415,7 @@ class _LinearTokenScores(torch.autograd.Function):
         ent = lse - pz if want_entropy else pz
         ctx.save_for_backward(hidden, weight, bias, ids, own, lse, ent)
         ctx.temperature, ctx.chunk_size, ctx.want_entropy = temperature, chunk_size, want_entropy
-        ctx.shard = shard
+        ctx.shard, ctx.truncation = shard, truncation
         return out, ent
 
     @staticmethod
@@ -353,6 +443,8 @@ class _LinearTokenScores(torch.autograd.Function):
                 logits = F.linear(h, weight, bias)
             z = logits.to(lse.dtype) / temperature
             p = (z - lse[part, None]).exp_()
+            rule = None if ctx.truncation is None else ctx.truncation[part]
+            _zero_outside(p, z, ids[part], rule)
             gz = torch.zeros_like(z)
             if grad_lp is not None:
                 g = grad_lp[part].to(lse.dtype)
@@ -375,6 +467,7 @@ class _LinearTokenScores(torch.autograd.Function):
             grad_h,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(bias.dtype) if grad_b is not None else None,
+            None,
             None,
             None,
             None,

@@ -19,9 +19,13 @@ Choices made here:
   ``return_logprobs`` reports ``log softmax(s)[y]`` of the scores ``s`` it sampled ``y`` from
   (float32). With temperature only, ``s = z / T`` (greedy: ``s = z``), which is exactly the
   quantity `HFEngine` reports and a trainer computes: no second pass over the tokens is needed.
-  Top-k, top-p and ``min_new_tokens`` would change ``s`` (the log-probs would be those of the
-  truncated distribution), and transformers 5.19 drops ``min_new_tokens``' processor in
-  continuous batching without an error: these fields are refused before any compute.
+  Top-k and top-p change ``s`` (the log-probs are then those of the truncated distribution):
+  they are taken with sampling replay (``SamplingParams.replay``, the engine then records its
+  sampler in ``Rollouts.sampler`` and the trainer scores the same truncated distribution) and
+  refused without it. transformers 5.19 drops ``min_new_tokens``' processor in continuous
+  batching without an error: it is refused. Refusals come before any compute. (Its top-p
+  compares the running sum with 1 − p in float32 where ``generate`` computes 1 − p in float64
+  first: the two kept sets can differ only where the running sum falls within ~2e-8 of it.)
 * **Stop strings** are not known to ``generate_batch``: a sequence decodes on to EOS or
   ``max_new_tokens`` and is cut afterwards at the token completing the first stop string, with
   the same matcher as `HFEngine` (:class:`rlblocks.rollout.stopping.ResponseEnds`). The kept
@@ -60,7 +64,7 @@ from rlblocks.models import loading
 from rlblocks.models.context import check_lengths, context_length
 from rlblocks.rollout.hf import LocalWeights, _device, _generating, _special_ids
 from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
-from rlblocks.rollout.sampling import generation_config, seeded
+from rlblocks.rollout.sampling import generation_config, sampler_record, seeded
 from rlblocks.rollout.stopping import ResponseEnds, valid_tokens
 from rlblocks.rollouts import Rollouts
 
@@ -84,8 +88,8 @@ class ContinuousBatchingEngine(LocalWeights):
 
     ``model``: a Hugging Face causal LM with paged-attention support (a decoder whose attention is
     sdpa, eager or flash attention: Llama, Qwen2/3, Mistral, SmolLM, ...); ``tokenizer``: its
-    tokenizer. ``sampling``: default ``SamplingParams`` (top_k 0, top_p 1, min_new_tokens 0: the
-    module docstring says why). ``chat``: how prompts become text, as for `HFEngine`.
+    tokenizer. ``sampling``: default ``SamplingParams`` (min_new_tokens 0; top_k and top_p only
+    with ``replay``: the module docstring says why). ``chat``: how prompts become text, as for `HFEngine`.
     ``max_concurrent``: most sequences decoding at once (None: every row of a call, at most
     1024). ``cache_tokens``: most tokens the paged KV cache holds, over all sequences (None: what
     ``max_concurrent`` sequences of the call's longest prompt plus ``max_new_tokens`` need, in
@@ -143,7 +147,9 @@ class ContinuousBatchingEngine(LocalWeights):
         """``group_size`` (g) samples for each prompt: a ``Rollouts`` of ``b = len(prompts) · g``
         rows, as `HFEngine.generate` returns them (rows ``i·g … i·g+g−1`` for prompt ``i``,
         group id ``i``, a fresh copy of ``metadata[i]``). ``rollout_logprobs`` (b t) float32 =
-        log softmax(z_t / T)[y_t] (T = 1 when greedy), 0 after a row's end.
+        log softmax(z_t / T)[y_t] (T = 1 when greedy), 0 after a row's end; with
+        ``sampling.replay``, of the top-k / top-p truncated distribution sampled from, and
+        ``sampler`` records (T, top_k, top_p) per row.
 
         Everything that can be refused is refused before any compute: sampling fields the
         engine cannot honour, a prompt past the model's context, a row the paged cache cannot
@@ -236,6 +242,7 @@ class ContinuousBatchingEngine(LocalWeights):
             response_mask=valid,
             group_ids=torch.tensor(index, dtype=torch.long),
             rollout_logprobs=torch.where(valid, logprobs, 0.0),
+            sampler=sampler_record(params, len(rows)) if params.replay else None,
             prompts=[texts[i] for i in index],
             completions=self.tokenizer.batch_decode(decoded, skip_special_tokens=True),
             metadata=[dict(meta[i]) for i in index],
@@ -280,18 +287,19 @@ def check_paged(model: nn.Module) -> None:
 
 def check_sampling(params: SamplingParams) -> None:
     """Refuse the ``SamplingParams`` the engine cannot honour (module docstring)."""
-    refused = {
-        "top_k": (params.top_k, 0),
-        "top_p": (params.top_p, 1.0),
-        "min_new_tokens": (params.min_new_tokens, 0),
-    }
-    for field, (value, ok) in refused.items():
-        if value != ok:
+    if params.min_new_tokens != 0:
+        raise ValueError(
+            f"ContinuousBatchingEngine: SamplingParams.min_new_tokens={params.min_new_tokens} "
+            "is not supported (transformers' continuous batching drops it without an error); "
+            "use min_new_tokens=0, or rb.rollout.HFEngine for this sampling"
+        )
+    for field, (value, ok) in {"top_k": (params.top_k, 0), "top_p": (params.top_p, 1.0)}.items():
+        if value != ok and not params.replay:
             raise ValueError(
-                f"ContinuousBatchingEngine: SamplingParams.{field}={value} is not supported (its "
-                f"rollout log-probs would be those of the truncated distribution, and "
-                f"transformers' continuous batching drops min_new_tokens); use {field}={ok}, or "
-                "rb.rollout.HFEngine for this sampling"
+                f"ContinuousBatchingEngine: SamplingParams.{field}={value} is not supported "
+                f"without replay (its rollout log-probs are those of the truncated distribution "
+                f"it samples from); pass SamplingParams(replay=True) so that the trainer scores that "
+                f"distribution too, use {field}={ok}, or rb.rollout.HFEngine"
             )
 
 

@@ -14,6 +14,9 @@ Choices made here:
 * **Rollout log-probs** are ``log softmax(z / T)[y]`` of the model's raw logits ``z`` at the
   sampled token ``y`` (T = 1 when greedy), *before* top-k / top-p truncation: the quantity a
   trainer computes from a forward pass at the same temperature, so the two can be compared.
+  With ``SamplingParams.replay`` they are those of the distribution sampled from (``generate``'s
+  processed scores) and each row records its sampler (``Rollouts.sampler``), so that the
+  trainer scores the same truncated distribution (`rlblocks.rollout.sampling`).
 * **A response ends** at its first EOS token (kept, counted) or at the token completing a stop
   string (kept), neither before ``SamplingParams.min_new_tokens`` tokens. Later columns are
   padding: response and attention masks False, log-prob 0, id the padding token.
@@ -38,7 +41,12 @@ from rlblocks.models.context import check_lengths, context_length
 from rlblocks.renamed import moved_keywords
 from rlblocks.rollout.casting import check_cast
 from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
-from rlblocks.rollout.sampling import generation_config, sampled_logprobs, seeded
+from rlblocks.rollout.sampling import (
+    generation_config,
+    sampled_logprobs,
+    sampler_record,
+    seeded,
+)
 from rlblocks.rollout.stopping import FiniteLogits, ResponseEnds, valid_tokens
 from rlblocks.rollouts import Rollouts
 
@@ -157,7 +165,9 @@ class HFEngine(LocalWeights):
         fresh (shallow) copy of ``metadata[i]`` and nothing else. ``prompts`` holds the rendered
         prompt text, ``completions`` the decoded response (special tokens skipped).
         ``rollout_logprobs`` (b t) float32 = log softmax(z_t / T)[y_t] at the raw logits z_t
-        (T = 1 when greedy), before top-k / top-p; 0 after a row's end. Nothing carries grad.
+        (T = 1 when greedy), before top-k / top-p; 0 after a row's end. With
+        ``sampling.replay``: of the truncated distribution sampled from, and ``sampler`` (b 3)
+        records (T, top_k, top_p) per row. Nothing carries grad.
         With ``sampling.seed`` set the result is reproducible and the global RNG untouched.
         """
         params = sampling or self.sampling
@@ -218,10 +228,12 @@ class HFEngine(LocalWeights):
             stopping_criteria=StoppingCriteriaList([ends]),
             logits_processor=LogitsProcessorList([FiniteLogits()]),  # a broken model says so
         )
-        response, logits = out.sequences[:, input_ids.shape[1] :], list(out.logits)
+        response = out.sequences[:, input_ids.shape[1] :]
+        # replay: the processed scores (tempered, −inf outside the kept set) are what was sampled
+        logits = list(out.scores if params.replay else out.logits)
         del out  # the KV cache and the logits tuple: let sampled_logprobs free steps as it goes
         valid = valid_tokens(ends.end.to(device), response.shape[1])  # (b t) bool
-        temperature = params.temperature or 1.0  # greedy: log-probs at T = 1
+        temperature = 1.0 if params.replay else params.temperature or 1.0  # greedy: T = 1
         logprobs = sampled_logprobs(logits, response, temperature=temperature)
         return {
             "prompt_ids": input_ids,
@@ -229,6 +241,7 @@ class HFEngine(LocalWeights):
             "response_ids": torch.where(valid, response, pad),
             "valid": valid,
             "logprobs": torch.where(valid, logprobs, 0.0),
+            **({"sampler": sampler_record(params, len(ids))} if params.replay else {}),
         }
 
     def _rollouts(
@@ -251,6 +264,7 @@ class HFEngine(LocalWeights):
             response_mask=batch["valid"],
             group_ids=rows.clone(),
             rollout_logprobs=batch["logprobs"],
+            sampler=batch.get("sampler"),
             prompts=[texts[i] for i in index],
             completions=self.tokenizer.batch_decode(responses, skip_special_tokens=True),
             metadata=[dict(meta[i]) for i in index],

@@ -12,6 +12,14 @@ the weights agree, up to the rounding of cached vs uncached attention. The gap b
 sampling engine and the trainer is left to the loss (truncated importance sampling: Yao et al.
 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training", blog post, no
 arXiv id).
+
+With **sampling replay** (``SamplingParams.replay``) they are those of the distribution the
+engine sampled from instead, log softmax(s_k)[y_k] of ``generate``'s processed scores s_k
+(``output_scores``: z_k / T with −inf outside what top-k then top-p kept), and the engine
+records ``(T, top_k, top_p)`` per row (:func:`sampler_record`) so that the trainer rebuilds the
+kept set from its own logits (`rlblocks.losses.truncation`). The processed scores are also
+where ``min_new_tokens``'s EOS ban shows (EOS at −inf for the first steps); the trainer does not
+replay that ban, so keep ``min_new_tokens`` at 0 where the two must agree.
 """
 
 from __future__ import annotations
@@ -33,7 +41,9 @@ def generation_config(
 
     Temperature 0 is greedy decoding (``do_sample=False``); top_k 0 is off, as ``generate``
     reads it. ``min_new_tokens`` goes to ``generate``'s own, which sets the EOS logits to −inf
-    until that many tokens are out (``MinNewTokensLengthLogitsProcessor``). Raw logits are returned (``output_logits``) for :func:`sampled_logprobs`.
+    until that many tokens are out (``MinNewTokensLengthLogitsProcessor``). Raw logits are
+    returned (``output_logits``) for :func:`sampled_logprobs`; with ``params.replay`` the
+    processed scores instead (``output_scores``: what was sampled from, module docstring).
     ``generate`` fills every field left unset from ``model.generation_config``: run it with a
     blank one (see ``HFEngine``) so that nothing else shapes the sampling distribution.
     """
@@ -49,7 +59,8 @@ def generation_config(
         pad_token_id=pad_token_id,
         eos_token_id=eos_token_ids or None,
         use_cache=True,
-        output_logits=True,
+        output_logits=not params.replay,
+        output_scores=params.replay,
         return_dict_in_generate=True,
     )
 
@@ -73,6 +84,14 @@ def sampled_logprobs(logits: list[Tensor], tokens: Tensor, *, temperature: float
         logits[k] = None  # type: ignore[call-overload]  # free the step once used
         out[:, k] = z.gather(-1, tokens[:, k, None])[:, 0] - torch.logsumexp(z, dim=-1)
     return out
+
+
+def sampler_record(params: SamplingParams, rows: int) -> Tensor:
+    """``Rollouts.sampler`` for ``rows`` rows sampled with ``params``: ``(rows 3)`` float64 of
+    (temperature, top_k, top_p); a greedy row records temperature 0 (scored untruncated at
+    T = 1)."""
+    row = [params.temperature, float(params.top_k), params.top_p]
+    return torch.tensor([row] * rows, dtype=torch.float64).reshape(rows, 3)
 
 
 @contextlib.contextmanager

@@ -90,6 +90,19 @@ def samples_with_policy(
     return shared and temperature == policy.config.temperature
 
 
+def check_replayed(rollouts: Rollouts, sampling: SamplingParams, engine: RolloutEngine) -> None:
+    """Refuse a batch sampled with ``sampling.replay`` that came back without its sampler
+    record (``Rollouts.sampler``), naming the engine: the trainer would score another
+    distribution than the one sampled from, silently."""
+    if sampling.replay and rollouts.sampler is None:
+        name = type(engine).__name__
+        raise ValueError(
+            f"RolloutSource: SamplingParams(replay=True) asked of a {name}, whose rollouts came "
+            "back without Rollouts.sampler (it cannot record its sampler); sample with an "
+            "engine that records it (rb.rollout.HFEngine, VLLMEngine) or with replay=False"
+        )
+
+
 class Batches:
     """A plain stream of batches, one a step (SFT): the loop's `Source` without an engine."""
 
@@ -223,6 +236,7 @@ class RolloutSource:
             self._submit()
         self._taken.append((len(batch.rollouts), self._version - batch.version, batch.seconds))
         rollouts = batch.rollouts
+        check_replayed(rollouts, self.sampling, self.engine)
         if self.engine_logprobs_are_old:
             rollouts = rollouts.replace(old_logprobs=rollouts.rollout_logprobs)
         return rollouts
@@ -303,4 +317,11 @@ class RolloutSource:
         return ahead.result()  # an error in the thread is raised here, in the step
 
 
-__all__ = ["Batch", "Batches", "RolloutSource", "Sample", "samples_with_policy"]
+__all__ = [
+    "Batch",
+    "Batches",
+    "RolloutSource",
+    "Sample",
+    "check_replayed",
+    "samples_with_policy",
+]

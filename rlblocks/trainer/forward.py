@@ -31,6 +31,13 @@ model's own ``forward``, so FSDP's gathering of the head's weight and peft's wra
 for the real head; the model's returned ``logits`` must be the swapped module's output, or
 this falls back to full logits. Other models get the logits and score them in chunks.
 
+**Sampling replay** (``replay=True`` and a batch whose engine recorded ``Rollouts.sampler``):
+each response token is scored under the distribution its row was sampled from, the tempered one
+renormalized over what top-k then top-p kept (:mod:`rlblocks.losses.truncation`), the kept set
+rebuilt chunk by chunk from the trainer's own logits. A row sampled at another temperature than
+the one scored at is refused, and so is a vocabulary-sharded head (tensor parallelism). A
+batch without ``sampler`` runs exactly the code it ran before.
+
 Position ids follow the attention mask, ``position_ids = clamp(cumsum(mask) − 1, min=0)`` (as
 verl's ``compute_position_id_with_mask``), so a left-padded prompt gets the same rotary
 positions as the unpadded one. Padding columns get position 0 (left) or repeat the last position
@@ -53,6 +60,7 @@ from rlblocks.losses.entropy import (
     token_logprobs,
     vocab_parallel_token_scores,
 )
+from rlblocks.losses.truncation import Truncation
 from rlblocks.models.context import check_rows
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.packing import check_isolation, pack, packed_attention
@@ -124,6 +132,7 @@ def score_responses(
     entropy: bool = False,
     packing: bool = False,
     sequence: Any = None,
+    replay: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of the response tokens under ``model``, chunked over tokens.
 
@@ -135,7 +144,10 @@ def score_responses(
     (``rlblocks.trainer.packing.check_isolation``, else ``ValueError``). ``sequence``: a
     sequence-parallel process group (``packing`` only): every rank of it passes the same rows,
     runs the model on its slice of the packed tokens (``rlblocks.models.ulysses``) and gets
-    every rank's scores; each rank's gradient then covers its own tokens.
+    every rank's scores; each rank's gradient then covers its own tokens. ``replay``: score the
+    truncated distribution each row's ``rollouts.sampler`` records (module docstring; the
+    policy's log-probs use it, a reference or teacher model's do not); a row recorded at a
+    temperature other than ``temperature`` raises ``ValueError``.
 
     Shapes: returns ``(b t)`` ``logprobs`` and ``(b t)`` ``entropy`` (``None`` unless
     ``entropy``), float32 (float64 for a float64 model). Both carry the gradient of the model's
@@ -143,14 +155,18 @@ def score_responses(
     """
     check_scorable(model, rollouts, owner="score_responses")
     options = {"temperature": temperature, "chunk_size": chunk_size, "entropy": entropy}
+    sampler = replayed_sampler(rollouts, temperature) if replay else None
     if packing:
         check_isolation(model, owner="score_responses")
         packed = pack(rollouts)
         if sequence is not None:
-            lp, ent = _sequence_parallel_scores(model, packed, sequence, bf16, options)
+            lp, ent = _sequence_parallel_scores(model, packed, sequence, bf16, options, sampler)
             return packed.scatter(lp), None if ent is None else packed.scatter(ent)
+        rule = _rule(sampler, packed.rows)
         with packed_attention(model, packed) as kwargs, _autocast(bf16, packed.keep):
-            lp, ent = _token_scores(model, kwargs, packed.keep, packed.targets[None], **options)
+            lp, ent = _token_scores(
+                model, kwargs, packed.keep, packed.targets[None], **options, truncation=rule
+            )
         return packed.scatter(lp[0]), None if ent is None else packed.scatter(ent[0])
     t, mask = rollouts.response_ids.shape[1], rollouts.attention_mask
     s = mask.shape[1]
@@ -161,15 +177,51 @@ def score_responses(
         "use_cache": False,
     }
     keep = torch.arange(s - t - 1, s - 1, device=mask.device)
+    rule = _rule(sampler, torch.arange(len(rollouts), device=mask.device).repeat_interleave(t))
     with _autocast(bf16, keep):
-        lp, ent = _token_scores(model, kwargs, keep, rollouts.response_ids, **options)
+        lp, ent = _token_scores(
+            model, kwargs, keep, rollouts.response_ids, **options, truncation=rule
+        )
     real = rollouts.response_attention_mask
     zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
     return torch.where(real, lp, zero), None if ent is None else torch.where(real, ent, zero)
 
 
+def replayed_sampler(rollouts: Rollouts, temperature: float) -> Tensor | None:
+    """``rollouts.sampler`` when some row of it truncates (None otherwise: nothing to replay),
+    after refusing a row sampled at another temperature than the trainer's (greedy rows count
+    as T = 1, the temperature their log-probs were reported at)."""
+    sampler = rollouts.sampler
+    if sampler is None:
+        return None
+    recorded = sampler[:, 0]
+    effective = torch.where(recorded == 0, 1.0, recorded)
+    other = (effective != temperature).nonzero()
+    if len(other):
+        row = int(other[0])
+        raise ValueError(
+            f"score_responses: row {row} was sampled at temperature {float(recorded[row])} "
+            f"(Rollouts.sampler), the trainer scores at temperature={temperature}; set "
+            f"TrainConfig.temperature to the engine's SamplingParams.temperature "
+            "(sampling replay scores the distribution the engine sampled from)"
+        )
+    top_k, top_p = sampler[:, 1], sampler[:, 2]
+    truncates = (recorded != 0) & ((top_k > 0) | (top_p < 1))
+    return sampler if bool(truncates.any()) else None
+
+
+def _rule(sampler: Tensor | None, rows: Tensor) -> Truncation | None:
+    """The truncation rule of tokens of rows ``rows``, None without a sampler to replay."""
+    return None if sampler is None else Truncation.of_rows(sampler, rows)
+
+
 def _sequence_parallel_scores(
-    model: nn.Module, packed: Any, group: Any, bf16: bool, options: dict
+    model: nn.Module,
+    packed: Any,
+    group: Any,
+    bf16: bool,
+    options: dict,
+    sampler: Tensor | None,
 ) -> tuple[Tensor, Tensor | None]:
     """The ``(m)`` scores of ``packed``'s kept positions, this rank computing those in its
     slice (``rlblocks.models.ulysses``), every rank's gathered in ``keep``'s order."""
@@ -177,8 +229,11 @@ def _sequence_parallel_scores(
 
     shard = ulysses.split(packed.input_ids, packed.position_ids, group)
     mine, local = shard.local(packed.keep)
+    rule = _rule(sampler, packed.rows[mine])
     with ulysses.sequence_parallel(model, shard) as kwargs, _autocast(bf16, packed.keep):
-        lp, ent = _token_scores(model, kwargs, local, packed.targets[mine][None], **options)
+        lp, ent = _token_scores(
+            model, kwargs, local, packed.targets[mine][None], **options, truncation=rule
+        )
     lp = ulysses.gather_at(lp[0], packed.keep, shard)
     return lp, None if ent is None else ulysses.gather_at(ent[0], packed.keep, shard)
 
@@ -198,12 +253,14 @@ def _token_scores(
     temperature: float,
     chunk_size: int,
     entropy: bool,
+    truncation: Truncation | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Scores ``(r k)`` of ``targets`` ``(r k)`` from the outputs at columns ``keep`` ``(k)`` of
-    a forward with ``kwargs`` (``r`` rows: the batch, or 1 packed sequence)."""
+    a forward with ``kwargs`` (``r`` rows: the batch, or 1 packed sequence); ``truncation``:
+    the rule of each of the ``r·k`` tokens (row-major), or None."""
     head = _chunkable_head(model)
     if head is not None:
-        scorer = _ScoringHead(head, targets, temperature, chunk_size, entropy)
+        scorer = _ScoringHead(head, targets, temperature, chunk_size, entropy, truncation)
         with _swapped(model, head, scorer):
             out = model(**kwargs, logits_to_keep=keep).logits
         if out is scorer.result:
@@ -217,8 +274,14 @@ def _token_scores(
         logits = model(**kwargs).logits[:, keep]
     if temperature != 1.0:
         logits = logits / temperature
-    lp = token_logprobs(logits, targets, chunk_size=chunk_size)
-    return lp, entropy_from_logits(logits, chunk_size=chunk_size) if entropy else None
+    lp = token_logprobs(logits, targets, chunk_size=chunk_size, truncation=truncation)
+    if not entropy:
+        return lp, None
+    if truncation is None:
+        return lp, entropy_from_logits(logits, chunk_size=chunk_size)
+    ent = entropy_from_logits(logits, chunk_size=chunk_size, truncation=truncation,
+                              token_ids=targets)  # fmt: skip
+    return lp, ent
 
 
 _UNCHUNKABLE: set[type] = set()
@@ -255,12 +318,19 @@ class _ScoringHead(nn.Module):
     that the model returned them untouched."""
 
     def __init__(
-        self, head: nn.Linear, targets: Tensor, temperature: float, chunk_size: int, entropy: bool
+        self,
+        head: nn.Linear,
+        targets: Tensor,
+        temperature: float,
+        chunk_size: int,
+        entropy: bool,
+        truncation: Truncation | None = None,
     ) -> None:
         super().__init__()
         self.head = head
         self.targets, self.temperature = targets, temperature
         self.chunk_size, self.want_entropy = chunk_size, entropy
+        self.truncation = truncation
         self.result: Tensor | None = None
 
     def forward(self, hidden: Tensor) -> Tensor:
@@ -274,8 +344,17 @@ class _ScoringHead(nn.Module):
         weight, bias = self.head.weight, self.head.bias
         split = vocab_split(weight)
         if split is None:
-            lp, ent = linear_token_scores(hidden, weight, bias, targets, **options)
+            lp, ent = linear_token_scores(
+                hidden, weight, bias, targets, **options, truncation=self.truncation
+            )
         else:  # tensor parallel: this rank's vocabulary rows (rlblocks.trainer.tensor_parallel)
+            if self.truncation is not None:  # every rank raises here, before any collective
+                raise ValueError(
+                    "score_responses: sampling replay (Rollouts.sampler with top-k / top-p) "
+                    "is not built for a vocabulary-sharded output layer (TrainConfig.tp = "
+                    f"{weight.device_mesh.size()}): each rank holds only its rows of the "
+                    "vocabulary; sample with SamplingParams(replay=False), or train with tp=1"
+                )
             group, start = split
             local_bias = None if bias is None else _local(bias)
             lp, ent = vocab_parallel_token_scores(

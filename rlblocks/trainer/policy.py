@@ -222,7 +222,7 @@ class PolicyTrainer:
         the ``(b t)`` float32 entropy of each next-token distribution. Micro-batched like a
         training step; logits are divided by ``config.temperature``.
         """
-        lp, ent = self._score_no_grad(self.model, rollouts, entropy=entropy)
+        lp, ent = self._score_no_grad(self.model, rollouts, entropy=entropy, replay=True)
         return (lp.float(), ent.float()) if ent is not None else lp.float()
 
     @dispatch(Dispatch.ROWS)
@@ -247,20 +247,21 @@ class PolicyTrainer:
 
     @torch.no_grad()
     def _score_no_grad(
-        self, model: nn.Module, rollouts: Rollouts, *, entropy: bool = False
+        self, model: nn.Module, rollouts: Rollouts, *, entropy: bool = False, replay: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        """Micro-batched scores of the whole batch, each micro-batch trimmed of unused padding."""
+        """Micro-batched scores of the whole batch, each micro-batch trimmed of unused padding;
+        ``replay``: of the distribution the engine sampled from (the policy's, never π_ref's)."""
         rollouts = rollouts.to(self.device)
         b, t = rollouts.response_ids.shape
         if b == 0 and self.dp.size == 1:
             empty = torch.zeros(b, t, device=self.device)
             return empty, empty if entropy else None
-        score = partial(self._score, model, entropy=entropy)
+        score = partial(self._score, model, entropy=entropy, replay=replay)
         lp, ent = scored_in_pieces(score, rollouts, self.config, self.dp)
         return lp, ent
 
     def _score(
-        self, model: nn.Module, rollouts: Rollouts, *, entropy: bool
+        self, model: nn.Module, rollouts: Rollouts, *, entropy: bool, replay: bool = True
     ) -> tuple[Tensor, Tensor | None]:
         c = self.config
         return score_responses(
@@ -272,6 +273,7 @@ class PolicyTrainer:
             entropy=entropy,
             packing=c.packing,
             sequence=self.dp.sequence,
+            replay=replay,
         )
 
     # ------------------------------------------------------------------ the update
@@ -406,7 +408,7 @@ class PolicyTrainer:
             loss_fn,
             config=self.config,
             score=partial(self._score, self.model),
-            score_old=lambda ro: self._score_no_grad(self.model, ro)[0],
+            score_old=lambda ro: self._score_no_grad(self.model, ro, replay=True)[0],
             score_ref=self._ref_scores if has_ref else None,
         )
 

@@ -216,3 +216,19 @@ def test_a_sequence_parallel_layout_that_cannot_apply_is_refused():
         rb.trainer.TrainConfig(sp=2, packing=False)
     with pytest.raises(ValueError, match="gradient checkpointing"):
         rb.trainer.TrainConfig(sp=2, gradient_checkpointing=True)
+
+
+def test_sampling_replay_under_sp2_is_one_process_and_refused_under_tp2(tmp_path):
+    """The kept set is rebuilt per token wherever a rank scores it: sp = 2 gives the one-process
+    log-probs and update (the same bound), which replay moved (the comparison can fail); a
+    vocabulary-sharded head (tp = 2) is refused by name."""
+    from mesh_cases import make, replay_update, replayed_batch
+
+    result = run("mesh_cases:replay_sp2_and_tp2", str(tmp_path / "out.pt"), world=2)
+    expected = replay_update()
+    torch.testing.assert_close(result["sp2"]["logprobs"], expected["logprobs"], rtol=0,
+                               atol=1e-6)  # fmt: skip  # float32 log-probs of float64 sums
+    assert_same_update(result["sp2"], expected)
+    untruncated = make().logprobs(replayed_batch()[0].replace(sampler=None))
+    assert (expected["logprobs"] - untruncated).abs().max() > 0.1
+    assert "sampling replay" in result["tp2"] and "TrainConfig.tp = 2" in result["tp2"]
