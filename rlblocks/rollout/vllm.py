@@ -9,8 +9,12 @@ Same contract as :class:`~rlblocks.rollout.HFEngine`, several times faster on th
 * **Rollout log-probs** are vLLM's ``processed_logprobs`` of each sampled token: the log-softmax
   of the logits after temperature (and after top-k / top-p truncation, renormalized over what is
   kept: the distribution actually sampled). With ``top_k=0`` and ``top_p=1`` that is the HF
-  engine's and the trainer's ``log softmax(z / T)[y]``; with truncation the two differ by design
-  and the engine-versus-trainer mismatch metric shows it.
+  engine's and the trainer's ``log softmax(z / T)[y]``. With truncation, ask for sampling replay
+  (``SamplingParams(replay=True)``): the engine then records ``(T, top_k, top_p)`` per row in
+  ``Rollouts.sampler`` and the trainer scores the same truncated distribution; without it the
+  trainer scores the untruncated one and the mismatch metric shows the log of the kept mass.
+  ``logprobs_mode`` is an engine setting in vLLM 0.32 (``ModelConfig.logprobs_mode``), not a
+  per-request one: an engine built with another mode refuses replay before any compute.
 * **A response ends** at its first EOS token (kept) or at the token completing a stop string
   (kept: ``include_stop_str_in_output``), as in the HF engine.
 * **In-process.** vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the ``uni``
@@ -50,6 +54,7 @@ from rlblocks.models.context import check_lengths
 from rlblocks.renamed import moved_keywords
 from rlblocks.rollout.casting import check_cast
 from rlblocks.rollout.prompts import check_metadata, render_prompts
+from rlblocks.rollout.sampling import sampler_record
 from rlblocks.rollouts import Rollouts
 
 DEFAULT_SAMPLING = SamplingParams()
@@ -63,6 +68,8 @@ class VLLMEngine:
     ``chat`` as for ``HFEngine``. ``seed``: vLLM's engine seed. ``gpu_memory_utilization``:
     the share of a GPU's memory vLLM may take (leave room for a colocated trainer).
     ``enable_sleep_mode``: on a GPU, sleep after every ``generate`` (module docstring).
+    ``logprobs_mode``: vLLM's (``"processed_logprobs"``: of the distribution sampled from, what
+    sampling replay needs; ``"raw_logprobs"``: of the raw logits, before temperature).
     ``llm_kwargs`` go to ``vllm.LLM`` (``enable_lora=True`` makes ``serves_adapters`` True).
     """
 
@@ -78,6 +85,7 @@ class VLLMEngine:
         seed: int = 0,
         gpu_memory_utilization: float = 0.5,
         enable_sleep_mode: bool = False,
+        logprobs_mode: str = "processed_logprobs",
         **llm_kwargs: Any,
     ) -> None:
         from rlblocks.models import load_tokenizer, resolve
@@ -89,11 +97,12 @@ class VLLMEngine:
         self.sampling = sampling
         self.chat = chat
         self.weights_version = 0
+        self.logprobs_mode = logprobs_mode
         settings = {
             "model": self.path,
             "dtype": dtype,
             "seed": seed,
-            "logprobs_mode": "processed_logprobs",
+            "logprobs_mode": logprobs_mode,
             "distributed_executor_backend": "uni",
             "enable_sleep_mode": enable_sleep_mode,
             **llm_kwargs,
@@ -131,11 +140,20 @@ class VLLMEngine:
         ``response_mask`` True on the sampled tokens, ``rollout_logprobs`` (b t) float32 with 0
         at padding, a copy of ``metadata[i]`` on each row of prompt ``i``. With
         ``sampling.seed`` the result is reproducible; every row gets its own random stream.
+        With ``sampling.replay`` each row records its sampler (``sampler``: T, top_k, top_p).
         An engine built with ``enable_sleep_mode=True`` sleeps again before returning.
         """
         params = sampling or self.sampling
         if group_size < 1:
             raise ValueError(f"VLLMEngine.generate: group_size={group_size}; use group_size >= 1")
+        if params.replay and self.logprobs_mode != "processed_logprobs":
+            raise ValueError(
+                f"VLLMEngine.generate: SamplingParams(replay=True) needs the log-probs of the "
+                f"distribution sampled from, but the engine was built with "
+                f"logprobs_mode={self.logprobs_mode!r}; build it with "
+                "VLLMEngine(..., logprobs_mode='processed_logprobs') (the default), or sample "
+                "with replay=False"
+            )
         self.wake_up()  # a no-op unless asleep
         texts, ids = render_prompts(prompts, self.tokenizer, chat=self.chat)
         meta = check_metadata(metadata, len(ids), owner="VLLMEngine")
@@ -159,7 +177,7 @@ class VLLMEngine:
                 rows.append(i)
                 responses.append(list(sample.token_ids))
                 logprobs.append(_sampled_logprobs(sample.logprobs, responses[-1]))
-        return Rollouts.from_lists(  # prompts left-padded, responses right-padded
+        rollouts = Rollouts.from_lists(  # prompts left-padded, responses right-padded
             [ids[i] for i in rows],
             responses,
             pad_token_id=self._pad_id(),
@@ -169,6 +187,9 @@ class VLLMEngine:
             completions=self.tokenizer.batch_decode(responses, skip_special_tokens=True),
             metadata=[meta[i] for i in rows],
         )
+        if params.replay:
+            rollouts = rollouts.replace(sampler=sampler_record(params, len(rows)))
+        return rollouts
 
     def update_weights(self, weights: Iterable[tuple[str, Tensor]], *, version: int) -> None:
         """Load ``(name, tensor)`` pairs (Hugging Face names) into the running model, then drop

@@ -130,6 +130,24 @@ def test_engine_log_probs_match_the_trainer_and_follow_a_sync(engine, policy):
     )
 
 
+@pytest.mark.parametrize(
+    "truncation", [{"top_k": 5}, {"top_p": 0.8}, {"top_k": 50, "top_p": 0.9}], ids=str
+)
+def test_with_replay_the_trainer_scores_what_vllm_sampled_from(engine, policy, truncation):
+    """vLLM's processed log-probs are of the truncated distribution; with replay the engine
+    records its sampler and the trainer's log-probs equal them (the bound of the test above:
+    float32 on both sides, another summation order), without it they differ by the log of the
+    kept mass (here log 5/384 for top-k 5 on the near-uniform tiny model, ~log 0.8 for top-p)."""
+    sampling = rb.SamplingParams(max_new_tokens=8, seed=3, replay=True, **truncation)
+    ro = engine.generate(PROMPTS, group_size=2, sampling=sampling)
+    row = [1.0, truncation.get("top_k", 0), truncation.get("top_p", 1.0)]
+    assert ro.sampler.tolist() == [row] * 6
+    mask = ro.response_mask
+    assert (ro.rollout_logprobs - policy.logprobs(ro))[mask].abs().max() < 1e-4
+    untruncated = policy.logprobs(ro.replace(sampler=None))
+    assert ((ro.rollout_logprobs - untruncated)[mask] > 0.05).all()
+
+
 def test_a_policy_of_another_shape_is_refused_and_the_engine_untouched(engine):
     # The engine declares the Hugging Face weights vLLM loads (its config's transformers
     # model): the tiny model's, as an HFEngine holds them. A 3-layer policy (extra names) and a
@@ -204,6 +222,15 @@ def test_an_exported_policy_serves_with_the_trainers_log_probs(policy, tmp_path)
     assert (fresh.rollout_logprobs - initial.logprobs(fresh))[
         fresh.response_mask
     ].abs().max() > 1e-2
+
+
+def test_replay_asked_of_an_engine_without_processed_log_probs_is_refused_by_name():
+    # A second engine: after the tests of the module's engine (see the test above).
+    raw = VLLMEngine("tiny", max_model_len=256, enforce_eager=True, logprobs_mode="raw_logprobs")
+    with pytest.raises(ValueError, match=r"VLLMEngine.generate: SamplingParams\(replay=True\) "
+                       r".*logprobs_mode='raw_logprobs'.*logprobs_mode='processed_logprobs'"):  # fmt: skip
+        raw.generate(PROMPTS, sampling=rb.SamplingParams(max_new_tokens=4, replay=True))
+    assert raw.generate(PROMPTS, sampling=rb.SamplingParams(max_new_tokens=4)).sampler is None
 
 
 @pytest.mark.ray
