@@ -378,3 +378,20 @@ def test_mesh_memory_quick_every_layout(tmp_path, capsys):
     record = json.loads((tmp_path / "results.json").read_text())
     assert record["layouts"]["DP2"] == rows["DP2"]
     assert set(table_rows(capsys.readouterr().out)) == {x.name for x in bench.LAYOUTS}
+
+
+def test_replay_benchmark_on_the_tiny_model(capsys):
+    """benchmarks/replay.py: per sampler, the trainer without replay is off by the kept mass,
+    with replay at rounding, and the HF default row (untruncated on both sides) at rounding."""
+    bench = load_benchmark("replay")
+    rows = bench.main(["--model", "tiny", "--prompts", "2", "--group-size", "2",
+                       "--max-new-tokens", "4"])  # fmt: skip
+    out = capsys.readouterr().out
+    cases = {(r["sampler"], r["case"]): r for r in rows}
+    assert set(cases) == {(s, c) for s in bench.SAMPLERS for c in ("before", "after", "hf default")}
+    for sampler in bench.SAMPLERS:
+        assert cases[sampler, "before"]["mismatch/abs_mean"] > 0.05
+        assert cases[sampler, "after"]["mismatch/abs_max"] < 1e-4
+        assert cases[sampler, "hf default"]["mismatch/abs_max"] < 1e-4
+    lines = [line for line in out.splitlines() if line.startswith("| ")]
+    assert len(lines) == 1 + len(rows)  # the header, a row per case

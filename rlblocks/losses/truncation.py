@@ -88,9 +88,12 @@ def kept_tokens(
     by_p = top_p < 1
     if bool(by_p.any()):
         rows = by_p.nonzero()[:, 0]
-        filtered = z[rows].masked_fill(~keep[rows], -float("inf"))
-        ascending, order = torch.sort(filtered, descending=False)
-        running = ascending.softmax(dim=-1).cumsum(dim=-1)
+        # Temporaries of ~24 bytes a logit (sorted values, int64 order, running sum), each freed
+        # as soon as it is used: the peak of replaying top-p on a chunk.
+        ascending, order = torch.sort(z[rows].masked_fill(~keep[rows], -float("inf")))
+        running = ascending.softmax(dim=-1)
+        del ascending
+        running.cumsum_(dim=-1)
         threshold = (1 - top_p[rows].double()).float()[:, None]
         removed = running <= threshold
         removed[:, -1] = False  # the most likely token stays

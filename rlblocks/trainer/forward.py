@@ -177,7 +177,8 @@ def score_responses(
         "use_cache": False,
     }
     keep = torch.arange(s - t - 1, s - 1, device=mask.device)
-    rule = _rule(sampler, torch.arange(len(rollouts), device=mask.device).repeat_interleave(t))
+    rows = torch.arange(len(rollouts), device=mask.device).repeat_interleave(t)
+    rule = _rule(sampler, rows, real=rollouts.response_attention_mask.reshape(-1))
     with _autocast(bf16, keep):
         lp, ent = _token_scores(
             model, kwargs, keep, rollouts.response_ids, **options, truncation=rule
@@ -210,9 +211,16 @@ def replayed_sampler(rollouts: Rollouts, temperature: float) -> Tensor | None:
     return sampler if bool(truncates.any()) else None
 
 
-def _rule(sampler: Tensor | None, rows: Tensor) -> Truncation | None:
-    """The truncation rule of tokens of rows ``rows``, None without a sampler to replay."""
-    return None if sampler is None else Truncation.of_rows(sampler, rows)
+def _rule(sampler: Tensor | None, rows: Tensor, real: Tensor | None = None) -> Truncation | None:
+    """The truncation rule of tokens of rows ``rows``, None without a sampler to replay;
+    positions where ``real`` is False (response padding, scored 0) are left untruncated, so
+    they cost nothing."""
+    if sampler is None:
+        return None
+    rule = Truncation.of_rows(sampler, rows)
+    if real is None:
+        return rule
+    return Truncation(torch.where(real, rule.top_k, 0), torch.where(real, rule.top_p, 1.0))
 
 
 def _sequence_parallel_scores(
