@@ -92,10 +92,10 @@ def samples_with_policy(
 
 def check_replayed(rollouts: Rollouts, sampling: SamplingParams, engine: RolloutEngine) -> None:
     """Refuse a batch sampled with ``sampling.replay`` that came back without its sampler
-    record (``Rollouts.sampler``), naming the engine: the trainer would score another
-    distribution than the one sampled from, silently."""
+    record (``Rollouts.sampler``), naming the engine (a placement's handle by what it holds):
+    the trainer would score another distribution than the one sampled from, silently."""
     if sampling.replay and rollouts.sampler is None:
-        name = type(engine).__name__
+        name = repr(engine) if isinstance(engine, Handle) else type(engine).__name__
         raise ValueError(
             f"RolloutSource: SamplingParams(replay=True) asked of a {name}, whose rollouts came "
             "back without Rollouts.sampler (it cannot record its sampler); sample with an "
