@@ -120,15 +120,15 @@ class BatchView:
         pd = require("pandas", needed_by="BatchView.frame")
         return pd.DataFrame(self.columns)
 
-    def only(self, column: str) -> BatchView:
-        """The tokens where the boolean ``column`` is True (``view.only("clipped")``), e.g. to
-        print just those in a terminal."""
-        if column not in self.columns or not all(isinstance(v, bool) for v in self.columns[column]):
-            flags = [n for n, v in self.columns.items() if v and isinstance(v[0], bool)]
+    def only(self, column: str, value: bool = True) -> BatchView:
+        """The tokens where the boolean ``column`` is ``value``: ``view.only("clipped")``,
+        ``view.only("prompt", False)`` (the responses), e.g. to print just those."""
+        flags = [n for n, v in self.columns.items() if v and isinstance(v[0], bool)]
+        if column not in flags and (column not in self.columns or self.columns[column]):
             raise ValueError(
                 f"BatchView.only: {column!r} is not a boolean column; pass one of {flags}"
             )
-        keep = [i for i, flag in enumerate(self.columns[column]) if flag]
+        keep = [i for i, flag in enumerate(self.columns[column]) if flag == value]
         return BatchView({name: [values[i] for i in keep] for name, values in self.columns.items()})
 
     def colorable(self) -> list[str]:
@@ -175,12 +175,13 @@ class BatchView:
         return str(value)
 
     # ------------------------------------------------------------------ notebook
-    def html(self, *, color: str = "ratio", max_tokens: int = 4000) -> str:
+    def html(self, *, color: str = "ratio", max_tokens: int = 600) -> Html:
         """Each batch row as a line of token spans, the background coloured by ``color`` (a
         numeric or boolean column), every column in the hover title. Numbers are coloured
         around 0 (the ratio around 1, on a log scale), red above, blue below, the alpha
         proportional to the distance over the largest one; True flags are orange. At most
-        ``max_tokens`` tokens, then the count of those left out."""
+        ``max_tokens`` tokens, then the count of those left out. A ``str`` that Jupyter shows
+        as HTML when it is a cell's last expression."""
         if color not in self.colorable():
             raise ValueError(
                 f"BatchView.html: cannot colour by {color!r}; pass one of {self.colorable()}"
@@ -197,7 +198,7 @@ class BatchView:
         parts.append("</div>" if len(self) else "")
         if len(self) > max_tokens:
             parts.append(f"<div>... {len(self) - max_tokens} tokens not shown</div>")
-        return "".join(parts) + "</div>"
+        return Html("".join(parts) + "</div>")
 
     def _span(self, i: int, background: str) -> str:
         title = "\n".join(f"{name}={_plain(values[i])}" for name, values in self.columns.items())
@@ -208,7 +209,7 @@ class BatchView:
         return f'<span title="{html.escape(title)}" style="{style}">{text}</span>'
 
     def _repr_html_(self) -> str:
-        return self.html()
+        return str(self.html())
 
     def widget(self, *, color: str = "ratio") -> Any:
         """A column picker over `html` (ipywidgets, the ``notebook`` extra); without ipywidgets
@@ -216,7 +217,7 @@ class BatchView:
         try:
             import ipywidgets as w
         except ImportError:
-            return _Html(self.html(color=color))
+            return self.html(color=color)
         picker = w.Dropdown(options=self.colorable(), value=color, description="colour by")
         out = w.HTML(self.html(color=color))
         picker.observe(
@@ -225,14 +226,12 @@ class BatchView:
         return w.VBox([picker, out])
 
 
-class _Html:
-    """HTML that Jupyter shows (``_repr_html_``), for `BatchView.widget` without ipywidgets."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
+class Html(str):
+    """An HTML string that Jupyter shows rendered (``_repr_html_``) and the rest of Python as
+    the string it is."""
 
     def _repr_html_(self) -> str:
-        return self.text
+        return str(self)
 
 
 # ---------------------------------------------------------------------- the columns

@@ -5,6 +5,7 @@ colours, the DataFrame and the widget, and the trainer column from a real policy
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -230,6 +231,17 @@ def test_only_keeps_the_tokens_of_a_flag(worked):
     view = rb.notebook.inspect(worked, clip=CLIP)
     assert view.only("clipped").columns["token_id"] == [21, 24]
     assert view.only("tool").columns["why"] == ["tool", "tool"]
+    assert view.only("prompt", False).columns["token_id"] == [21, 22, 23, 24, 25, 26, 27, 28]
+    assert len(view.only("clipped").only("tool")) == 0
     assert len(view.only("dual_clipped").text().splitlines()) == 2
     with pytest.raises(ValueError, match=r"^BatchView.only: 'ratio' is not a boolean column"):
         view.only("ratio")
+
+
+def test_html_shows_in_jupyter_and_the_widget_falls_back_to_it(worked, monkeypatch):
+    view = rb.notebook.inspect(worked, clip=CLIP)
+    page = view.html(color="tool")
+    assert isinstance(page, str) and page._repr_html_() == str(page)
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets raises ImportError
+    fallback = view.widget(color="tool")
+    assert fallback == page and fallback._repr_html_() == str(page)
