@@ -29,6 +29,7 @@ class Kernel:
 
     def __init__(self, client: NotebookClient, nb: nbformat.NotebookNode) -> None:
         self.client, self.nb = client, nb
+        self.cursor = 0  # the index of the first tutorial cell not run yet
 
     def cell(self, marker: str) -> nbformat.NotebookNode:
         """The one code cell whose source holds ``marker``."""
@@ -37,6 +38,7 @@ class Kernel:
         return found[0]
 
     def run(self, cell: nbformat.NotebookNode) -> nbformat.NotebookNode:
+        """Run one cell: a tutorial cell again, or a new one of the test's (appended)."""
         index = next((i for i, c in enumerate(self.nb.cells) if c is cell), None)
         if index is None:
             self.nb.cells.append(cell)
@@ -45,13 +47,13 @@ class Kernel:
         return cell
 
     def run_until(self, marker: str) -> None:
-        """Every code cell in order, up to and including the one that holds ``marker``."""
-        last = self.cell(marker)
-        for cell in list(self.nb.cells):
+        """The tutorial's code cells in order, from the first not run yet up to and including
+        the one that holds ``marker``."""
+        last = self.nb.cells.index(self.cell(marker))
+        for cell in self.nb.cells[self.cursor : last + 1]:
             if cell.cell_type == "code":
                 self.run(cell)
-            if cell is last:
-                return
+        self.cursor = last + 1
 
     def rerun(self, marker: str, old: str, new: str) -> None:
         """Edit the cell that holds ``marker`` (``old`` -> ``new``, as a user would) and run it."""
@@ -128,3 +130,47 @@ def test_warm_hot_swap_of_a_reward_and_a_loss_cell(tmp_path, monkeypatch):
         total = row["math_answer/mean"] + 1.0 * row["brevity/mean"]
         assert row["reward/mean"] == pytest.approx(total, abs=1e-6)
         assert row["brevity/mean"] > 0  # so that the weight shows in reward/mean
+
+
+#: What the test reads after notebook 05's cells ran: the handles, the data, the history.
+STATE_05 = """{
+    "handle": type(policy).__name__, "kernel_pid": os.getpid(), "worker_pids": policy.pids(),
+    "policy_steps": policy.steps, "position": batches.state_dict()["position"],
+    "rows": PROMPTS_PER_STEP, "local_steps": LOCAL_STEPS, "steps": STEPS,
+    "batches": [h["batch"] for h in history], "sync_bytes": [h["sync/bytes"] for h in history],
+}"""
+
+#: Right after the swap: the largest difference between the weights the Ray workers hold and
+#: the state the kernel's trainer handed over.
+LOADED_GAP = """max((v - state["model"][k]).abs().max().item()
+    for k, v in policy.named_weights() if k in state["model"])"""
+
+
+@pytest.mark.ray
+def test_live_swap_from_this_kernel_to_ray_workers(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    with kernel("05_scale_with_ray", tmp_path, monkeypatch) as nb:
+        try:
+            nb.run_until("train(LOCAL_STEPS)")
+            local = nb.read('{"handle": type(policy).__name__, "steps": policy.steps}')
+            nb.run_until("policy.load_state_dict(state)")
+            gap = nb.read(LOADED_GAP)
+            nb.run_until("train(STEPS)")
+            after = nb.read(STATE_05)
+        finally:
+            nb.run(nbformat.v4.new_code_cell("placement.shutdown()"))
+    done = after["local_steps"] + after["steps"]
+    assert local == {"handle": "PolicyTrainer", "steps": after["local_steps"]}
+    # The workers took the kernel's trained weights exactly, and their step counter.
+    assert gap == 0.0
+    assert after["handle"] == "WorkerGroup" and after["policy_steps"] == done
+    assert len(set(after["worker_pids"])) == 2 and after["kernel_pid"] not in after["worker_pids"]
+    # The data went on: the Ray steps took the next batches, not the first ones again.
+    assert after["batches"] == list(range(done))
+    assert after["position"] == done * after["rows"]
+    # Where each step ran: one engine copy synced in the kernel, one per worker after the swap.
+    local_bytes = after["sync_bytes"][: after["local_steps"]]
+    ray_bytes = after["sync_bytes"][after["local_steps"] :]
+    assert len(set(local_bytes)) == 1 and local_bytes[0] > 0
+    assert ray_bytes == [2 * local_bytes[0]] * after["steps"]
