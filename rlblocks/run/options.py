@@ -62,8 +62,9 @@ class RunOptions:
     """A `rlblocks.tracking.Tracker`: the run's config once, every step's metrics."""
     staleness: int = 0
     """Updates between the weights that sample a batch and those it is trained from: 0 samples
-    in the step (synchronous); 1 samples the next batch while the trainer updates on this one
-    (one step off: the engine needs its own copy of the weights)."""
+    in the step (synchronous); k >= 1 samples ahead while the trainer updates, so that the batch
+    of step t was sampled by the weights of step t - k (k = 1: one step off; the engine needs
+    its own copy of the weights). Rows older than this are never trained on."""
     background: bool = False
     """Sample in a background thread even at staleness 0 (staleness 1 always does): the same
     machinery with nothing overlapped, the check that it changes no number."""
@@ -77,10 +78,15 @@ class RunOptions:
     None: a new ``rb.resharder.Resharder()`` (256 MiB buckets). Checkpointed with the run."""
 
     def __post_init__(self) -> None:
-        if self.staleness not in (0, 1):
+        if isinstance(self.staleness, bool) or not isinstance(self.staleness, int):
+            raise TypeError(
+                f"RunOptions.staleness: {self.staleness!r} is not a whole number of updates; "
+                "pass 0 (synchronous) or k >= 1 (k steps off)"
+            )
+        if self.staleness < 0:
             raise ValueError(
-                f"RunOptions.staleness: {self.staleness!r} is not supported; use 0 "
-                f"(synchronous) or 1 (one step off)"
+                f"RunOptions.staleness: {self.staleness} is negative; pass 0 (synchronous) or "
+                "k >= 1 (k steps off)"
             )
         if self.old_logprobs not in ("auto", "recompute", "rollout"):
             raise ValueError(
