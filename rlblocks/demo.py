@@ -43,7 +43,6 @@ import argparse
 import copy
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -118,37 +117,38 @@ def grpo_loss(
 
 
 class Correction(NamedTuple):
-    """A ``--correction``: what it does, where π_old comes from, the loss around the surrogate."""
+    """A ``--correction``: what it does, and the `RunOptions` that do it."""
 
     does: str
     old_logprobs: str
-    wrap: Callable[..., Any] | None
+    correction: Any
 
 
-#: ``--correction``: the blocks of `rlblocks.losses.offpolicy`. Each needs π_old recomputed by
-#: the trainer (its ratio is π_old against the engine's log-probs), except ``rollout``, where
-#: π_old *is* the engine's and the PPO clip alone bounds the ratio to the sampling weights.
+#: ``--correction``: the blocks of `rlblocks.losses.offpolicy`, applied by the recipe
+#: (`RunOptions.correction`). Each needs π_old recomputed by the trainer (its ratio is π_old
+#: against the engine's log-probs), except ``rollout``, where π_old *is* the engine's and the
+#: PPO clip alone bounds the ratio to the sampling weights.
 CORRECTIONS = {
     "rollout": Correction("pi_old = the engine's log-probs, clipped by PPO", "rollout", None),
     "none": Correction("pi_old recomputed, no importance weight", "recompute", None),
     "tis": Correction(
         "pi_old recomputed, tokens weighted by min(pi_old / pi_rollout, 2)",
-        "recompute",
+        "auto",
         partial(rb.losses.TruncatedIS, cap=2.0),
     ),
     "icepop": Correction(
         "pi_old recomputed, tokens with pi_old / pi_rollout outside [1/2, 2] masked",
-        "recompute",
-        partial(rb.losses.MaskedIS, low=0.5, high=2.0),
+        "auto",
+        rb.losses.offpolicy.ASYNC_DEFAULT,
     ),
     "seq-mask": Correction(
         "pi_old recomputed, responses with a geometric-mean ratio outside [1/2, 2] masked",
-        "recompute",
+        "auto",
         partial(rb.losses.MaskedIS, low=0.5, high=2.0, level="geometric"),
     ),
 }
-#: The correction a k-steps-off run gets when none is named (docs/learning.md says why).
-DEFAULT_CORRECTION = "rollout"
+#: The correction a k-steps-off run gets when none is named: RunOptions' own default.
+DEFAULT_CORRECTION = "icepop"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -452,11 +452,7 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
         loss = partial(grpo_loss, kl_coef=args.kl_coef)
     else:  # no reference log-probs to score: one forward pass less per step
         loss = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))
-    old_logprobs = "auto"
-    if args.staleness:
-        correction = CORRECTIONS[args.correction or DEFAULT_CORRECTION]
-        old_logprobs = correction.old_logprobs
-        loss = loss if correction.wrap is None else correction.wrap(loss)
+    correction = CORRECTIONS[args.correction or DEFAULT_CORRECTION]
     train, held_out = problems(task, eval_size=args.eval_size, seed=args.seed)
     teacher = None
     if args.teacher is not None:  # loaded first: a wrong folder fails before any work
@@ -545,7 +541,8 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
                 # With a shared model the engine's log-probs are π_old exactly ("auto" takes
                 # them, one forward pass less). k steps off, --correction says (CORRECTIONS).
                 staleness=args.staleness,
-                old_logprobs=old_logprobs,
+                old_logprobs=correction.old_logprobs if args.staleness else "auto",
+                correction=correction.correction if args.staleness else "auto",
             ),
         }
         if not args.steps:  # no RL stage (the SFT warm start alone): recipes refuse 0 steps

@@ -130,7 +130,12 @@ def test_demo_runs_one_step_off(tmp_path, monkeypatch):
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["async/staleness"] for r in records] == [0.0, 1.0, 1.0]
     assert all(r["sync/bytes"] > 0 for r in records)  # the engine's own copy is synced
+    # by default π_old is recomputed and the stale tokens masked (IcePop, RunOptions' default)
+    assert all("mis/masked_frac" in r for r in records)
+    demo.main([*argv, "--correction", "rollout", "--out", str(tmp_path / "rollout")])
+    records = read_metrics(tmp_path / "rollout" / "metrics.jsonl")
     assert all(r["mismatch/abs_max"] == 0.0 for r in records)  # π_old: the engine's log-probs
+    assert not any("mis/masked_frac" in r for r in records)
     with pytest.raises(SystemExit, match="--async and --staleness run with the in-process HF"):
         demo.main([*argv, "--workers", "2", "--out", str(tmp_path / "other")])
 

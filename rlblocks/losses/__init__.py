@@ -45,7 +45,12 @@ from rlblocks.losses.kl import (
     low_var_kl,
 )
 from rlblocks.losses.mismatch import rollout_mismatch
-from rlblocks.losses.offpolicy import MaskedIS, TruncatedIS, importance_ratios
+from rlblocks.losses.offpolicy import (
+    MaskedIS,
+    OffPolicyCorrection,
+    TruncatedIS,
+    importance_ratios,
+)
 from rlblocks.losses.ppo import clipped_surrogate
 from rlblocks.losses.preference import (
     PreferenceLoss,
@@ -67,6 +72,7 @@ __all__ = [
     "FixedKLController",
     "KLEstimator",
     "MaskedIS",
+    "OffPolicyCorrection",
     "PreferenceLoss",
     "SeqMeanTokenMean",
     "SeqMeanTokenSum",

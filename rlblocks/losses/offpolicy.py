@@ -39,6 +39,7 @@ them. Metrics: ``tis/weight_mean`` and ``tis/capped_frac`` (share of tokens at t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -74,8 +75,9 @@ def importance_ratios(
 
 
 @dataclass(frozen=True)
-class _Correction:
-    """What both corrections share: the inner loss, the level, the forwarding signature."""
+class OffPolicyCorrection:
+    """What the corrections share: the inner loss, the level, the forwarding signature (a
+    recipe's ``RunOptions.correction="auto"`` leaves a loss that already is one as it is)."""
 
     loss_fn: PolicyLoss
 
@@ -131,7 +133,7 @@ class _Correction:
 
 
 @dataclass(frozen=True)
-class TruncatedIS(_Correction):
+class TruncatedIS(OffPolicyCorrection):
     """A policy loss whose per-token terms are weighted by min(r, ``cap``), r the importance
     ratio π_old / π_rollout at ``level`` (module docstring).
 
@@ -156,7 +158,7 @@ class TruncatedIS(_Correction):
 
 
 @dataclass(frozen=True)
-class MaskedIS(_Correction):
+class MaskedIS(OffPolicyCorrection):
     """A policy loss whose per-token terms are weighted by r inside [``low``, ``high``] and by
     0 outside it, r the importance ratio π_old / π_rollout at ``level`` (module docstring):
     IcePop's token masking with the defaults, masked importance sampling (MIS) with ``low=0``.
@@ -186,4 +188,17 @@ class MaskedIS(_Correction):
         return torch.where(outside, torch.zeros_like(ratio), kept), outside
 
 
-__all__ = ["LEVELS", "Level", "MaskedIS", "TruncatedIS", "importance_ratios"]
+#: What ``RunOptions(correction="auto")`` wraps a recipe's policy loss in when it trains on
+#: stale rows with π_old recomputed: IcePop's token mask (docs/run.md says why).
+ASYNC_DEFAULT = partial(MaskedIS, low=0.5, high=2.0)
+
+
+__all__ = [
+    "ASYNC_DEFAULT",
+    "LEVELS",
+    "Level",
+    "MaskedIS",
+    "OffPolicyCorrection",
+    "TruncatedIS",
+    "importance_ratios",
+]

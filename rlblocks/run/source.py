@@ -55,6 +55,7 @@ on exactly those batches.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 import warnings
 from collections import deque
@@ -68,12 +69,14 @@ from torch import Tensor
 from rlblocks import resharder as resharders
 from rlblocks.interfaces import (
     Handle,
+    PolicyLoss,
     PolicyTrainer,
     Resharder,
     RolloutEngine,
     Rollouts,
     SamplingParams,
 )
+from rlblocks.losses.offpolicy import ASYNC_DEFAULT, OffPolicyCorrection
 from rlblocks.run.loop import Clock, OutOfData
 from rlblocks.run.options import RunOptions
 from rlblocks.run.state import Drawn
@@ -107,6 +110,18 @@ def samples_with_policy(
     temperature = sampling.temperature or 1.0
     shared = engine.model is not None and engine.model is policy.model
     return shared and temperature == policy.config.temperature
+
+
+def takes_weights(loss_fn: PolicyLoss) -> bool:
+    """True when ``loss_fn`` takes per-token importance weights (``is_weights``, or
+    ``**kwargs``): what a correction hands its inner loss."""
+    params = inspect.signature(loss_fn).parameters.values()
+    return any(p.name == "is_weights" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _name(loss_fn: Any) -> str:
+    base = getattr(loss_fn, "func", loss_fn)  # a functools.partial's function
+    return getattr(base, "__name__", None) or type(base).__name__
 
 
 class Batches:
@@ -276,6 +291,35 @@ class RolloutSource:
                 UserWarning,
                 stacklevel=4,
             )
+
+    def corrected(self, loss_fn: PolicyLoss) -> PolicyLoss:
+        """The recipe's policy loss with ``run.correction`` applied (`RunOptions.correction`):
+        unchanged when π_old is the engine's, or under ``"auto"`` at staleness 0 or for a loss
+        that already is an `rlblocks.losses.OffPolicyCorrection`."""
+        choice = self.run.correction
+        if choice is None or self.engine_logprobs_are_old:
+            return loss_fn
+        if choice == "auto" and (
+            not self.run.staleness or isinstance(loss_fn, OffPolicyCorrection)
+        ):
+            return loss_fn
+        if not takes_weights(loss_fn):
+            if choice == "auto":
+                warnings.warn(
+                    f"RolloutSource: staleness={self.run.staleness}, but the loss "
+                    f"{_name(loss_fn)} takes no is_weights, so the stale rows are trained on "
+                    "uncorrected; give it an is_weights keyword, or pass "
+                    "RunOptions(correction=None) to say so",
+                    UserWarning,
+                    stacklevel=3,
+                )
+                return loss_fn
+            raise ValueError(
+                f"RolloutSource: RunOptions.correction weights the loss per token, but "
+                f"{_name(loss_fn)} takes no is_weights keyword; add one (the built-in losses "
+                "have it), or pass correction=None"
+            )
+        return (ASYNC_DEFAULT if choice == "auto" else choice)(loss_fn)
 
     def with_old_logprobs(self, rollouts: Rollouts, clock: Clock) -> Rollouts:
         """``rollouts`` with π_old filled now, for a recipe that needs it before the update:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from functools import partial
 
 import pytest
 import torch
@@ -324,3 +325,51 @@ def test_ppo_one_step_off_takes_pi_old_from_the_engine_or_recomputes_it():
     assert all(h["mismatch/abs_max"] == 0.0 for h in ahead)
     recomputed = _ppo(2, RunOptions(staleness=1))["history"]
     assert recomputed[1]["mismatch/abs_max"] > 0.1
+
+
+# ---------------------------------------------------------------------- the correction
+def _correction_run(run: RunOptions, **kw) -> list[dict]:
+    return _run("copy", 2, run=run, **kw)["history"]
+
+
+def test_auto_masks_stale_tokens_only_when_pi_old_is_recomputed_k_steps_off():
+    # staleness 1, π_old recomputed: the loss is wrapped in IcePop's mask (mis/*)
+    assert all("mis/masked_frac" in h for h in _correction_run(RunOptions(staleness=1)))
+    # synchronous, or π_old the engine's, or correction=None: the loss as given
+    for run in (
+        RunOptions(),
+        RunOptions(staleness=1, old_logprobs="rollout"),
+        RunOptions(staleness=1, correction=None),
+    ):
+        assert not any(k.startswith("mis/") for h in _correction_run(run) for k in h), run
+    # a loss that already is a correction is not wrapped again
+    tis = rb.losses.TruncatedIS(rb.recipes.defaults.PPO_CLIP, cap=2.0)
+    history = _correction_run(RunOptions(staleness=1), loss_fn=tis)
+    assert all("tis/weight_mean" in h and "mis/weight_mean" not in h for h in history)
+
+
+def test_a_given_correction_applies_at_every_staleness():
+    run = RunOptions(correction=partial(rb.losses.TruncatedIS, cap=1.5))
+    history = _correction_run(run)
+    assert all(h["tis/capped_frac"] >= 0 for h in history)
+
+
+def _no_weights(logprobs, old_logprobs, advantages, mask, /):
+    """A policy loss that takes no importance weights."""
+    return -(logprobs - old_logprobs).exp() * advantages * mask, {}
+
+
+def test_a_loss_without_is_weights_is_refused_or_warned_about_by_name():
+    with pytest.warns(UserWarning, match=r"the loss _no_weights takes no is_weights"):
+        history = _correction_run(RunOptions(staleness=1), loss_fn=_no_weights)
+    assert len(history) == 2  # trained, uncorrected, as the warning says
+    given = RunOptions(staleness=1, correction=partial(rb.losses.MaskedIS))
+    with pytest.raises(ValueError, match=r"RolloutSource: .* but _no_weights takes no is_weights"):
+        _correction_run(given, loss_fn=_no_weights)
+
+
+def test_bad_corrections_are_refused_naming_the_option():
+    with pytest.raises(ValueError, match=r"RunOptions.correction: 'icepop' is not a correction"):
+        RunOptions(correction="icepop")
+    with pytest.raises(ValueError, match=r"RunOptions.correction: .* old_logprobs='rollout'"):
+        RunOptions(correction=partial(rb.losses.TruncatedIS), old_logprobs="rollout")
