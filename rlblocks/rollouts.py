@@ -24,6 +24,12 @@ inside a loss::
     old_values      (b t) float   the critic's values before this update
     rewards         (b) or (b t)  rewards (outcome, or per token)
 
+Provenance, stamped by the run's rollout source (`rlblocks.run.source`), None elsewhere::
+
+    policy_version  (b) int64     the weight version that sampled the row (syncs before it)
+    staleness       (b) int64     updates between those weights and the ones the row is
+                                  trained from, set when the source hands the row out
+
 ``response_mask`` is stricter than the response part of ``attention_mask``: in a multi-turn
 rollout the tool's observation tokens are real tokens (attended to) that the policy did not
 generate, so they are False in ``response_mask``.
@@ -64,8 +70,11 @@ TOKEN_FIELDS = (
     "returns",
     "old_values",
 )
-#: Every optional per-row tensor field: the token fields and ``rewards``, (b) or (b t).
-OPTIONAL_FIELDS = (*TOKEN_FIELDS, "rewards")
+#: Optional (b) int64 fields: where a row comes from (stamped by the run's rollout source).
+ROW_FIELDS = ("policy_version", "staleness")
+#: Every optional per-row tensor field: the token fields, ``rewards`` ((b) or (b t)) and the
+#: row fields.
+OPTIONAL_FIELDS = (*TOKEN_FIELDS, "rewards", *ROW_FIELDS)
 
 
 @dataclass(eq=False)
@@ -89,6 +98,8 @@ class Rollouts:
     returns: Tensor | None = None
     old_values: Tensor | None = None
     rewards: Tensor | None = None
+    policy_version: Tensor | None = None
+    staleness: Tensor | None = None
 
     def __post_init__(self) -> None:
         b = self.prompt_ids.shape[0] if self.prompt_ids.dim() > 0 else -1
@@ -127,6 +138,11 @@ class Rollouts:
                     f"({b}, {t}); pass one reward per row, or one per response token"
                 )
             expect_dtype("rewards", self.rewards, integer=False)
+        for name in ROW_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                expect_shape(name, value, (b,), "one value per row")
+                expect_dtype(name, value, integer=True)
         counted_padding = self.response_mask & ~self.attention_mask[:, tp:]
         # Value checks need data: a batch on the meta device (shape planning) skips them.
         if counted_padding.device.type != "meta" and counted_padding.any():
