@@ -13,22 +13,32 @@ One row per real token (prompt and response; padding is left out), with these co
     prompt, response     real prompt token; policy token (``response_mask``: counts in the loss)
     tool                 real response token the policy did not sample (a tool observation)
     rollout_lp           the engine's log-prob (``rollout_logprobs``), on policy tokens
-    trainer_lp           the trainer's: ``policy.logprobs(rollouts)`` or ``old_logprobs``
+    old_lp               π_old (``old_logprobs``), only when a policy scores the batch too
+    trainer_lp           the trainer's: ``policy.logprobs(rollouts)``, else ``old_logprobs``
     diff, ratio          trainer_lp − rollout_lp, and exp(diff)
+    ppo_ratio, is_ratio  with ``old_lp``: π_θ / π_old = exp(trainer_lp − old_lp), the ratio
+                         inside the PPO loss, and π_old / π_rollout = exp(old_lp − rollout_lp),
+                         the ratio of an off-policy correction (`rlblocks.losses.offpolicy`)
     advantage            the token's advantage, on policy tokens
-    clipped              PPO's clip is active: A > 0 and ratio > 1 + ε_high, or A < 0 and
-                         ratio < 1 − ε_low (`rlblocks.losses.clipped_surrogate`'s rule: the
+    clipped              PPO's clip is active: A > 0 and r > 1 + ε_high, or A < 0 and
+                         r < 1 − ε_low (`rlblocks.losses.clipped_surrogate`'s rule: the
                          clipped branch is the larger loss, so the token has no gradient)
-    dual_clipped         A < 0 and ratio > dual_clip (the dual clip caps the loss)
-    masked               not a policy token, or ratio outside ``bounds=(low, high)`` (a token
-                         mask such as IcePop's drops it)
+    dual_clipped         A < 0 and r > dual_clip (the dual clip caps the loss)
+    masked               not a policy token, or a correction ratio outside
+                         ``bounds=(low, high)`` (a token mask such as IcePop's drops it)
     why                  the first reason of: prompt, tool, ratio < low, ratio > high,
                          clip high, clip low, dual clip; "" for a token trained on as it is
     policy_version       the weight version that sampled the row, when the batch carries it
 
-A value that does not apply is NaN (a prompt token has no log-prob). The clip decision is
-written out here rather than imported from `rlblocks.losses`: the notebook layer builds on the
-batch type only, and ``tests/notebook/test_inspector.py`` checks it against the loss itself.
+The clip's r is ``ppo_ratio`` and the bounds' is ``is_ratio`` when the batch has π_old and a
+policy scores it (an asynchronous run with π_old recomputed: the PPO ratio is taken against
+π_old, the correction's against the engine); otherwise both are ``ratio``: π_θ / π_rollout when
+π_old is the engine's own log-probs (the PPO loss's ratio), π_old / π_rollout from
+``old_logprobs`` alone (the correction's).
+
+A value that does not apply is NaN (a prompt token has no log-prob). The decisions are written
+out here rather than imported from `rlblocks.losses`: the notebook layer builds on the batch
+type only, and ``tests/notebook/test_inspector.py`` checks them against the losses themselves.
 """
 
 from __future__ import annotations
@@ -45,11 +55,12 @@ from rlblocks.rollouts import Rollouts
 
 __all__ = ["COLUMNS", "BatchView", "inspect"]
 
-#: The columns of `BatchView`, in order (``policy_version`` only when the batch has it).
+#: The columns of `BatchView`, in order (``old_lp``, ``ppo_ratio`` and ``is_ratio`` only with π_old
+#: and a policy; ``policy_version`` only when the batch has it).
 COLUMNS = (
-    "row", "position", "token_id", "text", "prompt", "response", "tool", "rollout_lp",
-    "trainer_lp", "diff", "ratio", "advantage", "clipped", "dual_clipped", "masked", "why",
-    "policy_version",
+    "row", "position", "token_id", "text", "prompt", "response", "tool", "rollout_lp", "old_lp",
+    "trainer_lp", "diff", "ratio", "ppo_ratio", "is_ratio", "advantage", "clipped",
+    "dual_clipped", "masked", "why", "policy_version",
 )  # fmt: skip
 
 #: (column, header, width) of the terminal table: 100 characters with the separators.
@@ -80,7 +91,7 @@ def inspect(
         rollouts: the batch; ``rollout_logprobs``, ``old_logprobs``, ``advantages`` and
             ``policy_version`` are read when present.
         policy: anything with ``logprobs(rollouts) -> (b t)`` (a ``PolicyTrainer`` or its Ray
-            handle): its log-probs are the trainer column; without it, ``old_logprobs``.
+            handle): its log-probs are the trainer column, π_θ; without it, ``old_logprobs``.
             Its ``tokenizer`` decodes the tokens when none is given.
         tokenizer: decodes each token (``tokenizer.decode([id])``).
         advantages: ``(b t)`` or ``(b)`` (one per row); defaults to ``rollouts.advantages``.
@@ -90,9 +101,10 @@ def inspect(
     """
     _check_settings(clip, dual_clip, bounds)
     trainer = policy.logprobs(rollouts) if policy is not None else rollouts.old_logprobs
+    old = rollouts.old_logprobs if policy is not None else None
     advantages = rollouts.advantages if advantages is None else advantages
     tokenizer = tokenizer if tokenizer is not None else getattr(policy, "tokenizer", None)
-    columns = _token_columns(rollouts, trainer, _per_token(advantages, rollouts))
+    columns = _token_columns(rollouts, trainer, old, _per_token(advantages, rollouts))
     columns |= _decisions(columns, clip, dual_clip, bounds)
     columns["text"] = _texts(columns["token_id"], tokenizer)
     version = getattr(rollouts, "policy_version", None)
@@ -269,8 +281,11 @@ def _per_token(advantages: Tensor | None, rollouts: Rollouts) -> Tensor | None:
     return advantages
 
 
-def _token_columns(ro: Rollouts, trainer: Tensor | None, adv: Tensor | None) -> dict[str, list]:
-    """Every column but the decisions and the text, for the real tokens in row order."""
+def _token_columns(
+    ro: Rollouts, trainer: Tensor | None, old: Tensor | None, adv: Tensor | None
+) -> dict[str, list]:
+    """Every column but the decisions and the text, for the real tokens in row order
+    (``old_lp`` and its ratios only when ``old`` is given)."""
     tp = ro.prompt_ids.shape[1]
     real = ro.attention_mask.cpu()
     policy = torch.cat([torch.zeros_like(real[:, :tp]), ro.response_mask.cpu()], dim=1)
@@ -287,6 +302,14 @@ def _token_columns(ro: Rollouts, trainer: Tensor | None, adv: Tensor | None) -> 
     trainer_lp = aligned(trainer, response)
     diff = torch.where(policy[real], trainer_lp - rollout_lp, math.nan)
     rows = torch.arange(ro.batch_size)[:, None].expand_as(real)
+    against_old = {}
+    if old is not None:
+        old_lp = aligned(old, policy)
+        against_old = {
+            "old_lp": old_lp.tolist(),
+            "ppo_ratio": (trainer_lp - old_lp).exp().tolist(),
+            "is_ratio": (old_lp - rollout_lp).exp().tolist(),
+        }
     return {
         "row": rows[real].tolist(),
         "position": (real.long().cumsum(1) - 1)[real].tolist(),
@@ -299,6 +322,7 @@ def _token_columns(ro: Rollouts, trainer: Tensor | None, adv: Tensor | None) -> 
         "diff": diff.tolist(),
         "ratio": diff.exp().tolist(),
         "advantage": aligned(adv, policy).tolist(),
+        **against_old,
     }
 
 
@@ -308,14 +332,17 @@ def _decisions(
     dual_clip: float | None,
     bounds: tuple[float, float] | None,
 ) -> dict[str, list]:
-    """clipped, dual_clipped, masked and why, from the ratio and the advantage's sign (a NaN
-    compares False: a token without a ratio is never clipped)."""
-    ratio, adv = torch.tensor(columns["ratio"]), torch.tensor(columns["advantage"])
-    high = (adv > 0) & (ratio > 1 + clip[1])
-    low = (adv < 0) & (ratio < 1 - clip[0])
-    dual = (adv < 0) & (ratio > dual_clip) if dual_clip is not None else torch.zeros_like(high)
-    below = ratio < bounds[0] if bounds is not None else torch.zeros_like(high)
-    above = ratio > bounds[1] if bounds is not None else torch.zeros_like(high)
+    """clipped, dual_clipped, masked and why, from the ratios (module docstring: which one)
+    and the advantage's sign (a NaN compares False: a token without a ratio is never
+    clipped)."""
+    ppo = torch.tensor(columns.get("ppo_ratio", columns["ratio"]))
+    correction = torch.tensor(columns.get("is_ratio", columns["ratio"]))
+    adv = torch.tensor(columns["advantage"])
+    high = (adv > 0) & (ppo > 1 + clip[1])
+    low = (adv < 0) & (ppo < 1 - clip[0])
+    dual = (adv < 0) & (ppo > dual_clip) if dual_clip is not None else torch.zeros_like(high)
+    below = correction < bounds[0] if bounds is not None else torch.zeros_like(high)
+    above = correction > bounds[1] if bounds is not None else torch.zeros_like(high)
     policy = torch.tensor(columns["response"], dtype=torch.bool)
     reasons = [
         ("prompt", torch.tensor(columns["prompt"], dtype=torch.bool)),
@@ -326,7 +353,7 @@ def _decisions(
         ("clip low", low),
         ("dual clip", dual),
     ]
-    why = [""] * len(ratio)
+    why = [""] * len(adv)
     for label, where in reversed(reasons):  # the first reason wins
         for i in where.nonzero().flatten().tolist():
             why[i] = label

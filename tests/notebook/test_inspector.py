@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import sys
+from functools import partial
 
 import pytest
 import torch
@@ -58,7 +59,8 @@ def test_one_row_per_real_token_with_positions_and_masks(worked):
     assert {t for t, r in by_token(view, "tool").items() if r} == {25, 26}
     assert view.columns["text"][:3] == ["11", "12", "21"]  # no tokenizer: the ids
     assert "policy_version" not in view.columns
-    assert list(view.columns) == [c for c in COLUMNS if c != "policy_version"]
+    optional = ("old_lp", "ppo_ratio", "is_ratio", "policy_version")  # none without π_old + policy
+    assert list(view.columns) == [c for c in COLUMNS if c not in optional]
 
 
 def test_log_probs_difference_ratio_and_advantage(worked):
@@ -105,6 +107,46 @@ def test_clip_decision_is_the_losses_own(worked):
         assert share > 0
 
 
+class Scores:
+    """A policy's ``logprobs``: the batch's π_old times the given per-token PPO ratios."""
+
+    def __init__(self, ratios: list[list[float]]) -> None:
+        self.ratios = ratios
+
+    def logprobs(self, rollouts: Rollouts) -> torch.Tensor:
+        lp = rollouts.old_logprobs.clone()
+        for i, row in enumerate(self.ratios):
+            lp[i, : len(row)] += torch.tensor(row).log()
+        return lp
+
+
+def test_with_pi_old_and_a_policy_the_clip_and_the_mask_take_their_own_ratios(worked):
+    # An asynchronous step with π_old recomputed: PPO clips π_θ / π_old, the token mask drops
+    # π_old / π_rollout (the fixture's ratios). π_θ / π_old is 1.5 at token 22 (A > 0) and 0.7
+    # at 24 (A < 0), 1 elsewhere: those two are clipped, not 21 whose π_θ / π_rollout is 1.5.
+    policy = Scores([[1.0, 1.5, 1.0], [0.7, 1.0, 1.0, 1.0], [1.0]])
+    view = rb.notebook.inspect(worked, policy=policy, clip=CLIP, bounds=BOUNDS)
+    ppo = {t: round(r, 5) for t, r in by_token(view, "ppo_ratio").items() if not math.isnan(r)}
+    assert ppo == {21: 1.0, 22: 1.5, 23: 1.0, 24: 0.7, 27: 1.0, 28: 1.0}
+    assert round(by_token(view, "is_ratio")[27], 5) == 4.0
+    assert round(by_token(view, "ratio")[22], 5) == round(1.1 * 1.5, 5)  # π_θ / π_rollout
+    assert {t for t, c in by_token(view, "clipped").items() if c} == {22, 24}
+    assert not any(view.columns["dual_clipped"])  # π_θ / π_old of token 27 is 1
+    masked = {t for t, m in by_token(view, "masked").items() if m}
+    assert masked - {11, 12, 13, 14, 15, 16, 25, 26} == {23, 27}
+    # The losses decide the same: IcePop's mask around the clipped surrogate.
+    from rlblocks.losses.offpolicy import MaskedIS
+
+    loss = MaskedIS(partial(rb.losses.clipped_surrogate, clip=CLIP), low=BOUNDS[0], high=BOUNDS[1])
+    mask = worked.response_mask
+    lp, old, adv = policy.logprobs(worked), worked.old_logprobs, worked.advantages
+    _, metrics = loss(lp, old, adv, mask, rollout_logprobs=worked.rollout_logprobs)
+    policy_rows = [i for i, r in enumerate(view.columns["response"]) if r]
+    share = {c: sum(view.columns[c][i] for i in policy_rows) / 6 for c in ("clipped", "masked")}
+    assert share["clipped"] == pytest.approx(metrics["clip_frac"].item()) == 2 / 6
+    assert share["masked"] == pytest.approx(metrics["mis/masked_frac"].item()) == 2 / 6
+
+
 def test_masked_outside_the_response_mask_and_the_bounds(worked):
     plain = rb.notebook.inspect(worked, clip=CLIP)
     assert {t for t, m in by_token(plain, "masked").items() if not m} == {21, 22, 23, 24, 27, 28}
@@ -115,8 +157,8 @@ def test_masked_outside_the_response_mask_and_the_bounds(worked):
 
 
 def test_policy_version_advantages_per_row_and_settings(worked):
-    worked.policy_version = torch.tensor([7, 8, 9])  # the field a staleness-k source stamps
-    view = rb.notebook.inspect(worked, advantages=torch.tensor([2.0, 0.0, -3.0]))
+    stamped = worked.replace(policy_version=torch.tensor([7, 8, 9]))  # by a staleness-k source
+    view = rb.notebook.inspect(stamped, advantages=torch.tensor([2.0, 0.0, -3.0]))
     rows = by_token(view, "row")
     assert by_token(view, "policy_version") == {t: 7 + r for t, r in rows.items()}
     adv = by_token(view, "advantage")
@@ -142,8 +184,7 @@ def test_without_log_probs_or_advantages_the_columns_are_nan(worked):
 
 
 def test_text_table_fits_100_columns_and_elides_long_batches(worked):
-    worked.policy_version = torch.tensor([7, 8, 9])
-    view = rb.notebook.inspect(worked, clip=CLIP)
+    view = rb.notebook.inspect(worked.replace(policy_version=torch.tensor([7, 8, 9])), clip=CLIP)
     lines = str(view).splitlines()
     assert len(lines) == 1 + len(view) == 15
     assert max(len(line) for line in lines) <= 100
