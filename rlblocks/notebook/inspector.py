@@ -28,7 +28,8 @@ One row per real token (prompt and response; padding is left out), with these co
                          ``bounds=(low, high)`` (a token mask such as IcePop's drops it)
     why                  the first reason of: prompt, tool, ratio < low, ratio > high,
                          clip high, clip low, dual clip; "" for a token trained on as it is
-    policy_version       the weight version that sampled the row, when the batch carries it
+    policy_version       the weight version that sampled the row, and the row's staleness
+    staleness            (updates between those weights and π_old), when the batch has them
 
 The clip's r is ``ppo_ratio`` and the bounds' is ``is_ratio`` when the batch has π_old and a
 policy scores it (an asynchronous run with π_old recomputed: the PPO ratio is taken against
@@ -56,11 +57,11 @@ from rlblocks.rollouts import Rollouts
 __all__ = ["COLUMNS", "BatchView", "inspect"]
 
 #: The columns of `BatchView`, in order (``old_lp``, ``ppo_ratio`` and ``is_ratio`` only with π_old
-#: and a policy; ``policy_version`` only when the batch has it).
+#: and a policy; ``policy_version`` and ``staleness`` only when the batch has them).
 COLUMNS = (
     "row", "position", "token_id", "text", "prompt", "response", "tool", "rollout_lp", "old_lp",
     "trainer_lp", "diff", "ratio", "ppo_ratio", "is_ratio", "advantage", "clipped",
-    "dual_clipped", "masked", "why", "policy_version",
+    "dual_clipped", "masked", "why", "policy_version", "staleness",
 )  # fmt: skip
 
 #: (column, header, width) of the terminal table: 100 characters with the separators.
@@ -89,7 +90,7 @@ def inspect(
 
     Args:
         rollouts: the batch; ``rollout_logprobs``, ``old_logprobs``, ``advantages`` and
-            ``policy_version`` are read when present.
+            the provenance (``policy_version``, ``staleness``) are read when present.
         policy: anything with ``logprobs(rollouts) -> (b t)`` (a ``PolicyTrainer`` or its Ray
             handle): its log-probs are the trainer column, π_θ; without it, ``old_logprobs``.
             Its ``tokenizer`` decodes the tokens when none is given.
@@ -97,7 +98,8 @@ def inspect(
         advantages: ``(b t)`` or ``(b)`` (one per row); defaults to ``rollouts.advantages``.
         clip: (ε_low, ε_high) of the clipped surrogate, as passed to the loss.
         dual_clip: the loss's dual-clip constant c (its default, 3.0), or None.
-        bounds: (low, high) ratio bounds of a token-masking correction, or None.
+        bounds: (low, high) ratio bounds of a token-level masking correction (IcePop's
+            ``MaskedIS(low=, high=)``), or None.
     """
     _check_settings(clip, dual_clip, bounds)
     trainer = policy.logprobs(rollouts) if policy is not None else rollouts.old_logprobs
@@ -107,9 +109,10 @@ def inspect(
     columns = _token_columns(rollouts, trainer, old, _per_token(advantages, rollouts))
     columns |= _decisions(columns, clip, dual_clip, bounds)
     columns["text"] = _texts(columns["token_id"], tokenizer)
-    version = getattr(rollouts, "policy_version", None)
-    if version is not None:
-        columns["policy_version"] = [int(version[r]) for r in columns["row"]]
+    for name in ("policy_version", "staleness"):  # per row: getattr, as older batches lack them
+        per_row = getattr(rollouts, name, None)
+        if per_row is not None:
+            columns[name] = [int(per_row[r]) for r in columns["row"]]
     return BatchView({name: columns[name] for name in COLUMNS if name in columns})
 
 

@@ -59,7 +59,7 @@ def test_one_row_per_real_token_with_positions_and_masks(worked):
     assert {t for t, r in by_token(view, "tool").items() if r} == {25, 26}
     assert view.columns["text"][:3] == ["11", "12", "21"]  # no tokenizer: the ids
     assert "policy_version" not in view.columns
-    optional = ("old_lp", "ppo_ratio", "is_ratio", "policy_version")  # none without π_old + policy
+    optional = ("old_lp", "ppo_ratio", "is_ratio", "policy_version", "staleness")
     assert list(view.columns) == [c for c in COLUMNS if c not in optional]
 
 
@@ -157,10 +157,15 @@ def test_masked_outside_the_response_mask_and_the_bounds(worked):
 
 
 def test_policy_version_advantages_per_row_and_settings(worked):
-    stamped = worked.replace(policy_version=torch.tensor([7, 8, 9]))  # by a staleness-k source
+    # Stamped by a staleness-k source: the versions that sampled the rows, and their staleness.
+    stamped = worked.replace(
+        policy_version=torch.tensor([7, 8, 9]), staleness=torch.tensor([2, 1, 0])
+    )
     view = rb.notebook.inspect(stamped, advantages=torch.tensor([2.0, 0.0, -3.0]))
     rows = by_token(view, "row")
     assert by_token(view, "policy_version") == {t: 7 + r for t, r in rows.items()}
+    assert by_token(view, "staleness") == {t: 2 - r for t, r in rows.items()}
+    assert list(view.columns)[-2:] == ["policy_version", "staleness"]
     adv = by_token(view, "advantage")
     assert (adv[21], adv[24], adv[28]) == (2.0, 0.0, -3.0) and math.isnan(adv[25])
     with pytest.raises(ValueError, match=r"^inspect: advantages has shape \(2,\)"):
