@@ -2,6 +2,8 @@
 
     HF_HUB_OFFLINE=1 python benchmarks/learning.py                  # seeds 0 1 2, defaults
     python benchmarks/learning.py --seeds 0 1 2 3 4 --out runs/learning-lr5e-5 --lr 5e-5
+    python benchmarks/learning.py --seeds 0 1 2 3 4 --eval-every 4 --out runs/staleness \
+        --compare "sync=" "1-off=--staleness 1" "2-off=--staleness 2"
 
 Runs ``python -m rlblocks.demo`` once per seed, one after the other, each in its own folder
 ``--out/seed-<s>`` (the demo's own files: ``summary.json``, ``metrics.jsonl``, ``curves.png``,
@@ -21,12 +23,20 @@ training seed (data order and sampling). A seed's folder that holds a finished r
 arguments is read, not run again; one with an unfinished run goes on with ``--resume`` (its
 minutes are then unknown); one with a run of other arguments is refused. Wall minutes are those
 of the machine the script ran on, with whatever else was running there.
+
+``--compare NAME=FLAGS ...`` runs several configurations of the same seeds side by side, each
+in ``--out/NAME`` with its flags added to the common ones (and its own table there), then
+writes ``--out/comparison.md``: per configuration the held-out accuracy after training (mean ±
+std, range) and the training minutes each seed took to first reach the first configuration's
+mean final accuracy, read from the demo's ``curve`` (``--eval-every N``: the accuracy every N
+steps, scored after training from weight copies, so the training time is not disturbed).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -45,8 +55,24 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds")
     p.add_argument("--out", type=Path, default=Path("runs/learning"), help="one folder per seed")
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="NAME=FLAGS",
+        help="configurations to run side by side, each the same seeds in --out/NAME with its "
+        "own demo flags added (quoted: 'async=--staleness 1'); the first is the reference "
+        "whose mean final accuracy the others are timed to reach (--out/comparison.md)",
+    )
     args, passthrough = p.parse_known_args(argv)
     demo.parse_args(passthrough)  # an unknown flag fails here, before any run
+    specs = []
+    for spec in args.compare or []:
+        name, sep, flags = spec.partition("=")
+        if not sep or not name or "/" in name:
+            p.error(f"--compare {spec!r}: write NAME=FLAGS, e.g. 'sync=' or 'async=--async'")
+        demo.parse_args([*passthrough, *shlex.split(flags)])  # fails before any run
+        specs.append((name, shlex.split(flags)))
+    args.compare = specs
     if any(flag.split("=")[0] in ("--seed", "--resume") for flag in passthrough):
         p.error("--seed and --resume are set per run by this script; use --seeds")
     return args, passthrough
@@ -135,7 +161,7 @@ def table(demo_args: argparse.Namespace, summaries: dict[int, dict]) -> str:
         f"GRPO, {demo_args.steps} steps x {demo_args.prompts_per_step} prompts x "
         f"{demo_args.group_size} samples, at most {demo_args.max_new_tokens} new tokens, "
         f"lr {demo_args.lr:g}, KL coefficient {demo_args.kl_coef:g}"
-        f"{', one-step-off rollout (--async)' if demo_args.one_step_off else ''}. Held-out: {held_out} "
+        f"{_staleness(demo_args)}. Held-out: {held_out} "
         "distinct problems, greedy, the same for every seed, none in training. "
         f"Seeds: {', '.join(map(str, summaries))}."
     )
@@ -175,14 +201,84 @@ def table(demo_args: argparse.Namespace, summaries: dict[int, dict]) -> str:
     return setup + "\n\n" + "\n".join(rows) + "\n\n" + legend + "\n"
 
 
+def _staleness(demo_args: argparse.Namespace) -> str:
+    """The rollout schedule as the setup line states it."""
+    if not demo_args.staleness:
+        return ", synchronous rollouts"
+    name = demo_args.correction or demo.DEFAULT_CORRECTION
+    does = demo.CORRECTIONS[name].does
+    return f", rollouts {demo_args.staleness} step(s) off, correction {name} ({does})"
+
+
+def reach_minutes(summary: dict, target: float) -> float | None:
+    """Training minutes until the held-out accuracy first reached ``target``: the first point
+    of the run's ``curve`` (``--eval-every``; else before and after only) at or above it; None
+    when it never did."""
+    curve = summary.get("curve") or [
+        {"seconds": 0.0, "accuracy": summary["before"]},
+        {"seconds": summary["train_minutes"] * 60, "accuracy": summary["after"]},
+    ]
+    return next((p["seconds"] / 60 for p in curve if p["accuracy"] >= target), None)
+
+
+def comparison(runs: dict[str, tuple[list[str], dict[int, dict]]]) -> str:
+    """One row per configuration (name: its demo flags and its seeds' summaries): the held-out
+    accuracy after training, mean ± std (n-1) and range, and the training minutes to reach the
+    first configuration's mean final accuracy (mean over the seeds that reached it)."""
+    reference = next(iter(runs))
+    target = statistics.mean(s["after"] for s in runs[reference][1].values())
+    header = (
+        "| configuration | flags | after: mean ± std (n-1) | min - max | minutes to reach "
+        f"{target:.3f} ({reference}'s mean) | s/step |"
+    )
+    rows = [header, "|---|---|---|---|---|---|"]
+    for name, (flags, summaries) in runs.items():
+        after = [s["after"] for s in summaries.values()]
+        spread = f" ± {statistics.stdev(after):.3f}" if len(after) > 1 else ""
+        reached = [m for s in summaries.values() if (m := reach_minutes(s, target)) is not None]
+        reach = (
+            f"{statistics.mean(reached):.1f} ({len(reached)} of {len(after)} seeds)"
+            if reached
+            else f"never (0 of {len(after)} seeds)"
+        )
+        steps = [s["seconds_per_step"] for s in summaries.values() if s.get("seconds_per_step")]
+        per_step = f"{statistics.median(steps):.1f}" if steps else ""
+        rows.append(
+            f"| {name} | `{' '.join(flags) or '(none)'}` | {statistics.mean(after):.3f}{spread} "
+            f"| {min(after):.3f} - {max(after):.3f} | {reach} | {per_step} |"
+        )
+    legend = (
+        "minutes to reach: training minutes (the sum of step_seconds, the held-out scoring "
+        "left out) until the held-out accuracy first reached the target, read at the points "
+        "of --eval-every; s/step: the median over seeds of each run's median step seconds "
+        "after the first step."
+    )
+    return "\n".join(rows) + "\n\n" + legend + "\n"
+
+
 def main(argv: list[str] | None = None) -> str:
     args, passthrough = parse_args(argv)
+    if not args.compare:
+        return _one(args.seeds, args.out, passthrough)
+    runs = {}
+    for name, flags in args.compare:
+        _one(args.seeds, args.out / name, [*passthrough, *flags])
+        summaries = {s: _summary(args.out / name / f"seed-{s}") for s in args.seeds}
+        runs[name] = (flags, summaries)
+    text = comparison(runs)
+    (args.out / "comparison.md").write_text(text)
+    print("\n" + text + f"\n(written to {args.out / 'comparison.md'})")
+    return text
+
+
+def _one(seeds: list[int], out: Path, passthrough: list[str]) -> str:
+    """Every seed of one configuration, and its table."""
     demo_args = demo.parse_args(passthrough)
-    summaries = {s: run_seed(s, args.out / f"seed-{s}", passthrough) for s in args.seeds}
+    summaries = {s: run_seed(s, out / f"seed-{s}", passthrough) for s in seeds}
     text = table(demo_args, summaries)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "table.md").write_text(text)
-    print("\n" + text + f"\n(written to {args.out / 'table.md'})")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(text)
+    print("\n" + text + f"\n(written to {out / 'table.md'})")
     return text
 
 

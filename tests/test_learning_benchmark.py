@@ -72,3 +72,52 @@ def test_seconds_per_step_is_the_median_after_the_first_step(tmp_path):
     steps = [{"step": i, "step_seconds": s} for i, s in enumerate([90.0, 30.0, 50.0, 31.0])]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
     assert learning.seconds_per_step(tmp_path) == 31.0  # median of 30, 50, 31; 90 left out
+
+
+def _run(after: float, curve: list[tuple[float, float]]) -> dict:
+    points = [{"seconds": sec, "accuracy": acc} for sec, acc in curve]
+    return {"before": curve[0][1], "after": after, "curve": points, "seconds_per_step": 30.0}
+
+
+def test_comparison_times_each_run_to_the_reference_mean():
+    # Reference (sync): after 0.3 and 0.5, mean 0.4. "off": seed 0 reaches 0.4 at its second
+    # point (120 s = 2.0 min), seed 1 only at the end (600 s = 10.0 min), seed 2 never.
+    runs = {
+        "sync": ([], {0: _run(0.3, [(0, 0.1), (300, 0.3)]), 1: _run(0.5, [(0, 0.1), (300, 0.5)])}),
+        "off": (
+            ["--staleness", "1"],
+            {
+                0: _run(0.45, [(0, 0.1), (120, 0.4), (600, 0.45)]),
+                1: _run(0.4, [(0, 0.1), (120, 0.2), (600, 0.4)]),
+                2: _run(0.2, [(0, 0.1), (120, 0.2), (600, 0.2)]),
+            },
+        ),
+    }
+    lines = learning.comparison(runs).splitlines()
+    assert "minutes to reach 0.400 (sync's mean)" in lines[0]
+    # sync: mean 0.4, std sqrt(0.01 + 0.01) = 0.141; seed 1 reaches 0.4 at 5.0 min, seed 0 never
+    assert (
+        "| sync | `(none)` | 0.400 ± 0.141 | 0.300 - 0.500 | 5.0 (1 of 2 seeds) | 30.0 |" in lines
+    )
+    # off: mean (0.45 + 0.4 + 0.2) / 3 = 0.35, std sqrt((0.01 + 0.0025 + 0.0225) / 2) = 0.132;
+    # reach: mean of 2.0 and 10.0 = 6.0 over 2 of 3 seeds
+    assert (
+        "| off | `--staleness 1` | 0.350 ± 0.132 | 0.200 - 0.450 | 6.0 (2 of 3 seeds) | 30.0 |"
+        in lines
+    )
+
+
+def test_compare_runs_each_configuration_in_its_own_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLBLOCKS_CACHE", str(tmp_path / "cache"))
+    argv = ["--out", str(tmp_path / "bench"), "--seeds", "0", "--model", "tiny", "--steps", "2"]
+    argv += ["--eval-size", "2", "--prompts-per-step", "2", "--group-size", "2"]
+    argv += ["--max-new-tokens", "4", "--eval-every", "1"]
+    text = learning.main([*argv, "--compare", "sync=", "off=--staleness 1 --correction tis"])
+    assert (tmp_path / "bench" / "comparison.md").read_text() == text
+    assert "| off | `--staleness 1 --correction tis` |" in text
+    off = json.loads((tmp_path / "bench" / "off" / "seed-0" / "summary.json").read_text())
+    assert [p["step"] for p in off["curve"]] == [0, 1, 2]
+    table = (tmp_path / "bench" / "off" / "table.md").read_text()
+    assert "rollouts 1 step(s) off, correction tis" in table
+    with pytest.raises(SystemExit):  # a bad spec fails before any run
+        learning.main([*argv, "--compare", "no-equals-sign"])

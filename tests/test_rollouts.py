@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 import torch
 
-from rlblocks.rollouts import OPTIONAL_FIELDS, Rollouts, balanced_partition
+from rlblocks.rollouts import OPTIONAL_FIELDS, ROW_FIELDS, Rollouts, balanced_partition
 
 
 def make(n_rows: int = 4) -> Rollouts:
@@ -197,6 +197,7 @@ def test_multi_turn_mask_is_kept_through_operations():
 def test_fixed_names_are_typed_fields_carried_through_row_operations():
     b, t = 4, 4
     fields = {name: torch.randn(b, t) for name in OPTIONAL_FIELDS if name != "rollout_logprobs"}
+    fields |= {name: torch.arange(b) * (i + 2) for i, name in enumerate(ROW_FIELDS)}  # (b) int
     ro = make().replace(**fields)
     mask = ro.response_mask
     picked = ro.select([2, 0])
@@ -224,6 +225,10 @@ def test_a_misspelt_or_misshaped_fixed_name_fails_at_once():
     with pytest.raises(TypeError, match="ref_logprobs: must be a floating-point"):
         ro.replace(ref_logprobs=torch.zeros(4, 4, dtype=torch.long))
     assert ro.replace(rewards=torch.zeros(4, 4)).rewards.shape == (4, 4)  # per-token rewards
+    with pytest.raises(ValueError, match=r"Rollouts.policy_version: has shape \(4, 4\)"):
+        ro.replace(policy_version=torch.zeros(4, 4, dtype=torch.long))
+    with pytest.raises(TypeError, match="staleness: must be an integer"):
+        ro.replace(staleness=torch.zeros(4))
 
 
 def test_concat_needs_every_part_to_carry_the_same_fields():

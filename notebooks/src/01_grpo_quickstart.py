@@ -142,6 +142,25 @@ for step, batch in zip(range(STEPS), batches):
 dash.close()
 
 # %% [markdown]
+# ## The last batch, token by token
+#
+# `rb.notebook.inspect` lays the last step's batch out one token a row. The updated policy
+# scores it again, so `ratio` is $\pi_\theta/\pi_{\text{old}}$ of each token *after* the update
+# ($\pi_{\text{old}}$: the engine's log-probs at sampling time), and `clipped` marks the tokens a
+# second pass over this batch would clip, with `why` saying which side: `clip high` is
+# $A > 0$ and $\rho > 1+\varepsilon_{\text{high}}$, `clip low` is $A < 0$ and
+# $\rho < 1-\varepsilon_{\text{low}}$; either way the token gives no gradient. Below, the
+# tokens coloured by the ratio (red above 1, blue below); hover one for all its columns.
+# `view.frame` is the same as a DataFrame, `view.widget(color="advantage")` a colour picker.
+
+# %%
+view = rb.notebook.inspect(ro, policy=policy, advantages=adv, clip=(0.2, 0.28))
+trained = view.only("response")
+print(f"{sum(trained.columns['clipped'])} of {len(trained)} policy tokens would be clipped")
+print(trained.text(max_lines=10))
+trained.html(color="ratio", max_tokens=200)
+
+# %% [markdown]
 # ## Accuracy after training
 
 # %%

@@ -53,6 +53,7 @@ engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)
 train = arithmetic_prompts(n=1000, difficulty=Difficulty(operands=2, max_operand=10, operators="+"),
                            chat=True, instruction="Answer with just the number.")
 sampling = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS)
+batches = PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0)  # where the data stands
 
 # %% [markdown]
 # ## A reward in one cell
@@ -96,7 +97,7 @@ print(rewards.tolist(), "failures:", metrics["reward/failures"])
 def clip_plus_kl(logprobs, old_logprobs, advantages, mask, /, *, ref_logprobs, beta=0.04):
     pg, m = rb.losses.clipped_surrogate(logprobs, old_logprobs, advantages, mask, clip=(0.2, 0.28))
     kl, m_kl = rb.losses.kl_loss(logprobs, ref_logprobs, mask, estimator=rb.losses.k3)
-    return pg + beta * kl, {**m, **m_kl}
+    return pg + beta * kl, {**m, **m_kl, "kl_coef": torch.tensor(beta)}
 
 
 my_loss = partial(clip_plus_kl, beta=0.04)
@@ -115,14 +116,14 @@ print("gradient at ratio 1 == -advantage: OK")
 # ## Train with them
 #
 # `rb.recipes.grpo` takes the blocks as arguments; change the reward or loss cell above and
-# re-run only this one.
+# re-run it, then this one: the same policy and engine (nothing is loaded again) go on training
+# from where they stopped, on the next batches, with the new block.
 
 # %%
 dash = rb.notebook.Dashboard(total_steps=STEPS)
 history = rb.recipes.grpo(
-    policy, engine, reward, PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0),
-    steps=STEPS, group_size=GROUP_SIZE, sampling=sampling, loss_fn=my_loss,
-    run=rb.run.RunOptions(on_step=dash.update, progress=False),
+    policy, engine, reward, batches, steps=STEPS, group_size=GROUP_SIZE, sampling=sampling,
+    loss_fn=my_loss, run=rb.run.RunOptions(on_step=dash.update, progress=False),
 )
 dash.close()
 print(f"reward: {history[0]['reward/mean']:.3f} -> {history[-1]['reward/mean']:.3f}")

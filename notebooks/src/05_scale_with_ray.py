@@ -2,8 +2,9 @@
 # # 05 · Scale out with Ray
 #
 # The GRPO loop of notebook 01, same task and same blocks, with the policy and the rollout
-# engine living in **two worker processes** instead of this kernel. One line picks where the
-# blocks run:
+# engine living in **two worker processes** instead of this kernel. The run starts here, in this
+# kernel, and moves onto the workers **mid-run**: the trained weights, the optimizer and the
+# data position go with it. One line picks where the blocks run:
 #
 # ```python
 # placement = rb.placement.Ray(workers=2)   # two Ray workers on this machine
@@ -19,6 +20,7 @@
 # trainer's `named_weights()` into `engine.update_weights` in buckets of 256 MB. The training
 # cells run unchanged either way (`Local().shutdown()` does nothing); only the two cells that
 # look at the worker processes (the handles and the `WorkerError` demo) are Ray-specific.
+# `tests/test_notebook_promises.py` runs this notebook's cells and checks the swap.
 
 # %% [markdown]
 # **Setup.** If rlblocks cannot be imported, the next cell installs it into this kernel's
@@ -45,6 +47,7 @@ import os
 
 SMOKE = os.environ.get("RLBLOCKS_SMOKE") == "1"  # CI runs every notebook on the tiny model
 MODEL = "tiny" if SMOKE else "smollm2-135m"
+LOCAL_STEPS = 1 if SMOKE else 4  # first in this kernel, then STEPS more on the Ray workers
 STEPS = 2 if SMOKE else 12
 PROMPTS_PER_STEP, GROUP_SIZE = (2, 2) if SMOKE else (8, 6)
 MAX_NEW_TOKENS = 8 if SMOKE else 32
@@ -63,24 +66,21 @@ from rlblocks.rollouts import balanced_partition
 torch.manual_seed(0)
 
 # %% [markdown]
-# ## The blocks, built where the placement says
+# ## The blocks, and the loop
 #
-# Starting the workers takes a few seconds: each one loads the model, joins a
-# `torch.distributed` process group (gloo on CPUs, NCCL on GPUs) and shards its trainer.
+# `build` makes the two heavy blocks where a placement says; `train` is the quickstart loop,
+# every line as in notebook 01, on whatever `policy` and `engine` are at the time. The
+# batches are one iterator for the whole run, so each call goes on with the next ones.
 
 # %%
-placement = rb.placement.Ray(workers=WORKERS)  # <- the one line: rb.placement.Local() also works
-policy = placement.build(
-    "actor",
-    rb.trainer.PolicyTrainer.from_pretrained,
-    MODEL,
-    lr=3e-5,
-    micro_batch_size=8,
-    reference=None,
-)
-engine = placement.build(
-    "rollout", rb.rollout.HFEngine.from_pretrained, MODEL, chat=True, progress=False
-)
+def build(placement):
+    """The policy and the engine, built where `placement` says."""
+    policy = placement.build("actor", rb.trainer.PolicyTrainer.from_pretrained, MODEL, lr=3e-5,
+                             micro_batch_size=8, reference=None)
+    engine = placement.build("rollout", rb.rollout.HFEngine.from_pretrained, MODEL, chat=True, progress=False)
+    return policy, engine
+
+
 resharder = rb.resharder.Resharder()
 reward = rb.rewards.math_answer  # 1 if the last number is right
 advantage = rb.advantage.grpo  # group-standardized reward
@@ -93,8 +93,57 @@ task = partial(
     chat=True,
     instruction="Answer with just the number.",
 )
-train, held_out = task(n=2000, split="train"), task(n=EVAL_SIZE, split="test")
-batches = PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=0)
+train_set, held_out = task(n=2000, split="train"), task(n=EVAL_SIZE, split="test")
+batches = PromptBatches(train_set, prompts_per_step=PROMPTS_PER_STEP, seed=0)
+history = []  # every step's metrics, here and on the workers
+
+
+def train(steps: int) -> None:
+    """`steps` more steps of the loop on the `policy` and `engine` of the moment."""
+    dash = rb.notebook.Dashboard(total_steps=steps, metrics=[*rb.notebook.CURVES, ("sync/seconds", "weight sync (s)")])
+    for step, batch in zip(range(len(history), len(history) + steps), batches):
+        ro = engine.generate(batch.prompts, group_size=GROUP_SIZE, sampling=sampling, metadata=batch.metadata)
+        rewards, reward_metrics = reward(ro)
+        adv, _ = advantage(rewards, ro.response_mask, ro.group_ids)
+        metrics = policy.step(ro, adv, loss_fn=loss)
+        metrics |= resharder.sync(policy, engine)
+        metrics |= reward_metrics | {"accuracy": reward_metrics["reward/mean"], "batch": batch.step,
+                                     "response_length": ro.response_lengths.float().mean().item()}
+        dash.update(step, metrics, ro.replace(rewards=rewards))
+    dash.close()
+    history.extend(dash.history)
+
+
+# %% [markdown]
+# ## First, in this kernel
+#
+# `Local()` builds the blocks right here: the accuracy before training, then a few steps.
+
+# %%
+placement = rb.placement.Local()
+policy, engine = build(placement)
+greedy = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=0.0)
+evaluate = partial(rb.recipes.evaluate, metadata=held_out.metadata, sampling=greedy)
+before = evaluate(engine, held_out.prompts, reward)
+print(f"held-out accuracy before: {before.score:.3f}")
+train(LOCAL_STEPS)
+
+# %% [markdown]
+# ## The live swap: the same run, now on Ray
+#
+# The trainer's `state_dict()` holds everything that training changed: the weights, AdamW's
+# moments, the learning-rate schedule and the step counters. The Ray trainer loads it (each
+# worker keeps its FSDP shard of it) and the resharder hands the engines the trained weights.
+# Starting the workers takes a few seconds: each one loads the model, joins a
+# `torch.distributed` process group (gloo on CPUs, NCCL on GPUs) and shards its trainer.
+
+# %%
+state = policy.state_dict()
+placement = rb.placement.Ray(workers=WORKERS)  # <- the one line: was rb.placement.Local()
+policy, engine = build(placement)
+policy.load_state_dict(state)
+resharder.sync(policy, engine)
+print(f"{policy.steps} step(s) done; the next batch is number {batches.state_dict()['position'] // PROMPTS_PER_STEP}")
 
 # %% [markdown]
 # ## The handles
@@ -112,43 +161,24 @@ print("world size:", policy.world_size, "| this kernel's pid:", os.getpid())
 print("worker pids, actor:", policy.pids(), " rollout:", engine.pids())
 print("lr on rank 0:", policy.config.lr)
 
-# %%
-greedy = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=0.0)
-evaluate = partial(rb.recipes.evaluate, metadata=held_out.metadata, sampling=greedy)
-before = evaluate(engine, held_out.prompts, reward)
-print(f"held-out accuracy before: {before.score:.3f}")
-
 # %% [markdown]
-# ## Train: the quickstart loop, unchanged
+# ## Train on the workers: the same loop
 #
-# Every line is the same as in notebook 01. The only new thing is what the sync does: it now
-# copies weights, so its metrics are worth a look. Each worker is handed the whole model, so
-# `sync/bytes` is the number of workers times the model's size (one model's size with
-# `Local()`, where the one engine copy lives in this process).
+# `train` goes on from the batch where the steps in this kernel stopped. The only new thing is
+# what the sync does: it now copies weights, so its metrics are worth a look. Each worker is
+# handed the whole model, so on the workers `sync/bytes` is the number of workers times the
+# model's size, against one model's size for the steps in this kernel (the one engine copy
+# there lived in the kernel too).
 
 # %%
-dash = rb.notebook.Dashboard(
-    total_steps=STEPS, metrics=[*rb.notebook.CURVES, ("sync/seconds", "weight sync (s)")]
-)
-for step, batch in zip(range(STEPS), batches):
-    ro = engine.generate(batch.prompts, group_size=GROUP_SIZE, sampling=sampling, metadata=batch.metadata)
-    rewards, reward_metrics = reward(ro)
-    adv, _ = advantage(rewards, ro.response_mask, ro.group_ids)
-    metrics = policy.step(ro, adv, loss_fn=loss)
-    metrics |= resharder.sync(policy, engine)
-    metrics |= reward_metrics | {
-        "accuracy": reward_metrics["reward/mean"],
-        "response_length": ro.response_lengths.float().mean().item(),
-    }
-    dash.update(step, metrics, ro.replace(rewards=rewards))
-dash.close()
+train(STEPS)
 
 # %%
 model_bytes = sum(t.numel() * t.element_size() for _, t in policy.named_weights())
 print(f"model: {model_bytes / 2**20:.2f} MiB in float32")
-for h in dash.history:
+for h in history:
     print(
-        f"step {h['step']}: sync/seconds {h['sync/seconds']:.3f}  "
+        f"step {h['step']} (batch {h['batch']:.0f}): sync/seconds {h['sync/seconds']:.3f}  "
         f"sync/bytes {h['sync/bytes'] / 2**20:.2f} MiB  version {h['sync/version']:.0f}"
     )
 
@@ -253,9 +283,9 @@ from pathlib import Path
 
 RUN = Path("runs/05_scale_with_ray").absolute()
 folder = policy.save_pretrained(RUN / "policy")
-(RUN / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in dash.history))
+(RUN / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
 print("wrote", folder, sorted(p.name for p in folder.iterdir()))
-print("wrote", RUN / "metrics.jsonl", f"({len(dash.history)} steps)")
+print("wrote", RUN / "metrics.jsonl", f"({len(history)} steps)")
 print(f"load it back: transformers.AutoModelForCausalLM.from_pretrained('{folder}')")
 print(f"          or: rb.trainer.PolicyTrainer.from_pretrained('{folder}', lr=3e-5)")
 
@@ -292,9 +322,10 @@ placement.shutdown()
 #
 # Each needs one or two lines changed; restart the kernel and run all after each.
 #
-# 1. **The one line.** Change it to `placement = rb.placement.Local()` and skip the two
-#    Ray-specific cells (the handles, the `WorkerError` demo). Compare `sync/bytes` and
-#    `sync/seconds` with the Ray run, and the log-prob gap after the sync.
+# 1. **The one line.** In the live-swap cell, change it back to
+#    `placement = rb.placement.Local()` and skip the two Ray-specific cells (the handles, the
+#    `WorkerError` demo). Compare `sync/bytes` and `sync/seconds` with the Ray run, and the
+#    log-prob gap after the sync.
 # 2. **One worker.** Set `WORKERS = 1` in the parameters. What does `balanced_partition` print
 #    for the batch, and how do `sync/bytes` and the step time change?
 # 3. **Smaller weight buckets.** Build the resharder with `rb.resharder.Resharder(bucket_mb=1)`:

@@ -159,6 +159,20 @@ for step, batch in zip(range(STEPS), batches):
 dash.close()
 
 # %% [markdown]
+# The last batch, token by token (`rb.notebook.inspect`): `tool` marks the tokens the model
+# read but did not sample (the tool's message and the template's headers around it); they
+# have no engine log-prob and no advantage, and are masked out of the loss (`why` is `tool`),
+# though the trainer still scores them (`trainer_lp`: how expected the tool's answer was).
+# Below, the responses with the tool tokens in orange; hover a token for all its columns.
+
+# %%
+view = rb.notebook.inspect(ro, policy=policy, advantages=adv, clip=(0.2, 0.28))
+tools = view.only("tool")
+print(f"{len(tools)} tool-observation tokens of {len(view)}, in rows {sorted(set(tools.columns['row']))}")
+print(tools.text(max_lines=8))
+view.only("prompt", False).html(color="tool", max_tokens=300)  # the responses, tools in orange
+
+# %% [markdown]
 # ## After training
 
 # %%

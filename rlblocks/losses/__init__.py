@@ -44,7 +44,13 @@ from rlblocks.losses.kl import (
     kl_regularized,
     low_var_kl,
 )
-from rlblocks.losses.mismatch import TruncatedIS, rollout_mismatch
+from rlblocks.losses.mismatch import rollout_mismatch
+from rlblocks.losses.offpolicy import (
+    MaskedIS,
+    OffPolicyCorrection,
+    TruncatedIS,
+    importance_ratios,
+)
 from rlblocks.losses.ppo import clipped_surrogate
 from rlblocks.losses.preference import (
     PreferenceLoss,
@@ -65,6 +71,8 @@ __all__ = [
     "Aggregation",
     "FixedKLController",
     "KLEstimator",
+    "MaskedIS",
+    "OffPolicyCorrection",
     "PreferenceLoss",
     "SeqMeanTokenMean",
     "SeqMeanTokenSum",
@@ -80,6 +88,7 @@ __all__ = [
     "entropy_loss",
     "gpg_loss",
     "gspo",
+    "importance_ratios",
     "ipo",
     "k1",
     "k2",

@@ -174,6 +174,7 @@ def dapo(
     task = _scored_once(reward_fn)  # scored once, read by the shaped reward and the filter
     shaped = _shaped_reward(task, sampling, max_length, cache_length, overlong_factor)
     source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
+    loss_fn = source.corrected(loss_fn)  # run.correction: for stale rows (k steps off)
 
     def step(index: int, clock: Clock) -> Step | None:
         with clock("rollout"):  # 1.-2. dynamic sampling, shaped reward; scoring is "reward"

@@ -63,6 +63,7 @@ def distill(
     config = run_config("distill", locals())
     reward_fn = checked(reward_fn) if reward_fn is not None else None
     source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
+    loss_fn = source.corrected(loss_fn)  # run.correction: for stale rows (k steps off)
 
     def step(index: int, clock: Clock) -> Step | None:
         rollouts = source.draw(clock)  # 1.

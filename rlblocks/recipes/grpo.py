@@ -58,6 +58,7 @@ def grpo(
     config = run_config("grpo", locals())  # logged once, checked on resume
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
     source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
+    loss_fn = source.corrected(loss_fn)  # run.correction: for stale rows (k steps off)
 
     def step(index: int, clock: Clock) -> Step | None:
         rollouts = source.draw(clock)  # 1. G samples per prompt, π_old as run= says

@@ -51,6 +51,7 @@ def online_dpo(
     reward_fn = checked(reward_fn)
     anchored = uses_reference(preference)  # SimPO needs no π_ref
     source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
+    loss_fn = source.corrected(loss_fn)  # run.correction: for stale rows (k steps off)
 
     def step(index: int, clock: Clock) -> Step | None:
         rollouts = source.draw(clock)  # 1. responses from the current policy

@@ -99,6 +99,7 @@ def ppo(
     controller = kl_controller or FixedKLController(kl_coef)
     estimator = kl_estimator or (k1 if kl_in_reward else k3)
     source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
+    loss_fn = source.corrected(loss_fn)  # run.correction: for stale rows (k steps off)
 
     def step(index: int, clock: Clock) -> Step | None:
         rollouts = source.draw(clock)  # 1.

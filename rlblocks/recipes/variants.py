@@ -134,6 +134,7 @@ def remax(
         sampling=sampling,
         sample=sample,
     )
+    loss_fn = source.corrected(loss_fn)  # run.correction: for stale rows (k steps off)
 
     def step(index: int, clock: Clock) -> Step | None:
         drawn = source.draw(clock)  # the samples, then the greedy answers

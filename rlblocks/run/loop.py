@@ -145,8 +145,9 @@ class Source(Protocol):
     def blocks(self) -> dict[str, Any]:
         """The source's parts of a checkpoint, by name (data position, a batch sampled ahead)."""
 
-    def begin(self, index: int, *, last: bool) -> None:
-        """Step ``index`` starts; ``last``: no step comes after it (nothing to sample ahead)."""
+    def begin(self, index: int, *, remaining: int) -> None:
+        """Step ``index`` starts, ``remaining`` steps after it (nothing to sample ahead for
+        steps that will not run)."""
 
     def metrics(self) -> dict[str, float]:
         """The source's own metrics of the step just run (``async/*``)."""
@@ -224,7 +225,7 @@ def run_steps(
         bar = tqdm(total=steps, initial=start, desc=name, disable=not run.progress, unit="step")
         with bar:
             for index in range(start, steps):
-                source.begin(index, last=index + 1 == steps)
+                source.begin(index, remaining=steps - index - 1)
                 clock = Clock()
                 begin = time.perf_counter()
                 try:

@@ -7,8 +7,8 @@ A recipe takes its algorithm's blocks and hyperparameters, and ``run=``::
 
 The loop (`rlblocks.run.loop`) reads ``on_step``, ``progress``, ``checkpoint``, ``resume`` and
 ``tracker``; the rollout source (`rlblocks.run.source`) reads ``staleness``, ``background``,
-``old_logprobs`` and ``resharder``: where each step's rollouts and their π_old come from, and how
-the new weights reach the engine. The decision table of
+``old_logprobs``, ``correction`` and ``resharder``: where each step's rollouts and their π_old
+come from, how the loss corrects for the difference, and how the new weights reach the engine. The decision table of
 ``old_logprobs`` is written once, in docs/run.md.
 """
 
@@ -19,12 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from rlblocks.interfaces import Rollouts
+from rlblocks.interfaces import PolicyLoss, Rollouts
 from rlblocks.renamed import moved_keywords
 
 if TYPE_CHECKING:
     from rlblocks.checkpoint import Checkpointer, Resume
     from rlblocks.interfaces import Resharder
+
+#: ``RunOptions.correction``: ``"auto"``, None, or ``loss -> corrected loss``.
+Correction = Literal["auto"] | Callable[[PolicyLoss], PolicyLoss] | None
 
 OldLogprobs = Literal["auto", "recompute", "rollout"]
 """Where π_old comes from (docs/run.md): ``"auto"``, ``"recompute"`` or ``"rollout"``."""
@@ -62,8 +65,9 @@ class RunOptions:
     """A `rlblocks.tracking.Tracker`: the run's config once, every step's metrics."""
     staleness: int = 0
     """Updates between the weights that sample a batch and those it is trained from: 0 samples
-    in the step (synchronous); 1 samples the next batch while the trainer updates on this one
-    (one step off: the engine needs its own copy of the weights)."""
+    in the step (synchronous); k >= 1 samples ahead while the trainer updates, so that the batch
+    of step t was sampled by the weights of step t - k (k = 1: one step off; the engine needs
+    its own copy of the weights). Rows older than this are never trained on."""
     background: bool = False
     """Sample in a background thread even at staleness 0 (staleness 1 always does): the same
     machinery with nothing overlapped, the check that it changes no number."""
@@ -72,20 +76,43 @@ class RunOptions:
     when it samples with the trainer's own module at its temperature and staleness 0, else the
     trainer's; ``"recompute"``: always the trainer's (from the update's own forward when it is
     one optimizer step, else a scoring pass before it); ``"rollout"``: always the engine's."""
+    correction: Correction = "auto"
+    """The off-policy correction of the recipe's policy loss (`rlblocks.losses.offpolicy`),
+    applied when π_old is the trainer's (not with ``old_logprobs="rollout"``): ``"auto"`` wraps
+    it in IcePop's token mask (``rb.losses.MaskedIS(loss, low=0.5, high=2.0)``) at staleness
+    >= 1 and leaves it as it is at staleness 0 or when it already is a correction; a callable
+    ``loss -> loss`` (``functools.partial(rb.losses.TruncatedIS, cap=2.0)``) wraps it at every
+    staleness; None never wraps it."""
     resharder: Resharder | None = None
     """How the trained weights reach the engine after each update (`rlblocks.interfaces.Resharder`);
     None: a new ``rb.resharder.Resharder()`` (256 MiB buckets). Checkpointed with the run."""
 
     def __post_init__(self) -> None:
-        if self.staleness not in (0, 1):
+        if isinstance(self.staleness, bool) or not isinstance(self.staleness, int):
+            raise TypeError(
+                f"RunOptions.staleness: {self.staleness!r} is not a whole number of updates; "
+                "pass 0 (synchronous) or k >= 1 (k steps off)"
+            )
+        if self.staleness < 0:
             raise ValueError(
-                f"RunOptions.staleness: {self.staleness!r} is not supported; use 0 "
-                f"(synchronous) or 1 (one step off)"
+                f"RunOptions.staleness: {self.staleness} is negative; pass 0 (synchronous) or "
+                "k >= 1 (k steps off)"
             )
         if self.old_logprobs not in ("auto", "recompute", "rollout"):
             raise ValueError(
                 f"RunOptions.old_logprobs: {self.old_logprobs!r} is not a source of π_old; use "
                 f"'auto', 'recompute' or 'rollout'"
+            )
+        if not (self.correction in ("auto", None) or callable(self.correction)):
+            raise ValueError(
+                f"RunOptions.correction: {self.correction!r} is not a correction; pass 'auto', "
+                "None, or a loss wrapper such as functools.partial(rb.losses.TruncatedIS, cap=2.0)"
+            )
+        if callable(self.correction) and self.old_logprobs == "rollout":
+            raise ValueError(
+                "RunOptions.correction: a correction weights by π_old / π_rollout, but "
+                "old_logprobs='rollout' makes π_old the engine's log-probs (the ratio is 1); "
+                "pass old_logprobs='recompute' or 'auto', or correction=None"
             )
         if self.resume not in (False, True, "auto"):
             raise ValueError(
@@ -99,10 +126,12 @@ class RunOptions:
 
     def describe(self) -> dict[str, Any]:
         """What changes the numbers a run computes (staleness, π_old), for its config."""
+        correction = self.correction
         return {
             "staleness": self.staleness,
             "background": self.background,
             "old_logprobs": self.old_logprobs,
+            "correction": correction if correction in ("auto", None) else repr(correction),
         }
 
 

@@ -5,24 +5,37 @@ to it (``source.sync``); `RunOptions` says how:
 
 - **staleness 0** (default): the batch is sampled in the step, by the weights the update
   starts from. The engine idles during the update, the trainer during the sampling.
-- **staleness 1**: the engine samples batch k + 1 in a background thread while the trainer
-  updates on batch k (the "one-step-off" pipeline of verl's ``one_step_off_policy`` recipe and
-  of AReaL / PipelineRL with a staleness bound of one)::
+- **staleness k ≥ 1**: the engine samples ahead, in a background thread, while the trainer
+  updates: the batch trained at step t was sampled by the weights of step t − k, exactly (the
+  "one-step-off" pipeline of verl's ``one_step_off_policy`` recipe at k = 1; AReaL and
+  PipelineRL bound the staleness the same way, though there the engine runs ahead as far as
+  the bound lets it, and the staleness of a batch depends on timing)::
 
-      step k:  take batch k (sampled during step k − 1, by the weights one update older)
-               start sampling batch k + 1 with the engine's weights
-               reward, advantages, update on batch k
-               wait until batch k + 1 is sampled (the engine must be idle), sync the new weights
+      step t:  take batch t (sampled during step t − k, by the weights k updates older)
+               start sampling batch t + k with the engine's weights (those of step t)
+               reward, advantages, update on batch t
+               wait until every batch started is sampled (the engine must be idle), sync
 
-  The trainer and the engine must not share a module (the update would change the weights
-  under the sampling). ``background=True`` runs the same thread at staleness 0: each batch
-  starts only after the previous sync, which gives the synchronous run's numbers bit for bit
-  (tests/run/test_source.py): the check that the machinery adds nothing but the overlap.
+  The first k steps train on batches sampled by the initial weights (staleness 0, 1, ...,
+  k − 1). One batch's sampling overlaps each update, whatever k: with one engine a larger k
+  only makes the batches older, which is what a study of staleness needs (benchmarks/
+  learning.py). The trainer and the engine must not share a module (the update would change
+  the weights under the sampling). ``background=True`` runs the same thread at staleness 0:
+  each batch starts only after the previous sync, which gives the synchronous run's numbers
+  bit for bit (tests/run/test_source.py): the check that the machinery adds nothing but the
+  overlap.
 
-Every draw counts: DAPO's refill rounds draw again within a step. At staleness 1 a refill takes
-the batch already being sampled (by the weights of this step's update, so staleness 0) and
-starts the next one; every batch is drawn in the order the data gives it, as in a synchronous
-run, and ``async/staleness`` is the mean over the step's rows.
+**Provenance.** Every row handed out carries ``policy_version`` (the syncs before the weights
+that sampled it) and ``staleness`` (the syncs since then: updates between the sampling weights
+and the ones the row is trained from). A row older than ``RunOptions.staleness`` (a resumed
+run asked for a smaller bound than its checkpoint's batches) is never trained on: it is
+dropped, counted in ``async/dropped_rows`` and warned about, and the next batch is drawn.
+
+Every draw counts: DAPO's refill rounds draw again within a step. A refill takes the next
+batch already sampled (by weights one update newer than the step's first batch) and starts
+the next one; every batch is drawn in the order the data gives it, as in a synchronous run.
+The source's metrics: ``async/staleness`` (mean over the step's rows), ``async/staleness_max``,
+``async/dropped_rows`` and ``async/sample_seconds``.
 
 **π_old** (``RunOptions.old_logprobs``; docs/run.md has the table): ``"auto"`` takes the
 engine's log-probs exactly when it samples with the trainer's own module at the trainer's
@@ -35,26 +48,35 @@ asks :meth:`RolloutSource.with_old_logprobs`.
 
 Threads: the sampling thread runs torch operations with the trainer's intra-op thread count
 (``torch.set_num_threads`` is process-wide); on a CPU give each side its share of the cores.
-A checkpoint holds the batch sampled ahead, so a resumed run trains on exactly that batch.
+A checkpoint holds the batches sampled ahead and the weight version, so a resumed run trains
+on exactly those batches.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
+import warnings
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
+import torch
+from torch import Tensor
+
 from rlblocks import resharder as resharders
 from rlblocks.interfaces import (
     Handle,
+    PolicyLoss,
     PolicyTrainer,
     Resharder,
     RolloutEngine,
     Rollouts,
     SamplingParams,
 )
+from rlblocks.losses.offpolicy import ASYNC_DEFAULT, OffPolicyCorrection
 from rlblocks.run.loop import Clock, OutOfData
 from rlblocks.run.options import RunOptions
 from rlblocks.run.state import Drawn
@@ -90,6 +112,18 @@ def samples_with_policy(
     return shared and temperature == policy.config.temperature
 
 
+def takes_weights(loss_fn: PolicyLoss) -> bool:
+    """True when ``loss_fn`` takes per-token importance weights (``is_weights``, or
+    ``**kwargs``): what a correction hands its inner loss."""
+    params = inspect.signature(loss_fn).parameters.values()
+    return any(p.name == "is_weights" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _name(loss_fn: Any) -> str:
+    base = getattr(loss_fn, "func", loss_fn)  # a functools.partial's function
+    return getattr(base, "__name__", None) or type(base).__name__
+
+
 def check_replayed(rollouts: Rollouts, sampling: SamplingParams, engine: RolloutEngine) -> None:
     """Refuse a batch sampled with ``sampling.replay`` that came back without its sampler
     record (``Rollouts.sampler``), naming the engine (a placement's handle by what it holds):
@@ -120,7 +154,7 @@ class Batches:
         """The data position, for the checkpoint."""
         return {"data": self.data}
 
-    def begin(self, index: int, *, last: bool) -> None:
+    def begin(self, index: int, *, remaining: int) -> None:
         """Nothing to prepare."""
 
     def metrics(self) -> dict[str, float]:
@@ -140,8 +174,9 @@ class RolloutSource:
     ``batches``: prompt batches (``.prompts``, ``.metadata``), drawn as the steps need them;
     ``group_size`` samples per prompt with ``sampling``, or ``sample(batch)`` when given (ReMax
     also samples greedy answers with the same weights). ``run.resharder`` moves the trainer's
-    weights into the engine (None: a new `rlblocks.resharder.Resharder`). A `Stateful` checkpoint block (the batch sampled ahead); its
-    data position and resharder are checkpointed beside it (`blocks`).
+    weights into the engine (None: a new `rlblocks.resharder.Resharder`). A `Stateful`
+    checkpoint block (the batches sampled ahead, the weight version); its data position and
+    resharder are checkpointed beside it (`blocks`).
     """
 
     def __init__(
@@ -159,9 +194,9 @@ class RolloutSource:
         shares_weights = samples_with_policy(policy, engine, sampling)
         if run.staleness and shares_weights:
             raise ValueError(
-                "RolloutSource: staleness=1 samples while the trainer updates, but this engine "
-                "samples with the trainer's own module; build it with its own copy of the "
-                "weights (rb.rollout.HFEngine.from_pretrained(...) or around "
+                f"RolloutSource: staleness={run.staleness} samples while the trainer updates, "
+                "but this engine samples with the trainer's own module; build it with its own "
+                "copy of the weights (rb.rollout.HFEngine.from_pretrained(...) or around "
                 "copy.deepcopy(policy.model)): the resharder then syncs it after every update"
             )
         self.engine, self.policy, self.run = engine, policy, run
@@ -175,31 +210,38 @@ class RolloutSource:
         """True when π_old is the engine's log-probs."""
         background = run.background or run.staleness > 0
         self._thread = ThreadPoolExecutor(1, "rlblocks-rollout") if background else None
-        self._ahead: Future[Batch] | None = None
-        self._version = 0  # weight syncs so far in this process
-        self._last = False
-        self._taken: list[tuple[int, int, float]] = []  # (rows, staleness, seconds) this step
+        self._ahead: deque[Future[Batch]] = deque()  # sampled or being sampled, in data order
+        self.version = 0
+        """Weight syncs so far in the run (checkpointed): the version the engine samples with."""
+        self._remaining = 0  # steps after the current one
+        self._taken: list[tuple[Tensor, float]] = []  # (staleness per row, seconds) this step
+        self._dropped = 0  # rows this step found older than the bound
 
     # ------------------------------------------------------------------ the loop's Source
     def blocks(self) -> dict[str, Any]:
-        """The checkpoint's parts: data position, the batch sampled ahead, the resharder."""
+        """The checkpoint's parts: data position, the batches sampled ahead, the resharder."""
         return {"data": self.data, "rollouts": self, "resharder": self.resharder}
 
-    def begin(self, index: int, *, last: bool) -> None:
-        """Step ``index`` starts; nothing is sampled ahead during the ``last`` one."""
-        self._last = last
-        self._taken = []
+    def begin(self, index: int, *, remaining: int) -> None:
+        """Step ``index`` starts, with ``remaining`` steps after it: nothing is sampled ahead
+        that no step would train on."""
+        self._remaining = remaining
+        self._taken, self._dropped = [], 0
 
     def metrics(self) -> dict[str, float]:
         """With a background sampler: ``async/staleness`` (updates between the sampling weights
-        and the trained ones, mean over the step's rows) and ``async/sample_seconds`` (the
-        sampling's own time, of which ``time/rollout`` is what the step waited)."""
-        if self._thread is None or not self._taken:
+        and the trained ones: mean over the step's rows) and ``async/staleness_max``,
+        ``async/dropped_rows`` (rows older than the bound, not trained on) and
+        ``async/sample_seconds`` (the sampling's own time, of which ``time/rollout`` is what
+        the step waited)."""
+        if self._thread is None or not (self._taken or self._dropped):
             return {}
-        rows = sum(n for n, _, _ in self._taken)
+        rows = torch.cat([s for s, _ in self._taken]) if self._taken else torch.zeros(0)
         return {
-            "async/staleness": sum(n * s for n, s, _ in self._taken) / max(rows, 1),
-            "async/sample_seconds": sum(t for _, _, t in self._taken),
+            "async/staleness": rows.double().mean().item() if len(rows) else float("nan"),
+            "async/staleness_max": float(rows.max()) if len(rows) else float("nan"),
+            "async/dropped_rows": float(self._dropped),
+            "async/sample_seconds": sum(t for _, t in self._taken),
         }
 
     def resync(self) -> None:
@@ -213,10 +255,10 @@ class RolloutSource:
 
     # ------------------------------------------------------------------ what a recipe calls
     def draw(self, clock: Clock) -> Rollouts:
-        """The next batch's rollouts, π_old attached as ``run.old_logprobs`` says; `OutOfData`
-        when the batches ran out (the loop ends the run there). Timed as ``rollout``. At
-        staleness 1 the batch after it starts sampling before this returns, unless this is the
-        run's last step."""
+        """The next batch's rollouts, π_old attached as ``run.old_logprobs`` says, each row
+        stamped with ``policy_version`` and ``staleness``; `OutOfData` when the batches ran out
+        (the loop ends the run there). Timed as ``rollout``. At staleness k the batches ahead
+        are topped up to k (fewer near the run's end) before this returns."""
         rollouts = self._draw(clock)
         if rollouts is None:
             raise OutOfData
@@ -229,17 +271,69 @@ class RolloutSource:
 
     def _draw(self, clock: Clock) -> Rollouts | None:
         with clock("rollout"):
-            if self._ahead is None and not self._submit():
-                return None
-            batch = self._take()
-        if self.run.staleness and not self._last:
-            self._submit()
-        self._taken.append((len(batch.rollouts), self._version - batch.version, batch.seconds))
-        rollouts = batch.rollouts
-        check_replayed(rollouts, self.sampling, self.engine)
+            batch = self._fresh()
+        if batch is None:
+            return None
+        check_replayed(batch.rollouts, self.sampling, self.engine)  # before sampling more
+        for _ in range(min(self.run.staleness, self._remaining) - len(self._ahead)):
+            if not self._submit():
+                break
+        staleness = self.version - batch.version
+        rows = len(batch.rollouts)
+        self._taken.append((torch.full((rows,), staleness), batch.seconds))
+        rollouts = batch.rollouts.replace(
+            policy_version=torch.full((rows,), batch.version, dtype=torch.long),
+            staleness=torch.full((rows,), staleness, dtype=torch.long),
+        )
         if self.engine_logprobs_are_old:
             rollouts = rollouts.replace(old_logprobs=rollouts.rollout_logprobs)
         return rollouts
+
+    def _fresh(self) -> Batch | None:
+        """The next batch within the staleness bound: older ones are dropped and counted."""
+        while True:
+            if not self._ahead and not self._submit():
+                return None
+            batch = self._take()
+            if self.version - batch.version <= self.run.staleness:
+                return batch
+            self._dropped += len(batch.rollouts)
+            warnings.warn(
+                f"RolloutSource: dropped {len(batch.rollouts)} rows sampled by weight version "
+                f"{batch.version}, {self.version - batch.version} updates old, beyond "
+                f"staleness={self.run.staleness}; they are not trained on (async/dropped_rows)",
+                UserWarning,
+                stacklevel=4,
+            )
+
+    def corrected(self, loss_fn: PolicyLoss) -> PolicyLoss:
+        """The recipe's policy loss with ``run.correction`` applied (`RunOptions.correction`):
+        unchanged when π_old is the engine's, or under ``"auto"`` at staleness 0 or for a loss
+        that already is an `rlblocks.losses.OffPolicyCorrection`."""
+        choice = self.run.correction
+        if choice is None or self.engine_logprobs_are_old:
+            return loss_fn
+        if choice == "auto" and (
+            not self.run.staleness or isinstance(loss_fn, OffPolicyCorrection)
+        ):
+            return loss_fn
+        if not takes_weights(loss_fn):
+            if choice == "auto":
+                warnings.warn(
+                    f"RolloutSource: staleness={self.run.staleness}, but the loss "
+                    f"{_name(loss_fn)} takes no is_weights, so the stale rows are trained on "
+                    "uncorrected; give it an is_weights keyword, or pass "
+                    "RunOptions(correction=None) to say so",
+                    UserWarning,
+                    stacklevel=3,
+                )
+                return loss_fn
+            raise ValueError(
+                f"RolloutSource: RunOptions.correction weights the loss per token, but "
+                f"{_name(loss_fn)} takes no is_weights keyword; add one (the built-in losses "
+                "have it), or pass correction=None"
+            )
+        return (ASYNC_DEFAULT if choice == "auto" else choice)(loss_fn)
 
     def with_old_logprobs(self, rollouts: Rollouts, clock: Clock) -> Rollouts:
         """``rollouts`` with π_old filled now, for a recipe that needs it before the update:
@@ -250,40 +344,49 @@ class RolloutSource:
             return rollouts.replace(old_logprobs=self.policy.logprobs(rollouts))
 
     def sync(self, clock: Clock) -> dict[str, float]:
-        """Wait until a batch being sampled ahead is complete (the engine must be idle; timed
-        as ``rollout``), then move the trainer's new weights into the engine (``sync``)."""
-        if self._ahead is not None:
+        """Wait until every batch started ahead is sampled (the engine must be idle; timed as
+        ``rollout``), then move the trainer's new weights into the engine (``sync``)."""
+        if self._ahead:
             with clock("rollout"):
-                self._ahead.exception()  # waits; an error is raised by the next draw
+                for ahead in self._ahead:
+                    ahead.exception()  # waits; an error is raised by the draw that takes it
         with clock("sync"):
             metrics = self.resharder.sync(self.policy, self.engine)
-        self._version += 1
+        self.version += 1
         return metrics
 
     # ------------------------------------------------------------------ Stateful
     def state_dict(self) -> dict[str, Any]:
-        """The batch sampled ahead (None without one), complete: it is part of the run. Its
-        fields as a plain dict, so that a checkpoint holds it as data."""
-        if self._ahead is None:
-            return {"ahead": None}
-        batch = self._ahead.result()
-        fields = {f.name: getattr(batch.rollouts, f.name) for f in dataclasses.fields(Rollouts)}
-        return {"ahead": fields, "seconds": batch.seconds, "staleness": 1}
+        """The weight version and the batches sampled ahead, complete: they are part of the
+        run. Each as its fields in a plain dict, so that a checkpoint holds it as data."""
+        ahead = []
+        for future in self._ahead:
+            batch = future.result()
+            fields = {f.name: getattr(batch.rollouts, f.name) for f in dataclasses.fields(Rollouts)}
+            ahead.append({"rollouts": fields, "version": batch.version, "seconds": batch.seconds})
+        return {"version": self.version, "ahead": ahead}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what ``state_dict`` saved."""
-        self._ahead = None
-        if state["ahead"] is not None:
-            if self._thread is None:
-                raise ValueError(
-                    "RolloutSource: the checkpoint holds a batch sampled one step ahead; resume "
-                    "it with run=rb.run.RunOptions(staleness=1)"
-                )
+        """Restore what ``state_dict`` saved (or the one batch ahead of a checkpoint written
+        before the version was saved)."""
+        saved = state["ahead"]
+        if saved is None or isinstance(saved, Mapping):  # the earlier form: at most one batch
+            self.version = 0 if saved is None else 1  # the batch it holds was one update old
+            saved = [] if saved is None else [{**state, "rollouts": saved, "version": 0}]
+        else:
+            self.version = int(state["version"])
+        if saved and self._thread is None:
+            raise ValueError(
+                f"RolloutSource: the checkpoint holds {len(saved)} batch(es) sampled ahead; "
+                "resume it with run=rb.run.RunOptions(staleness=k), k >= 1 (batches older than "
+                "k are then dropped and counted)"
+            )
+        self._ahead.clear()
+        for entry in saved:
             done: Future[Batch] = Future()
-            stale = int(state.get("staleness", 1))
-            ahead = Rollouts(**state["ahead"])
-            done.set_result(Batch(ahead, self._version - stale, float(state["seconds"])))
-            self._ahead = done
+            rollouts = Rollouts(**entry["rollouts"])
+            done.set_result(Batch(rollouts, int(entry["version"]), float(entry["seconds"])))
+            self._ahead.append(done)
 
     # ------------------------------------------------------------------ internals
     def _submit(self) -> bool:
@@ -293,10 +396,10 @@ class RolloutSource:
             return False
         if self._thread is None:
             done: Future[Batch] = Future()
-            done.set_result(self._sample(batch, self._version))
-            self._ahead = done
+            done.set_result(self._sample(batch, self.version))
+            self._ahead.append(done)
         else:
-            self._ahead = self._thread.submit(self._sample, batch, self._version)
+            self._ahead.append(self._thread.submit(self._sample, batch, self.version))
         return True
 
     def _sample(self, batch: Any, version: int) -> Batch:
@@ -313,8 +416,7 @@ class RolloutSource:
         return Batch(rollouts, version, time.perf_counter() - start)
 
     def _take(self) -> Batch:
-        ahead, self._ahead = self._ahead, None
-        return ahead.result()  # an error in the thread is raised here, in the step
+        return self._ahead.popleft().result()  # an error in the thread is raised here
 
 
 __all__ = [

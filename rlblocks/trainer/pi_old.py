@@ -10,6 +10,7 @@ log-probs can be put back in place afterwards, for the mismatch metric.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -48,11 +49,28 @@ def gathered(batch: Rollouts, seen: list[tuple[Tensor, Tensor]]) -> Rollouts:
 
 def mismatch(dp: Any, batch: Rollouts) -> dict[str, float]:
     """Engine versus trainer on the sampled tokens: π_old against the rollout log-probs
-    (``rlblocks.losses.mismatch``), over the rows of every rank of ``dp``; {} without them."""
+    (``rlblocks.losses.mismatch``), over the rows of every rank of ``dp``; {} without them.
+    When some row is stale (``batch.staleness`` > 0 on any rank), the same metrics by
+    staleness too: ``mismatch/s{j}/…`` over the rows sampled j updates before π_old."""
     if batch.rollout_logprobs is None:
         return {}
-    sums = mismatch_sums(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask)
+    metrics = _reduced(dp, batch.old_logprobs, batch.rollout_logprobs, batch.response_mask)
+    oldest = -1 if batch.staleness is None or not len(batch) else int(batch.staleness.max())
+    oldest = int(dp.all_max(float(oldest)))  # every rank takes part in every group's reduction
+    if oldest <= 0:
+        return metrics
+    for j in range(oldest + 1):
+        rows = batch.staleness == j if batch.staleness is not None else None
+        mask = batch.response_mask if rows is None else batch.response_mask & rows[:, None]
+        group = _reduced(dp, batch.old_logprobs, batch.rollout_logprobs, mask)
+        if not math.isnan(group["mismatch/kl"]):  # no token of this staleness anywhere
+            metrics |= {k.replace("mismatch/", f"mismatch/s{j}/"): v for k, v in group.items()}
+    return metrics
+
+
+def _reduced(dp: Any, old: Tensor, rollout: Tensor, mask: Tensor) -> dict[str, float]:
+    sums = mismatch_sums(old, rollout, mask)
     # counts and sums add up over ranks, the max is a max
-    largest = dp.all_max(float(sums[3]))
-    sums = torch.cat([dp.all_sum(sums[:3]), sums.new_tensor([largest])])
+    largest = dp.all_max(float(sums[-1]))
+    sums = torch.cat([dp.all_sum(sums[:-1]), sums.new_tensor([largest])])
     return mismatch_metrics(sums.cpu())

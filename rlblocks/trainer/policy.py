@@ -81,6 +81,7 @@ from rlblocks.trainer.weights import (
     full_weight_spec,
     full_weights,
     load_trainable_state,
+    optimizer_state_by_name,
     trainable_state,
 )
 
@@ -519,10 +520,13 @@ class PolicyTrainer:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved; the next ``step`` then matches the original.
-        Pending ``forward_backward`` gradients are dropped (they belong to other weights)."""
+        The state of a trainer in one process loads into a sharded group (Ray workers) and the
+        other way round. Pending ``forward_backward`` gradients are dropped (they belong to
+        other weights)."""
         self._accumulation.drop(self)
         if self.dp.sharded:
-            load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+            optim = optimizer_state_by_name(self.optimizer, self.model, state["optimizer"])
+            load_full_state(self.model, self.optimizer, state["model"], optim)
         else:
             load_trainable_state(self.model, state["model"])
             self.optimizer.load_state_dict(state["optimizer"])

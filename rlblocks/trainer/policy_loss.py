@@ -66,6 +66,12 @@ def prepare_update(
     over all of the rank's rows (``rlblocks.trainer.pi_old.from_update``). ``score``: with
     gradient, for the loss; ``score_old`` / ``score_ref``: no grad, before the update."""
     wants = loss_inputs(loss_fn)
+    if "rollout_logprobs" in wants.required and work.batch.rollout_logprobs is None:
+        raise ValueError(
+            f"PolicyTrainer.step: the loss {loss_name(loss_fn)} needs rollout_logprobs (the "
+            "engine's log-probs) but the rollouts carry none; generate with an engine that "
+            "records them, or use a loss without them"
+        )
     in_update = work.batch.old_logprobs is None and from_update(work)
     batch = prepare(
         work.batch, wants, in_update=in_update, score_old=score_old, score_ref=score_ref
@@ -83,6 +89,14 @@ def prepare_update(
     return PreparedUpdate(dataclasses.replace(work, batch=batch), loss, seen)
 
 
+def loss_name(loss_fn: Callable[..., Any]) -> str:
+    """How an error names a loss: ``MaskedIS(clipped_surrogate)``, ``cispo``, ``my_loss``."""
+    inner = getattr(loss_fn, "loss_fn", None)
+    base = getattr(loss_fn, "func", loss_fn)  # a functools.partial's function
+    name = getattr(base, "__name__", None) or type(base).__name__
+    return f"{name}({loss_name(inner)})" if inner is not None else name
+
+
 def prepare(
     batch: Rollouts,
     wants: LossInputs,
@@ -96,11 +110,6 @@ def prepare(
     any update; ``score_ref`` None: the trainer has no reference). ``in_update``: π_old comes
     from the update's own forward instead; the rows get their index (an extra) so that it can
     be put back in place."""
-    if "rollout_logprobs" in wants.required and batch.rollout_logprobs is None:
-        raise ValueError(
-            "PolicyTrainer.step: the loss needs rollout_logprobs but the rollouts carry none; "
-            "generate with an engine that records them, or use a loss without them"
-        )
     if in_update:
         batch = numbered(batch)
     else:

@@ -1,5 +1,6 @@
 """What a policy trainer hands a resharder: its full weights, and their spec without values;
-and, for its in-memory ``state_dict``, its trainable parameters.
+and, for its in-memory ``state_dict``, its trainable parameters and its optimizer state in the
+keying a sharded trainer loads (`optimizer_state_by_name`).
 
 Both under the Hugging Face names of ``model.state_dict()`` (tied weights under each name):
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -55,6 +57,42 @@ def full_weight_spec(model: nn.Module, *, adapter: bool) -> dict[str, TensorSpec
 def trainable_state(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     """``(name, parameter)`` of the parameters that train (detached, not copied)."""
     return ((n, p.detach()) for n, p in model.named_parameters() if p.requires_grad)
+
+
+def optimizer_state_by_name(
+    optimizer: torch.optim.Optimizer, model: nn.Module, state: Mapping[str, Any]
+) -> Mapping[str, Any]:
+    """An optimizer ``state_dict`` keyed by parameter name, as a sharded trainer's
+    ``set_optimizer_state_dict`` reads it (and its ``state_dict`` returns it).
+
+    A trainer in one process keys its optimizer state by index (torch's own
+    ``Optimizer.state_dict``): without this, its ``state_dict`` would not load into the same
+    trainer on Ray workers (the live swap of notebook 05). Index ``i`` is the ``i``-th
+    parameter of ``optimizer.param_groups`` in order, as torch numbers them, so the groups must
+    have the same sizes on both sides (the same model, built the same way). A state already
+    keyed by name comes back as it is; the other way needs nothing (torch's
+    ``Optimizer.load_state_dict`` pairs the parameters by position, whatever their keys)."""
+    sizes = [len(group["params"]) for group in state["param_groups"]]
+    ours = [len(group["params"]) for group in optimizer.param_groups]
+    if sizes != ours:
+        raise ValueError(
+            f"PolicyTrainer.load_state_dict: the optimizer state has parameter groups of {sizes} "
+            f"parameters, this trainer's has {ours}; load a state_dict of a trainer built on "
+            "the same model"
+        )
+    keys = [key for group in state["param_groups"] for key in group["params"]]
+    if not keys or isinstance(keys[0], str):
+        return state
+    names = {id(p): name for name, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    return {
+        **state,
+        "state": {order[key]: value for key, value in state["state"].items()},
+        "param_groups": [
+            {**group, "params": [order[key] for key in group["params"]]}
+            for group in state["param_groups"]
+        ],
+    }
 
 
 @torch.no_grad()

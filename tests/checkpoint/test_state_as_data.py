@@ -60,9 +60,9 @@ def _source():
         return RolloutSource(engine, policy, batches, run, group_size=2, sampling=sampling)
 
     block = build()
-    block.begin(0, last=False)
+    block.begin(0, remaining=1)
     block.draw(Clock())  # batch 1 is sampled ahead, in the background
-    assert block.state_dict()["ahead"] is not None
+    assert len(block.state_dict()["ahead"]) == 1
     block.close()
     return block, build
 

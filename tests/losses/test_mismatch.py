@@ -22,6 +22,10 @@ def test_mismatch_metrics_by_hand():
     assert got["mismatch/abs_mean"] == pytest.approx(0.25)
     assert got["mismatch/abs_max"] == pytest.approx(0.5)
     assert got["mismatch/kl"] == pytest.approx((math.exp(0.5) - 1.5) / 2)
+    assert got["mismatch/ratio_mean"] == pytest.approx((math.exp(0.5) + 1) / 2)
+    assert got["mismatch/outside"] == 0.0  # e^0.5 = 1.65 is inside [1/2, 2]
+    far = rollout_mismatch(torch.tensor([[0.0, -1.0]]), torch.tensor([[-0.7, -0.5]]), MASK[:, :2])
+    assert far["mismatch/outside"] == 0.5  # ratios e^0.7 = 2.01 (outside) and e^-0.5 = 0.61
     empty = rollout_mismatch(logprobs, rollout, torch.zeros_like(MASK))
     assert all(math.isnan(v) for v in empty.values())
 

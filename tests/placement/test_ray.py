@@ -4,6 +4,7 @@ One local Ray instance and one pool of two workers serve the module (starting th
 ~10 s on 2 cores); tests that break a pool or need another layout build their own.
 """
 
+import copy
 import os
 import re
 from functools import partial
@@ -163,6 +164,30 @@ def test_state_dict_restores_the_next_step_exactly(ray_blocks):
     assert again["loss"] == first["loss"] and again["grad_norm"] == first["grad_norm"]
     for name, value in policy.named_weights():
         assert torch.equal(value, after_first[name]), name
+
+
+def test_a_state_dict_moves_from_this_process_to_the_workers_and_back(placement):
+    # The live swap of notebook 05: a trainer trained here hands its state (weights, AdamW
+    # moments keyed by index, schedule, counters) to the same trainer on 2 FSDP2 workers, whose
+    # next step is the one this process would take (float64: to 1e-9, as the first test); and
+    # the workers' state (keyed by name) comes back into a fresh trainer here.
+    policy, engine = local_blocks()
+    ro, advantages = grpo_batch(engine, 11)
+    policy.step(ro, advantages, loss_fn=LOSS)
+    ray_policy = placement.build("actor", policy_factory())
+    ray_policy.load_state_dict(copy.deepcopy(policy.state_dict()))
+    ro, advantages = grpo_batch(engine, 12)
+    here, there = (p.step(ro, advantages, loss_fn=LOSS) for p in (policy, ray_policy))
+    assert there["grad_norm"] == pytest.approx(here["grad_norm"], rel=1e-9)
+    assert ray_policy.steps == policy.steps == 2
+    weights = dict(ray_policy.named_weights())
+    for name, value in policy.named_weights():
+        torch.testing.assert_close(weights[name], value, rtol=1e-9, atol=1e-9)
+    back = policy_factory()()
+    back.load_state_dict(ray_policy.state_dict())
+    ro, advantages = grpo_batch(engine, 13)
+    here, again = (p.step(ro, advantages, loss_fn=LOSS) for p in (policy, back))
+    assert again["grad_norm"] == pytest.approx(here["grad_norm"], rel=1e-9)
 
 
 def test_a_loop_of_forward_backward_and_optim_step_matches_step_locally(placement):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from functools import partial
 
 import pytest
 import torch
@@ -15,10 +16,12 @@ from resume_helpers import assert_identical, untimed
 from toy_tasks import count_prompts, digit_examples, digit_fraction, run_group_recipe
 
 import rlblocks as rb
-from rlblocks.run import RunOptions
+from rlblocks.run import Clock, RunOptions
+from rlblocks.run.source import RolloutSource
 from rlblocks.trainer.forward import score_responses
 
 REWARD = rb.rewards.per_sample(digit_fraction, timeout=None)
+MISMATCH = ("abs_mean", "abs_max", "kl", "ratio_mean", "outside")
 SAMPLING = rb.SamplingParams(max_new_tokens=8)
 
 
@@ -81,7 +84,8 @@ def test_every_recipe_at_staleness_zero_through_the_source_is_its_synchronous_ru
     sync = _recipe(name, RunOptions(), teacher)
     background = _recipe(name, RunOptions(background=True), teacher)
     for h in background["history"]:
-        assert h.pop("async/staleness") == 0.0
+        assert h.pop("async/staleness") == h.pop("async/staleness_max") == 0.0
+        assert h.pop("async/dropped_rows") == 0.0
         assert h.pop("async/sample_seconds") > 0
     assert_identical(background, sync, steps=3)
 
@@ -118,6 +122,8 @@ def test_dapo_refill_rounds_one_step_off_are_sampled_by_the_current_weights():
         rounds = h["sampling/rounds"]
         assert rounds >= 2
         assert h["async/staleness"] == pytest.approx(1 / rounds), h
+    # the kept rows mix both: the trainer reports the mismatch of each staleness apart
+    assert any({"mismatch/s0/kl", "mismatch/s1/kl"} <= h.keys() for h in history[1:])
 
 
 # ---------------------------------------------------------------------- GRPO in detail
@@ -128,15 +134,19 @@ def test_staleness_zero_is_the_synchronous_loop_bit_for_bit(engine_kind, old_log
     run = RunOptions(background=True, old_logprobs=old_logprobs)
     background = _run(engine_kind, 3, run=run)
     for h in background["history"]:
-        assert h.pop("async/staleness") == 0.0
+        assert h.pop("async/staleness") == h.pop("async/staleness_max") == 0.0
+        assert h.pop("async/dropped_rows") == 0.0
         assert h.pop("async/sample_seconds") > 0
     assert_identical(background, sync, steps=3)
 
 
-def test_staleness_one_trains_on_batches_sampled_by_the_previous_weights():
-    # Record the weights before each update; the rollouts of step k (k >= 1) must carry the
-    # log-probs of the weights before update k - 1 (the engine's, synced after step k - 2)
-    # rather than those before update k, which the trainer holds when it trains on them.
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_staleness_k_trains_each_batch_on_weights_k_updates_newer_than_its_sampler(k):
+    # Record the weights before each update; the rollouts of step t must carry the log-probs
+    # of the weights before update max(0, t - k) (the engine's, synced after step t - k - 1),
+    # rather than those before update t, which the trainer holds when it trains on them, and
+    # be stamped with that version and staleness.
+    steps = k + 2
     snapshots, batches = [], []
     policy, engine = _blocks("copy")
     snapshots.append(_weights(policy.model))
@@ -145,23 +155,81 @@ def test_staleness_one_trains_on_batches_sampled_by_the_previous_weights():
         snapshots.append(_weights(policy.model))  # after update `step`
         batches.append(rollouts)
 
-    history = run_group_recipe(
-        rb.recipes.grpo, policy, engine, steps=3, run=RunOptions(on_step=keep, staleness=1)
-    )
-    assert [h["async/staleness"] for h in history] == [0.0, 1.0, 1.0]
+    run = RunOptions(on_step=keep, staleness=k)
+    history = run_group_recipe(rb.recipes.grpo, policy, engine, steps=steps, run=run)
+    expected = [min(t, k) for t in range(steps)]
+    assert [h["async/staleness"] for h in history] == expected
+    assert [h["async/staleness_max"] for h in history] == expected
+    assert [h["async/dropped_rows"] for h in history] == [0.0] * steps
+    # the trainer's mismatch (π_old recomputed against the engine's log-probs) by staleness
+    assert not any(key.startswith("mismatch/s") for key in history[0])  # nothing stale yet
+    for t in range(1, steps):
+        group = {k: v for k, v in history[t].items() if k.startswith("mismatch/s")}
+        assert group.keys() == {f"mismatch/s{min(t, k)}/{m}" for m in MISMATCH}, t
+        assert group[f"mismatch/s{min(t, k)}/kl"] == history[t]["mismatch/kl"] > 0
+    for t, ro in enumerate(batches):
+        assert ro.policy_version.tolist() == [max(0, t - k)] * len(ro), t
+        assert ro.staleness.tolist() == [min(t, k)] * len(ro), t
     model = copy.deepcopy(policy.model)
-    for k in (1, 2):
-        ro = batches[k]
+    for t in (k, k + 1):  # the first steps past the start-up, where the two differ
+        ro = batches[t]
         real = ro.response_attention_mask
         gaps = []
-        for before in (k - 1, k):  # sampled by θ before update k-1, trained from θ before k
+        for before in (t - k, t):  # sampled by θ before update t-k, trained from θ before t
             model.load_state_dict(snapshots[before])
             with torch.no_grad():
                 lp, _ = score_responses(model, ro, chunk_size=64)
             gaps.append((lp[real] - ro.rollout_logprobs[real]).abs().max().item())
         # Cached against uncached attention rounds the log-probs by ~1e-6 in float32
         # (measured: 4.8e-7); one update at lr 1e-2 moves them by ~1 (measured: 0.79, 1.0).
-        assert gaps[0] < 1e-5 and gaps[1] > 0.1, (k, gaps)
+        assert gaps[0] < 1e-5 and gaps[1] > 0.1, (t, gaps)
+
+
+def test_nothing_is_sampled_that_no_step_trains_on():
+    # Three steps at staleness 5: three batches drawn from the data, no more; the data
+    # position after the run is where a synchronous run of three steps leaves it.
+    policy, engine = _blocks("copy")
+    batches = rb.data.PromptBatches(count_prompts(), prompts_per_step=4, seed=0)
+    drawn = []
+    source = RolloutSource(
+        engine,
+        policy,
+        (drawn.append(b) or b for b in batches),
+        RunOptions(staleness=5),
+        group_size=2,
+        sampling=SAMPLING,
+    )
+    for index in range(3):
+        source.begin(index, remaining=2 - index)
+        source.draw(Clock())
+        source.sync(Clock())
+    source.close()
+    assert len(drawn) == 3
+
+
+def test_rows_older_than_the_bound_are_dropped_counted_and_never_trained_on(tmp_path):
+    # A run at staleness 3 is stopped after step 2 with batches 3, 4, 5 sampled ahead (by the
+    # weights of steps 0, 1, 2); resumed at staleness 1, batches 3 and 4 are 3 and 2 updates
+    # old: dropped (counted, warned), and step 3 trains on batch 5 (1 update old).
+    def stop(step, metrics, rollouts):
+        if step == 2:
+            raise StopIteration
+
+    folder = tmp_path / "run"
+    _run("copy", 6, run=RunOptions(staleness=3, checkpoint=folder, on_step=stop))
+    seen = []
+
+    def keep(step, metrics, rollouts):
+        seen.append((step, rollouts.policy_version.tolist(), rollouts.staleness.tolist()))
+
+    with pytest.warns(UserWarning, match=r"RolloutSource: dropped 32 rows sampled by weight"):
+        resumed = _run(
+            "copy", 4, run=RunOptions(staleness=1, checkpoint=folder, resume=True, on_step=keep)
+        )["history"]
+    rows = len(seen[0][1])
+    assert seen == [(3, [2] * rows, [1] * rows)]
+    assert resumed[3]["async/dropped_rows"] == 64.0  # two batches of 4 prompts x 8 samples
+    assert resumed[3]["async/staleness"] == 1.0
 
 
 def test_staleness_one_learns_the_toy_task():
@@ -178,8 +246,10 @@ def test_an_engine_sharing_the_model_is_refused_one_step_off():
 
 
 def test_bad_settings_are_refused_naming_the_block_and_the_way_out():
-    with pytest.raises(ValueError, match=r"RunOptions.staleness: 2 is not supported; use 0"):
-        RunOptions(staleness=2)
+    with pytest.raises(ValueError, match=r"RunOptions.staleness: -1 is negative; pass 0"):
+        RunOptions(staleness=-1)
+    with pytest.raises(TypeError, match=r"RunOptions.staleness: 1.5 is not a whole number"):
+        RunOptions(staleness=1.5)
     with pytest.raises(ValueError, match=r"RunOptions.old_logprobs: 'engine' is not"):
         RunOptions(old_logprobs="engine")
     with pytest.raises(ValueError, match=r"RunOptions.resume: resume=True has no folder"):
@@ -255,3 +325,51 @@ def test_ppo_one_step_off_takes_pi_old_from_the_engine_or_recomputes_it():
     assert all(h["mismatch/abs_max"] == 0.0 for h in ahead)
     recomputed = _ppo(2, RunOptions(staleness=1))["history"]
     assert recomputed[1]["mismatch/abs_max"] > 0.1
+
+
+# ---------------------------------------------------------------------- the correction
+def _correction_run(run: RunOptions, **kw) -> list[dict]:
+    return _run("copy", 2, run=run, **kw)["history"]
+
+
+def test_auto_masks_stale_tokens_only_when_pi_old_is_recomputed_k_steps_off():
+    # staleness 1, π_old recomputed: the loss is wrapped in IcePop's mask (mis/*)
+    assert all("mis/masked_frac" in h for h in _correction_run(RunOptions(staleness=1)))
+    # synchronous, or π_old the engine's, or correction=None: the loss as given
+    for run in (
+        RunOptions(),
+        RunOptions(staleness=1, old_logprobs="rollout"),
+        RunOptions(staleness=1, correction=None),
+    ):
+        assert not any(k.startswith("mis/") for h in _correction_run(run) for k in h), run
+    # a loss that already is a correction is not wrapped again
+    tis = rb.losses.TruncatedIS(rb.recipes.defaults.PPO_CLIP, cap=2.0)
+    history = _correction_run(RunOptions(staleness=1), loss_fn=tis)
+    assert all("tis/weight_mean" in h and "mis/weight_mean" not in h for h in history)
+
+
+def test_a_given_correction_applies_at_every_staleness():
+    run = RunOptions(correction=partial(rb.losses.TruncatedIS, cap=1.5))
+    history = _correction_run(run)
+    assert all(h["tis/capped_frac"] >= 0 for h in history)
+
+
+def _no_weights(logprobs, old_logprobs, advantages, mask, /):
+    """A policy loss that takes no importance weights."""
+    return -(logprobs - old_logprobs).exp() * advantages * mask, {}
+
+
+def test_a_loss_without_is_weights_is_refused_or_warned_about_by_name():
+    with pytest.warns(UserWarning, match=r"the loss _no_weights takes no is_weights"):
+        history = _correction_run(RunOptions(staleness=1), loss_fn=_no_weights)
+    assert len(history) == 2  # trained, uncorrected, as the warning says
+    given = RunOptions(staleness=1, correction=partial(rb.losses.MaskedIS))
+    with pytest.raises(ValueError, match=r"RolloutSource: .* but _no_weights takes no is_weights"):
+        _correction_run(given, loss_fn=_no_weights)
+
+
+def test_bad_corrections_are_refused_naming_the_option():
+    with pytest.raises(ValueError, match=r"RunOptions.correction: 'icepop' is not a correction"):
+        RunOptions(correction="icepop")
+    with pytest.raises(ValueError, match=r"RunOptions.correction: .* old_logprobs='rollout'"):
+        RunOptions(correction=partial(rb.losses.TruncatedIS), old_logprobs="rollout")

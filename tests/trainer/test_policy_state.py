@@ -12,6 +12,7 @@ from torch.testing import assert_close
 
 from rlblocks.losses import clipped_surrogate
 from rlblocks.trainer import PolicyTrainer, TrainConfig, cosine
+from rlblocks.trainer.weights import optimizer_state_by_name
 
 CONFIG = TrainConfig(lr=1e-2, mini_batch_size=3, epochs=2, schedule=cosine(warmup=2, total=20))
 
@@ -46,6 +47,35 @@ def test_state_dict_rejects_other_parameters():
     state["model"] = {"not.a.parameter": torch.zeros(1)}
     with pytest.raises(KeyError, match="state dict mismatch"):
         trainer.load_state_dict(state)
+
+
+def _by_name(trainer) -> dict:
+    """The trainer's optimizer state keyed by parameter name: what a sharded group (Ray
+    workers) returns in ``state_dict()["optimizer"]`` and loads (DCP's full state dict; it
+    reads a one-process model too)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    return get_optimizer_state_dict(trainer.model, trainer.optimizer, options=options)
+
+
+def test_an_index_keyed_state_is_renamed_as_a_sharded_group_loads_it(make_rollouts):
+    # This kernel -> Ray workers: the one-process state, keyed by index, in the keying of DCP's
+    # set_optimizer_state_dict (checked by tests/placement/test_ray.py on real workers).
+    trainer = tiny_trainer(config=CONFIG)
+    trainer.step(make_rollouts(seed=0), torch.randn(8), loss_fn=clipped_surrogate)
+    renamed = optimizer_state_by_name(
+        trainer.optimizer, trainer.model, trainer.optimizer.state_dict()
+    )
+    expected = _by_name(trainer)
+    assert renamed["param_groups"] == expected["param_groups"]
+    assert renamed["state"].keys() == expected["state"].keys()
+    for name, values in expected["state"].items():
+        assert_close(renamed["state"][name], values, rtol=0, atol=0)
+    other = {**renamed, "param_groups": renamed["param_groups"] * 2}
+    with pytest.raises(ValueError, match=r"^PolicyTrainer.load_state_dict: the optimizer state"):
+        optimizer_state_by_name(trainer.optimizer, trainer.model, other)
+    assert optimizer_state_by_name(trainer.optimizer, trainer.model, expected) is expected
 
 
 def _count_forwards(module: torch.nn.Module) -> list[int]:
