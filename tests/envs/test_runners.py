@@ -246,13 +246,24 @@ def test_an_interrupted_call_does_not_answer_the_next_one(no_leftovers):
     # Ctrl-C in a notebook while a tool runs: the worker, still busy with the interrupted
     # call, is stopped; otherwise its late "awake" would be read as the next call's answer.
     with ToolEnv([nap, calculator]) as env:
-        interrupt = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+
+        def interrupt_mid_nap() -> None:
+            # Once the worker has loaded the tool (a loaded machine may take seconds to start
+            # it), the nap is under way: interrupt it then, not at a fixed time.
+            deadline = time.monotonic() + 30.0
+            while not (env.runner._slot and env.runner._slot[0].loaded):
+                assert time.monotonic() < deadline, "the worker never loaded the tool"
+                time.sleep(0.01)
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        interrupt = threading.Thread(target=interrupt_mid_nap)
         interrupt.start()
         with pytest.raises(KeyboardInterrupt):
-            env.runner.call(nap, {"seconds": 1.5}, timeout=10.0, limit=100)
+            env.runner.call(nap, {"seconds": 3.0}, timeout=10.0, limit=100)
         interrupt.join()
         assert env.runner.pid is None
-        time.sleep(1.5)  # past the end of the interrupted nap
+        time.sleep(3.0)  # past the end of the interrupted nap
         answer = env.runner.call(calculator, {"expression": "1 + 1"}, timeout=10.0, limit=100)
         assert answer == ("2", True)
 
