@@ -255,7 +255,10 @@ def test_an_interrupted_call_does_not_answer_the_next_one(no_leftovers):
                 assert time.monotonic() < deadline, "the worker never loaded the tool"
                 time.sleep(0.01)
             time.sleep(0.3)
-            os.kill(os.getpid(), signal.SIGINT)
+            # Ctrl-C reaches the main thread; os.kill would let the kernel hand the signal to
+            # any thread of this process (the suite's earlier tests leave some), and the main
+            # thread, blocked waiting for the worker, would not be woken.
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
         interrupt = threading.Thread(target=interrupt_mid_nap)
         interrupt.start()
