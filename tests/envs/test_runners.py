@@ -245,30 +245,33 @@ def test_a_thread_runner_leaves_a_late_call_running_until_it_returns_and_only_on
 def test_an_interrupted_call_does_not_answer_the_next_one(no_leftovers):
     # Ctrl-C in a notebook while a tool runs: the worker, still busy with the interrupted
     # call, is stopped; otherwise its late "awake" would be read as the next call's answer.
-    with ToolEnv([nap, calculator]) as env:
+    # A shell starts a background job with SIGINT ignored, and Python then keeps it ignored:
+    # the test installs Python's own Ctrl-C handler for its duration (what a kernel has).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with ToolEnv([nap, calculator]) as env:
 
-        def interrupt_mid_nap() -> None:
-            # Once the worker has loaded the tool (a loaded machine may take seconds to start
-            # it), the nap is under way: interrupt it then, not at a fixed time.
-            deadline = time.monotonic() + 30.0
-            while not (env.runner._slot and env.runner._slot[0].loaded):
-                assert time.monotonic() < deadline, "the worker never loaded the tool"
-                time.sleep(0.01)
-            time.sleep(0.3)
-            # Ctrl-C reaches the main thread; os.kill would let the kernel hand the signal to
-            # any thread of this process (the suite's earlier tests leave some), and the main
-            # thread, blocked waiting for the worker, would not be woken.
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            def interrupt_mid_nap() -> None:
+                # Once the worker has loaded the tool (a loaded machine may take seconds to
+                # start it), the nap is under way: interrupt it then, not at a fixed time.
+                deadline = time.monotonic() + 30.0
+                while not (env.runner._slot and env.runner._slot[0].loaded):
+                    assert time.monotonic() < deadline, "the worker never loaded the tool"
+                    time.sleep(0.01)
+                time.sleep(0.3)
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
-        interrupt = threading.Thread(target=interrupt_mid_nap)
-        interrupt.start()
-        with pytest.raises(KeyboardInterrupt):
-            env.runner.call(nap, {"seconds": 3.0}, timeout=10.0, limit=100)
-        interrupt.join()
-        assert env.runner.pid is None
-        time.sleep(3.0)  # past the end of the interrupted nap
-        answer = env.runner.call(calculator, {"expression": "1 + 1"}, timeout=10.0, limit=100)
-        assert answer == ("2", True)
+            interrupt = threading.Thread(target=interrupt_mid_nap)
+            interrupt.start()
+            with pytest.raises(KeyboardInterrupt):
+                env.runner.call(nap, {"seconds": 3.0}, timeout=10.0, limit=100)
+            interrupt.join()
+            assert env.runner.pid is None
+            time.sleep(3.0)  # past the end of the interrupted nap
+            answer = env.runner.call(calculator, {"expression": "1 + 1"}, timeout=10.0, limit=100)
+            assert answer == ("2", True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_the_worker_kills_itself_and_its_programs_when_its_runner_dies(tmp_path, no_leftovers):
