@@ -395,3 +395,22 @@ def test_replay_benchmark_on_the_tiny_model(capsys):
         assert cases[sampler, "hf default"]["mismatch/abs_max"] < 1e-4
     lines = [line for line in out.splitlines() if line.startswith("| ")]
     assert len(lines) == 1 + len(rows)  # the header, a row per case
+
+
+def test_packed_attention_benchmark_on_the_tiny_model(capsys, monkeypatch, tmp_path):
+    """benchmarks/packed_attention.py: the three ways run on one micro-batch, agree on the
+    log-probs, and the ratios and the results file come out. fp32 on the tiny model: each
+    log-prob goes through a few hundred float32 roundings (eps 6e-8) of terms below 10, so the
+    ways agree within 1e-4; a row attending to another moves them by more than 1e-3
+    (tests/trainer/test_packing.py)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # it imports grpo_step beside it
+    bench = load_benchmark("packed_attention")
+    result = bench.main(["--rows", "4", "--repeats", "1", "--max-new-tokens", "16",
+                         "--out", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert set(result["median_seconds"]) == set(bench.WAYS)
+    assert all(s > 0 for s in result["median_seconds"].values())
+    assert all(gap < 1e-4 for gap in result["max_logprob_gap"].values())
+    assert "packed-rows / packed-batched:" in out
+    saved = json.loads((tmp_path / "packed_attention.json").read_text())
+    assert saved["ratios"] == result["ratios"]

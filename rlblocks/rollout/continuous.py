@@ -51,6 +51,7 @@ where flash attention and CUDA graphs apply (docs/rollout.md has the numbers mea
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -67,6 +68,14 @@ from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
 from rlblocks.rollout.sampling import generation_config, sampler_record, seeded
 from rlblocks.rollout.stopping import ResponseEnds, valid_tokens
 from rlblocks.rollouts import Rollouts
+
+PAGE_FIELD = (
+    "page_size"
+    if "page_size" in {field.name for field in dataclasses.fields(ContinuousBatchingConfig)}
+    else "block_size"
+)
+"""The paged cache's tokens-per-page field: ``page_size`` in transformers 5.19, ``block_size``
+in 5.17 (which refuses ``page_size``: found on the GPU machine's image)."""
 
 DEFAULT_SAMPLING = SamplingParams()
 #: Tokens of one page of the paged cache (transformers' default). Every sequence holds whole
@@ -202,7 +211,7 @@ class ContinuousBatchingEngine(LocalWeights):
             )
         total = sum(lengths) * group_size
         return ContinuousBatchingConfig(
-            page_size=PAGE_SIZE,
+            **{PAGE_FIELD: PAGE_SIZE},
             num_blocks=blocks,
             max_batch_tokens=max(concurrent, min(total, MAX_BATCH_TOKENS)),
             max_requests_per_batch=concurrent,

@@ -65,6 +65,43 @@ def test_packed_scores_equal_padded_scores(seed):
     assert (lp[~ro.response_attention_mask] == 0).all()
 
 
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2)])
+def test_batched_row_attention_equals_one_call_per_row(heads):
+    # The GPU form (rows right-padded into one causal call) against the per-row loop, forward
+    # and gradients, rows of 1 to 9 tokens, with and without grouped-query heads.
+    from rlblocks.models.packing import attend_rows
+
+    g = torch.Generator().manual_seed(0)
+    lengths = [3, 1, 9, 4, 7]
+    bounds = tuple(zip(torch.tensor([0, *lengths]).cumsum(0)[:-1].tolist(),
+                       torch.tensor(lengths).cumsum(0).tolist(), strict=True))  # fmt: skip
+    n, (hq, hkv) = sum(lengths), heads
+    q, k, v = (torch.randn(1, h, n, 8, generator=g, dtype=torch.float64) for h in (hq, hkv, hkv))
+    outputs, grads = [], []
+    for batched in (False, True):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        out = attend_rows(*leaves, bounds, scale=0.3, batched=batched)
+        out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape))
+        outputs.append(out.detach())
+        grads.append([x.grad for x in leaves])
+    assert outputs[0].shape == (1, hq, n, 8)
+    assert_close(outputs[1], outputs[0], **TOL)
+    for batched_grad, row_grad in zip(grads[1], grads[0], strict=True):
+        assert_close(batched_grad, row_grad, **TOL)
+
+
+def test_packed_scores_with_batched_row_attention_equal_padded(monkeypatch):
+    # The GPU default run on the CPU: scores through the whole model equal the padded ones,
+    # and the isolation check passes with it.
+    monkeypatch.setattr(rb.models.packing, "BATCHED", True)
+    model, _ = tiny(seed=1, dtype=torch.float64)
+    ro = ragged_rollouts(8, seed=1)
+    lp, ent = score_responses(model, ro, packing=True, chunk_size=5, entropy=True)
+    lp_pad, ent_pad = score_responses(model, ro, packing=False, chunk_size=5, entropy=True)
+    assert_close(lp, lp_pad, **TOL)
+    assert_close(ent, ent_pad, **TOL)
+
+
 def test_transformers_own_packed_masks_equal_padded_scores():
     # A sliding window in use sends the model through transformers' packed masks (the model's
     # own window rule), not the row attention; a window of 3 is shorter than every row here.
