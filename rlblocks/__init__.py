@@ -11,7 +11,8 @@ tiny and built-in models), ``rollout`` (engines), ``trainer`` (``PolicyTrainer``
 tools and the agent rollout), ``recipes`` (GRPO...), ``run`` (how a run is driven:
 ``RunOptions``, the loop, where rollouts and π_old come from), ``checkpoint``
 (whole-run checkpoints and resume), ``runlog`` (metrics JSONL), ``tracking`` (the ``Tracker``:
-metrics JSONL plus TensorBoard, W&B, MLflow, trackio), ``notebook`` (the live ``Dashboard``);
+metrics JSONL plus TensorBoard, W&B, MLflow, trackio), ``notebook`` (the live ``Dashboard``),
+``planner`` (``rb.plan``: the memory a run needs per device, before it loads anything);
 ``rb.plot`` draws a run's curves. ``interfaces`` holds the block contracts, ``Rollouts`` the
 batch type.
 
@@ -35,6 +36,7 @@ _LAZY = (
     "envs",
     "models",
     "notebook",
+    "planner",
     "recipes",
     "resharder",
     "rollout",
@@ -59,6 +61,8 @@ __all__ = [
     "models",
     "notebook",
     "placement",
+    "plan",
+    "planner",
     "plot",
     "recipes",
     "resharder",
@@ -72,6 +76,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "plan":  # rb.plan(model, ...): the memory a run needs per device, by part
+        from rlblocks.planner import plan
+
+        return plan
     if name == "plot":  # rb.plot(metrics_jsonl, "curves.png"): the dashboard's curves, as a PNG
         from rlblocks.notebook import plot
 
