@@ -304,6 +304,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         max_grad_norm=1.0,
         tp=args.tp,
     )
+    print(_memory_plan(args, gpu), flush=True)  # before any weights are read
     placement = _placement(args.workers, gpu)
     with placement:  # Ray: the workers stop when the job ends, also on an error
         if args.workers:
@@ -327,6 +328,35 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             policy = trainer()  # the engine shares the trainer's model: no copy, no sync
             engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)
         return _run(args, task, policy, engine)
+
+
+PROMPT_TOKENS = 64
+"""What the memory plan takes a prompt to be at most (the arithmetic chat prompts are shorter)."""
+
+
+def _memory_plan(args: argparse.Namespace, gpu: bool) -> str:
+    """``rb.plan`` of this job (a policy trainer in float32, micro-batches of 8 rows, the
+    engine's sampling), printed before the model loads; a model it cannot size is said so and
+    the job goes on."""
+    length = PROMPT_TOKENS + args.max_new_tokens
+    try:
+        planned = rb.plan(
+            args.model,
+            dtype=torch.float32,
+            tokens=8 * length,
+            reference=bool(args.kl_coef),
+            world=args.workers or 1,
+            tp=args.tp,
+            engine="vllm" if args.engine == "vllm" else "hf",
+            engine_copy=bool(args.staleness) or bool(args.workers),
+            colocated=not args.workers,
+            rollout_rows=args.prompts_per_step * args.group_size,
+            rollout_tokens=length,
+        )
+    except (ValueError, OSError) as error:
+        return f"memory plan: not made ({error})"
+    device = "per GPU" if gpu else "in this machine's RAM"
+    return f"{planned}\n(the plan of this job's tensors {device}; docs/memory.md)"
 
 
 def sft_completion(row: rb.data.PromptRow, target: str) -> str:

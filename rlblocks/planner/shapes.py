@@ -21,6 +21,7 @@ left at 0: the caller reports the bytes it could size and what it could not.
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
+WEIGHT_PARTS = ("weights", "reference", "gradients", "optimizer", "activations")
+"""The parts that need the model built (its parameters, its layers)."""
 TRACE_TOKENS = 256
 """Tokens of the meta forward that counts a layer's saved activations (per-token bytes are
 linear in the tokens for the kernels traced; attention that keeps ``t × t`` scores is not, and
@@ -112,28 +115,40 @@ def model_shape(
 
     config = load_config(model)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    name = getattr(config, "_name_or_path", "") or type(config).__name__
+    name = str(model) if isinstance(model, (str, Path)) else (
+        getattr(config, "_name_or_path", "") or type(config).__name__
+    )
     unsized: dict[str, str] = {}
-    try:
-        with init_empty_weights():
-            meta = AutoModelForCausalLM.from_config(config)
-    except Exception as error:  # noqa: BLE001 - any failure is reported by part
-        raise ValueError(
-            f"plan: cannot build {name} ({type(config).__name__}) on the meta device to size "
-            f"it: {type(error).__name__}: {error}"
-        ) from error
-    if lora is not None:
+    if isinstance(model, nn.Module):
+        meta = model  # its own parameters; a layer is copied to the meta device to trace it
+    else:
+        try:
+            with init_empty_weights():
+                meta = AutoModelForCausalLM.from_config(config)
+            meta.tie_weights()  # built on meta, tied weights are two until tied again
+        except Exception as error:  # noqa: BLE001 - reported by part, the rest still sized
+            meta = None
+            why = (
+                f"transformers cannot build {type(config).__name__} "
+                f"({type(error).__name__}: {str(error).splitlines()[0][:160]}); pass the model "
+                "itself"
+            )
+            unsized.update({part: why for part in WEIGHT_PARTS})
+    if meta is not None and lora is not None:
         from peft import get_peft_model
 
-        meta = get_peft_model(meta, lora)
-    params = sum(p.numel() for p in meta.parameters())
-    trainable = sum(p.numel() for p in meta.parameters() if p.requires_grad)
-    layers = decoder_layers(meta)
-    if layers is None:
+        meta = get_peft_model(copy.deepcopy(meta) if meta is model else meta, lora)
+    params = sum(p.numel() for p in meta.parameters()) if meta is not None else 0
+    trainable = (
+        sum(p.numel() for p in meta.parameters() if p.requires_grad) if meta is not None else 0
+    )
+    layers = decoder_layers(meta) if meta is not None else None
+    if meta is not None and layers is None:
         unsized["activations"] = (
             f"no list of decoder layers found in {type(meta).__name__} (looked for the longest "
             "nn.ModuleList of one module class)"
         )
+    if layers is None:
         layer_params, n_layers = 0, int(getattr(text, "num_hidden_layers", 0) or 0)
     else:
         sizes = compute_module_sizes(layers, dtype=torch.float32)
@@ -187,6 +202,8 @@ def _saved_per_token(
     backward, per token."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
+    if any(p.device.type != "meta" for p in layer.parameters()):
+        layer = copy.deepcopy(layer).to("meta")  # a real model's layer: traced on a copy
     layer = layer.to(dtype)
     params = {StorageWeakRef(p.untyped_storage()) for p in layer.parameters()}
     saved: dict[Any, tuple[int, bool]] = {}
@@ -203,11 +220,12 @@ def _saved_per_token(
     kwargs: dict[str, Any] = {"attention_mask": None, "position_ids": positions}
     rotary = _rotary(model)
     if rotary is not None:
+        rotary = copy.deepcopy(rotary).to("meta")
         kwargs["position_embeddings"] = tuple(e.to(dtype) for e in rotary(x, positions))
     with (
         torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t),
         _train(layer),
-        _flash_like(model),
+        _flash_like(layer),
     ):
         layer(x, **kwargs)
     total = sum(n for n, _ in saved.values())

@@ -106,26 +106,36 @@ class Plan:
     @property
     def fits(self) -> bool | None:
         """Whether every device's peak leaves ``MARGIN`` of its capacity free (None: no
-        capacity known)."""
+        capacity known, or a part not sized and the sized ones fit)."""
         if self.capacity is None:
             return None
-        return self.peak <= (1 - MARGIN) * self.capacity
+        if self.peak > (1 - MARGIN) * self.capacity:
+            return False
+        return None if self.unsized else True
 
     def table(self) -> str:
         """A markdown table of the parts, the peaks and the verdict."""
         lines = ["| part | per device |", "|---|---|"]
         for part in TRAIN_PARTS:
-            lines.append(f"| {part} | {_gib(self.trainer[part])} |")
+            size = "not sized" if part in self.unsized else _gib(self.trainer[part])
+            lines.append(f"| {part} | {size} |")
         for part in ENGINE_PARTS:
             where = "" if self.setup.colocated else " (engine device)"
-            lines.append(f"| {part}{where} | {_gib(self.engine[part])} |")
+            size = "not sized" if part in self.unsized else _gib(self.engine[part])
+            lines.append(f"| {part}{where} | {size} |")
         for device, peak in self.peaks.items():
             lines.append(f"| **peak, {device}** | **{_gib(peak)}** |")
         return "\n".join(lines)
 
     def verdict(self) -> str:
         """One line: fits or not, against what, and the change that fits when it does not."""
-        unsized = "".join(f"; could not size {p}: {why}" for p, why in self.unsized.items())
+        reasons: dict[str, list[str]] = {}
+        for part, why in self.unsized.items():
+            reasons.setdefault(why, []).append(part)
+        unsized = "".join(f"; could not size {', '.join(parts)}: {why}"
+                          for why, parts in reasons.items())  # fmt: skip
+        if self.unsized and self.fits is not False:
+            return f"no verdict: the sized parts come to {_gib(self.peak)} per device{unsized}"
         if self.capacity is None:
             return f"peak {_gib(self.peak)} per device (device size unknown: no verdict){unsized}"
         room = (1 - MARGIN) * self.capacity
