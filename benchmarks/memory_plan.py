@@ -56,8 +56,7 @@ CONFIGS = (
     Config("smollm2-135m shape, full", "smollm2-135m-random", 512),
     Config("smollm2-135m shape, full, 1024 tokens", "smollm2-135m-random", 1024),
     Config("smollm2-135m shape, LoRA r16", "smollm2-135m-random", 1024, lora=16),
-    Config("smollm2-135m shape, full, checkpointing", "smollm2-135m-random", 1024,
-           checkpointing=True),  # fmt: skip
+    Config("smollm2-135m shape, checkpointing", "smollm2-135m-random", 1024, checkpointing=True),
     Config("smollm2-135m shape, full, 2 ranks", "smollm2-135m-random", 512, world=2),
 )
 
@@ -117,7 +116,7 @@ def measure_rank(rank: int, config: Config, store: str, out: str) -> None:
 
     import rlblocks as rb
 
-    hf_config, tokenizer = model_config(config.model)
+    hf_config, _ = model_config(config.model)
     hf_config._attn_implementation = "sdpa"
     rows = 2 * config.tokens // ROW * config.world  # two micro-batches per rank
     g = torch.Generator().manual_seed(0)

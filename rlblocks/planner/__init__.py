@@ -6,7 +6,7 @@ the verdict against the device and the smallest change that fits. ``benchmarks/m
 holds the arithmetic against measured peaks (docs/memory.md).
 """
 
-from rlblocks.planner.sizing import MARGIN, Plan, Setup, plan
 from rlblocks.planner.shapes import ModelShape, load_config, model_shape
+from rlblocks.planner.sizing import MARGIN, Plan, Setup, plan
 
 __all__ = ["MARGIN", "ModelShape", "Plan", "Setup", "load_config", "model_shape", "plan"]

@@ -115,8 +115,10 @@ def model_shape(
 
     config = load_config(model)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    name = str(model) if isinstance(model, (str, Path)) else (
-        getattr(config, "_name_or_path", "") or type(config).__name__
+    name = (
+        str(model)
+        if isinstance(model, (str, Path))
+        else (getattr(config, "_name_or_path", "") or type(config).__name__)
     )
     unsized: dict[str, str] = {}
     if isinstance(model, nn.Module):
@@ -189,9 +191,13 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList | None:
     """The longest ``nn.ModuleList`` whose modules are all of one class (a decoder stack)."""
     best = None
     for module in model.modules():
-        if isinstance(module, nn.ModuleList) and len(module) > 0:
-            if len({type(m) for m in module}) == 1 and (best is None or len(module) > len(best)):
-                best = module
+        if (
+            isinstance(module, nn.ModuleList)
+            and len(module) > 0
+            and len({type(m) for m in module}) == 1
+            and (best is None or len(module) > len(best))
+        ):
+            best = module
     return best
 
 

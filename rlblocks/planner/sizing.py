@@ -144,8 +144,10 @@ class Plan:
                 f"fits: peak {_gib(self.peak)} of {_gib(self.capacity)} per device "
                 f"({self.peak / self.capacity:.0%}){unsized}"
             )
-        change = f"; smallest change that fits: {self.change}" if self.change else (
-            "; no single change or pair of the planner's fits"
+        change = (
+            f"; smallest change that fits: {self.change}"
+            if self.change
+            else ("; no single change or pair of the planner's fits")
         )
         return (
             f"does not fit: peak {_gib(self.peak)} against {_gib(room)} usable of "
@@ -155,13 +157,16 @@ class Plan:
     def __str__(self) -> str:
         s = self.setup
         layout = f"{s.world} rank(s), tp {s.tp}, sp {s.sp}"
+        engine = ""
+        if s.engine:
+            engine = (
+                f"; {s.engine} engine, {s.rollout_rows} rows of {s.rollout_tokens} tokens"
+                f"{', colocated' if s.colocated else ''}{', sleeping' if s.sleep else ''}"
+            )
         head = (
             f"memory plan of {self.model}: {str(s.dtype).removeprefix('torch.')}, "
             f"{'LoRA' if s.lora else 'full'}, {s.optimizer}, {s.tokens} tokens per forward"
-            f"{', checkpointing' if s.gradient_checkpointing else ''}, {layout}"
-            + (f"; {s.engine} engine, {s.rollout_rows} rows of {s.rollout_tokens} tokens"
-               f"{', colocated' if s.colocated else ''}{', sleeping' if s.sleep else ''}"
-               if s.engine else "")  # fmt: skip
+            f"{', checkpointing' if s.gradient_checkpointing else ''}, {layout}{engine}"
         )
         return f"{head}\n{self.table()}\n{self.verdict()}"
 
