@@ -12,7 +12,7 @@ from rlblocks import demo
 from rlblocks.runlog import read_metrics
 
 
-def test_demo_smoke_run_writes_its_outputs(tmp_path, monkeypatch):
+def test_demo_smoke_run_writes_its_outputs(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("RLBLOCKS_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "run"
     argv = ["--model", "tiny", "--steps", "2", "--eval-size", "4", "--group-size", "2"]
@@ -34,6 +34,11 @@ def test_demo_smoke_run_writes_its_outputs(tmp_path, monkeypatch):
         assert key in records[0], key
     assert "kl/token" not in records[0]  # --kl-coef 0: no reference model, nothing scored
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    # The memory plan is printed before the model loads (its first line, then the first
+    # progress output of the held-out evaluation).
+    printed = capsys.readouterr().out
+    assert printed.lstrip().startswith("memory plan of tiny: float32, full")
+    assert "| **peak, trainer** |" in printed and "fits: peak" in printed
 
 
 def test_demo_held_out_problems_are_distinct_unseen_and_the_same_for_every_seed():
