@@ -18,10 +18,12 @@ from rlblocks.run.options import RunOptions, StepCallback, Tracker, recipe
 from rlblocks.run.resume import ResumeRefused
 from rlblocks.run.source import Batches, RolloutSource, samples_with_policy
 from rlblocks.run.state import Drawn, describe, run_config
+from rlblocks.run.watchdog import STALL_EXIT, Watchdog, thread_stacks
 
 __all__ = [
     "KL_LOSS_METRICS",
     "PHASES",
+    "STALL_EXIT",
     "Batches",
     "Clock",
     "Drawn",
@@ -33,9 +35,11 @@ __all__ = [
     "Step",
     "StepCallback",
     "Tracker",
+    "Watchdog",
     "describe",
     "recipe",
     "run_config",
     "run_steps",
     "samples_with_policy",
+    "thread_stacks",
 ]

@@ -65,6 +65,7 @@ from rlblocks.interfaces import Rollouts
 from rlblocks.run.options import RunOptions
 from rlblocks.run.preflight import check_steps
 from rlblocks.run.resume import check_resumed, start_over
+from rlblocks.run.watchdog import Watchdog
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -85,9 +86,16 @@ class Clock:
     time source (``time.perf_counter``; a test passes a fake).
     """
 
-    def __init__(self, timer: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        timer: Callable[[], float] = time.perf_counter,
+        *,
+        watchdog: Watchdog | None = None,
+        step: int = 0,
+    ) -> None:
         self.timer = timer
         self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.watchdog, self.step = watchdog, step
         self._open: list[str] = []
         self._since = 0.0
 
@@ -97,11 +105,24 @@ class Clock:
             raise ValueError(f"Clock: unknown phase {phase!r}; the phases are {PHASES}")
         self._switch()
         self._open.append(phase)
+        start = self.timer()
+        if self.watchdog is not None:
+            self.watchdog.enter(phase, self.step)
         try:
             yield
         finally:
             self._switch()
             self._open.pop()
+            if self.watchdog is not None:
+                self.watchdog.leave(phase, self.timer() - start)
+                if self._open:  # the outer phase goes on, with a deadline of its own again
+                    self.watchdog.enter(self._open[-1], self.step)
+
+    def note(self, **info: Any) -> None:
+        """What the step is working on (``rows=``, ``prompts=``), for the watchdog's report
+        (`rlblocks.run.watchdog`); nothing without a watchdog."""
+        if self.watchdog is not None:
+            self.watchdog.note(**info)
 
     def timed(self, phase: str, fn: Callable[P, R]) -> Callable[P, R]:
         """``fn`` with every call timed as ``phase`` (for calls made inside another block)."""
@@ -202,6 +223,7 @@ def run_steps(
     saver = (
         Checkpointer(run.checkpoint) if isinstance(run.checkpoint, str | Path) else run.checkpoint
     )
+    watchdog = run.watchdog
     state = {**(blocks or {}), **source.blocks()}
     config = {**dict(config or {}), "run": run.describe()}
     start, history, rerun = 0, [], False
@@ -226,7 +248,9 @@ def run_steps(
         with bar:
             for index in range(start, steps):
                 source.begin(index, remaining=steps - index - 1)
-                clock = Clock()
+                if watchdog is not None:
+                    watchdog.clear_notes()
+                clock = Clock(watchdog=watchdog, step=index)
                 begin = time.perf_counter()
                 try:
                     out = step_fn(index, clock)
@@ -241,16 +265,33 @@ def run_steps(
                 _postfix(bar, metrics)
                 stop = _report(index, metrics, out.rollouts, run)
                 if saver is not None and saver.due(len(history)):
-                    saver.save(len(history), state, history=history, config=config)
+                    with _watched(watchdog, "checkpoint", index):
+                        saver.save(len(history), state, history=history, config=config)
                 if stop:
                     break
         if saver is not None and len(history) > max(start, saver.latest() or 0):
             saver.save(len(history), state, history=history, config=config)  # however it ended
     finally:
         source.close()
+        if watchdog is not None:
+            watchdog.close()
         if acquired:
             saver.lock.release()
     return history
+
+
+@contextmanager
+def _watched(watchdog: Watchdog | None, phase: str, step: int) -> Iterator[None]:
+    """``phase`` under the watchdog's deadline (a phase outside the step's `Clock`)."""
+    if watchdog is None:
+        yield
+        return
+    start = time.perf_counter()
+    watchdog.enter(phase, step)
+    try:
+        yield
+    finally:
+        watchdog.leave(phase, time.perf_counter() - start)
 
 
 def _postfix(bar: tqdm, metrics: dict[str, Any]) -> None:

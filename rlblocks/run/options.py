@@ -25,6 +25,7 @@ from rlblocks.renamed import moved_keywords
 if TYPE_CHECKING:
     from rlblocks.checkpoint import Checkpointer, Resume
     from rlblocks.interfaces import Resharder
+    from rlblocks.run.watchdog import Watchdog
 
 #: ``RunOptions.correction``: ``"auto"``, None, or ``loss -> corrected loss``.
 Correction = Literal["auto"] | Callable[[PolicyLoss], PolicyLoss] | None
@@ -86,6 +87,9 @@ class RunOptions:
     resharder: Resharder | None = None
     """How the trained weights reach the engine after each update (`rlblocks.interfaces.Resharder`);
     None: a new ``rb.resharder.Resharder()`` (256 MiB buckets). Checkpointed with the run."""
+    watchdog: Watchdog | None = None
+    """Deadlines per phase and a report naming the phase, the rows in flight and every
+    thread's stack when one passes (`rlblocks.run.watchdog.Watchdog`); None: no watchdog."""
 
     def __post_init__(self) -> None:
         if isinstance(self.staleness, bool) or not isinstance(self.staleness, int):

@@ -271,7 +271,7 @@ class RolloutSource:
 
     def _draw(self, clock: Clock) -> Rollouts | None:
         with clock("rollout"):
-            batch = self._fresh()
+            batch = self._fresh(clock)
         if batch is None:
             return None
         check_replayed(batch.rollouts, self.sampling, self.engine)  # before sampling more
@@ -289,11 +289,12 @@ class RolloutSource:
             rollouts = rollouts.replace(old_logprobs=rollouts.rollout_logprobs)
         return rollouts
 
-    def _fresh(self) -> Batch | None:
+    def _fresh(self, clock: Clock) -> Batch | None:
         """The next batch within the staleness bound: older ones are dropped and counted."""
         while True:
-            if not self._ahead and not self._submit():
+            if not self._ahead and not self._submit(clock):
                 return None
+            clock.note(**getattr(self._ahead[0], "note", {}))  # what the wait is for (watchdog)
             batch = self._take()
             if self.version - batch.version <= self.run.staleness:
                 return batch
@@ -389,17 +390,32 @@ class RolloutSource:
             self._ahead.append(done)
 
     # ------------------------------------------------------------------ internals
-    def _submit(self) -> bool:
-        """Start sampling the next batch (in the thread, or now); False when there is none."""
+    def _submit(self, clock: Clock | None = None) -> bool:
+        """Start sampling the next batch (in the thread, or now, noted on ``clock``); False
+        when there is none."""
         batch = next(self.data, None)
         if batch is None:
             return False
+        prompts = list(getattr(batch, "prompts", None) or [])
+        note = (
+            {
+                "rows": f"{len(prompts) * self.group_size} ({self.group_size} samples of "
+                f"{len(prompts)} prompts, sampled by weights version {self.version})",
+                "prompts": [str(p)[:120] for p in prompts[:3]],
+            }
+            if prompts
+            else {"batch": f"a {type(batch).__name__}, weights version {self.version}"}
+        )
         if self._thread is None:
+            if clock is not None:
+                clock.note(**note)  # sampled right here: the watchdog's report names it
             done: Future[Batch] = Future()
             done.set_result(self._sample(batch, self.version))
             self._ahead.append(done)
         else:
-            self._ahead.append(self._thread.submit(self._sample, batch, self.version))
+            future = self._thread.submit(self._sample, batch, self.version)
+            future.note = note  # type: ignore[attr-defined]  # read by _fresh for the watchdog
+            self._ahead.append(future)
         return True
 
     def _sample(self, batch: Any, version: int) -> Batch:
