@@ -14,6 +14,7 @@ all four. What each one writes and how it resumes: docs/tracking.md.
 from rlblocks.tracking.backend import TrackingBackend
 from rlblocks.tracking.jsonl import JsonlFiles
 from rlblocks.tracking.mlflow import MLflow
+from rlblocks.tracking.prometheus import Prometheus
 from rlblocks.tracking.samples import Sample, pick_samples
 from rlblocks.tracking.tensorboard import TensorBoard
 from rlblocks.tracking.tracker import BACKENDS, Tracker
@@ -24,6 +25,7 @@ __all__ = [
     "BACKENDS",
     "JsonlFiles",
     "MLflow",
+    "Prometheus",
     "Sample",
     "TensorBoard",
     "Tracker",
