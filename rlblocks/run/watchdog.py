@@ -64,8 +64,10 @@ class Worker(Protocol):
 
 
 def thread_stacks(*, first: int | None = None) -> str:
-    """Every thread of this process with its Python stack, thread ``first`` (an ident) first."""
+    """Every thread of this process with its Python stack, thread ``first`` (an ident) first;
+    the calling thread (the watchdog's own) left out."""
     frames = sys._current_frames()
+    frames.pop(threading.get_ident(), None)
     names = {t.ident: t.name for t in threading.enumerate()}
     order = sorted(frames, key=lambda ident: (ident != first, names.get(ident, "")))
     parts = []
