@@ -40,6 +40,7 @@ from rlblocks.placement.scatter import (
 )
 from rlblocks.placement.worker import GETATTR, NOOP
 from rlblocks.rollouts import Rollouts
+from rlblocks.stacks import SignalStacks
 
 
 class WorkerGroup:
@@ -126,6 +127,21 @@ class WorkerGroup:
     def nodes(self) -> list[str]:
         """Ray node id of each rank's worker."""
         return [info["node"] for info in self._workers.info]
+
+    def stacks(self) -> str:
+        """Every thread's Python stack in each rank's worker on the driver's node, read while
+        the worker runs whatever it runs (`rlblocks.stacks`: the worker answers a signal from
+        C, even blocked in a collective); a rank on another node is named as out of reach.
+        What a stall report (`rlblocks.run.watchdog.Watchdog`) asks of its workers."""
+        here = ray.get_runtime_context().get_node_id()
+        parts = []
+        for rank, info in enumerate(self._workers.info):
+            head = f"{self._role} rank {rank} (pid {info['pid']}, node {info['node'][:8]})"
+            if info["node"] != here or not info.get("stacks"):
+                parts.append(f"{head}: on another node, out of reach here (run `ray stack` there)")
+            else:
+                parts.append(f"{head}:\n{SignalStacks(info['pid'], info['stacks']).stacks()}")
+        return "\n".join(parts)
 
 
 class _Method:

@@ -23,6 +23,7 @@ from torch.torch_version import TorchVersion
 
 from rlblocks.interfaces import Shardable, dispatch_of
 from rlblocks.placement.errors import WorkerError
+from rlblocks.stacks import serve_stacks
 
 #: A call as it travels: (method name, positional arguments, keyword arguments).
 Call = tuple[str, tuple, dict]
@@ -44,6 +45,7 @@ class Worker:
         self.blocks: dict[str, Any] = {}
         self.node = ray.get_runtime_context().get_node_id()
         self._listener: socket.socket | None = None  # rank 0's rendezvous socket, until used
+        self.stacks = serve_stacks()  # a stall report can ask for this process's stacks
 
     def info(self, host: str | None) -> dict[str, Any]:
         """This worker's IP, Ray node id and process id; rank 0 also opens the listening socket
@@ -55,7 +57,8 @@ class Worker:
             self._listener = socket.create_server((host or "", 0))
             port = self._listener.getsockname()[1]
         ip = ray.util.get_node_ip_address()
-        return {"ip": ip, "port": port, "node": self.node, "pid": os.getpid()}
+        return {"ip": ip, "port": port, "node": self.node, "pid": os.getpid(),
+                "stacks": self.stacks}  # fmt: skip
 
     def init_process_group(
         self, address: tuple[str, int], backend: str, timeout: float, *, loopback: bool

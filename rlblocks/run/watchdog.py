@@ -37,17 +37,17 @@ checkpoints are whatever was saved before).
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import signal
 import socket
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol, TextIO
+
+from rlblocks.stacks import SignalStacks, serve_stacks, thread_stacks
 
 STALL_EXIT = 75
 """The exit status of a process the watchdog ended (``on_stall="exit"``)."""
@@ -61,20 +61,6 @@ class Worker(Protocol):
 
     def stacks(self) -> str:
         """Every thread's Python stack, as text."""
-
-
-def thread_stacks(*, first: int | None = None) -> str:
-    """Every thread of this process with its Python stack, thread ``first`` (an ident) first;
-    the calling thread (the watchdog's own) left out."""
-    frames = sys._current_frames()
-    frames.pop(threading.get_ident(), None)
-    names = {t.ident: t.name for t in threading.enumerate()}
-    order = sorted(frames, key=lambda ident: (ident != first, names.get(ident, "")))
-    parts = []
-    for ident in order:
-        stack = "".join(traceback.format_stack(frames[ident]))
-        parts.append(f'Thread "{names.get(ident, "?")}" ({ident}):\n{stack}')
-    return "\n".join(parts)
 
 
 class Watchdog:
@@ -238,42 +224,6 @@ class Watchdog:
             os._exit(STALL_EXIT)
 
 
-_SERVED: list[Any] = []  # the files serve_stacks keeps open for faulthandler
-
-
-def serve_stacks(path: str | Path, signum: int = signal.SIGUSR1) -> None:
-    """Make this process write every thread's Python stack to ``path`` when it receives
-    ``signum`` (``faulthandler``: written from C, so a thread blocked in C code, a collective
-    say, still answers). Call it at the start of a worker process; `SignalStacks` asks."""
-    file = open(path, "a")  # noqa: SIM115 - kept open for faulthandler, for the process's life
-    _SERVED.append(file)
-    faulthandler.register(signum, file=file, all_threads=True, chain=False)
-
-
-class SignalStacks:
-    """A `Worker` on this machine that runs `serve_stacks`: ``stacks()`` signals it and
-    reads what it wrote."""
-
-    def __init__(self, pid: int, path: str | Path, *, signum: int = signal.SIGUSR1,
-                 timeout: float = 5.0) -> None:  # fmt: skip
-        self.pid, self.path, self.signum, self.timeout = pid, Path(path), signum, timeout
-
-    def stacks(self) -> str:
-        before = self.path.stat().st_size if self.path.exists() else 0
-        os.kill(self.pid, self.signum)
-        deadline, last = time.monotonic() + self.timeout, -1
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
-            size = self.path.stat().st_size if self.path.exists() else 0
-            if size > before and size == last:  # written and no longer growing
-                break
-            last = size
-        with open(self.path, "rb") as file:
-            file.seek(before)
-            text = file.read().decode(errors="replace")
-        return text or f"(pid {self.pid} wrote no stacks within {self.timeout:g} s)"
-
-
 def _ask(worker: Worker, timeout: float) -> str:
     """``worker.stacks()`` within ``timeout`` seconds, else a line saying it did not answer."""
     result: list[str] = []
@@ -298,3 +248,14 @@ def _short(value: Any) -> str:
         shown = ", ".join(_short(x) for x in items[:3])
         return f"{len(items)} [{shown}{', ...' if len(items) > 3 else ''}]"
     return repr(value)
+
+
+__all__ = [
+    "PHASES",
+    "STALL_EXIT",
+    "SignalStacks",
+    "Watchdog",
+    "Worker",
+    "serve_stacks",
+    "thread_stacks",
+]

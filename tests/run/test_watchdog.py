@@ -83,7 +83,10 @@ def test_a_deadline_is_derived_from_the_phase_s_earlier_steps():
         return _rewards(rollouts)
 
     stream = io.StringIO()
-    watchdog = Watchdog(factor=3.0, floor=0.3, first=30.0, stream=stream)
+    # Only the reward's deadline is derived: the other phases get 60 s, so that a slow
+    # machine's rollout or update is not what this test reports.
+    others = dict.fromkeys(("rollout", "logprobs", "update", "sync", "checkpoint"), 60.0)
+    watchdog = Watchdog(others, factor=3.0, floor=0.3, first=30.0, stream=stream)
     _grpo(reward, watchdog)
     # 3 × 0.2 s = 0.6 s: reported at 0.6, 1.2 and 2.4 s of the 2.5 s.
     assert {(phase, step) for _, phase, step in watchdog.stalls} == {("reward", 2)}
@@ -133,7 +136,8 @@ RANK = textwrap.dedent(
     import torch, torch.distributed as dist
     import rlblocks as rb
     rank, store, folder = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    rb.run.watchdog.serve_stacks(os.path.join(folder, f"stacks-{rank}.txt"))
+    stacks = rb.run.watchdog.serve_stacks()  # where this process writes its stacks, signalled
+    open(os.path.join(folder, f"where-{rank}"), "w").write(stacks)
     open(os.path.join(folder, f"pid-{rank}"), "w").write(str(os.getpid()))
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     if rank == 1:
@@ -144,8 +148,9 @@ RANK = textwrap.dedent(
     else:
         while not os.path.exists(os.path.join(folder, "pid-1")):
             time.sleep(0.05)
+        time.sleep(0.2)  # pid-1 is written after where-1
         worker = rb.run.watchdog.SignalStacks(int(open(os.path.join(folder, "pid-1")).read()),
-                                              os.path.join(folder, "stacks-1.txt"))
+                                              open(os.path.join(folder, "where-1")).read())
         watchdog = rb.run.Watchdog({"update": 1.0}, workers={"rank 1": worker},
                                    folder=folder)
         watchdog.enter("update", 0)

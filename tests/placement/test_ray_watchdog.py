@@ -1,0 +1,47 @@
+"""The watchdog reads a Ray worker's stacks while the worker is stuck in a call."""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+
+import pytest
+from ray import cloudpickle
+
+import rlblocks as rb
+from rlblocks.run import Watchdog
+
+pytestmark = pytest.mark.ray
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers lack tests/
+
+
+class Stuck:
+    """A block whose call does not come back for a while."""
+
+    def work(self, seconds: float) -> int:
+        def waiting_on_a_lost_peer():
+            time.sleep(seconds)
+
+        waiting_on_a_lost_peer()
+        return 1
+
+
+def test_a_stuck_ray_worker_shows_its_stack_in_the_report():
+    with rb.placement.Ray(workers=1) as placement:
+        block = placement.build("reward", Stuck)
+        stream = io.StringIO()
+        watchdog = Watchdog({"reward": 1.0}, workers={"reward": block}, stream=stream)
+        watchdog.enter("reward", 0)
+        start = time.monotonic()
+        assert block.work(4.0) == 1
+        watchdog.leave("reward", time.monotonic() - start)
+        watchdog.close()
+    first = watchdog.stalls[0][0] - start
+    assert 1.0 <= first <= 1.0 + 5.0
+    report = watchdog.reports[0]
+    worker = report.split("--- worker reward ---")[1]
+    (pid,) = block.pids()
+    assert f"reward rank 0 (pid {pid}" in worker
+    assert "waiting_on_a_lost_peer" in worker and "in work" in worker
