@@ -224,6 +224,11 @@ def run_steps(
         Checkpointer(run.checkpoint) if isinstance(run.checkpoint, str | Path) else run.checkpoint
     )
     watchdog = run.watchdog
+    if watchdog is not None:  # Ray handles among the blocks report their workers' stacks too
+        found = {**(blocks or {}), **getattr(source, "workers", dict)()}
+        for key, block in found.items():
+            if callable(getattr(block, "stacks", None)):
+                watchdog.workers.setdefault(key, block)
     state = {**(blocks or {}), **source.blocks()}
     config = {**dict(config or {}), "run": run.describe()}
     start, history, rerun = 0, [], False

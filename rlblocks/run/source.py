@@ -222,6 +222,12 @@ class RolloutSource:
         """The checkpoint's parts: data position, the batches sampled ahead, the resharder."""
         return {"data": self.data, "rollouts": self, "resharder": self.resharder}
 
+    def workers(self) -> dict[str, Any]:
+        """The engine and the policy where they can report their stacks (Ray handles), for
+        the watchdog's stall report."""
+        blocks = {"engine": self.engine, "policy": self.policy}
+        return {name: b for name, b in blocks.items() if callable(getattr(b, "stacks", None))}
+
     def begin(self, index: int, *, remaining: int) -> None:
         """Step ``index`` starts, with ``remaining`` steps after it: nothing is sampled ahead
         that no step would train on."""

@@ -45,3 +45,34 @@ def test_a_stuck_ray_worker_shows_its_stack_in_the_report():
     (pid,) = block.pids()
     assert f"reward rank 0 (pid {pid}" in worker
     assert "waiting_on_a_lost_peer" in worker and "in work" in worker
+
+
+def test_a_recipe_s_ray_handles_are_the_watchdog_s_workers():
+    # The engine and the policy of a recipe run on Ray report their workers' stacks without
+    # being named: a stalled reward's report carries both.
+    import torch
+    from ray_helpers import policy_factory
+    from toy_tasks import count_prompts
+
+    calls = []
+
+    def slow_reward(rollouts):
+        calls.append(None)
+        if len(calls) == 2:
+            time.sleep(2.5)
+        return torch.zeros(len(rollouts)), {"reward/mean": 0.0}
+
+    stream = io.StringIO()
+    watchdog = Watchdog({"reward": 1.0}, stream=stream)
+    with rb.placement.Ray(workers=1) as placement:
+        policy = placement.build("actor", policy_factory(torch.float32))
+        engine = placement.build("rollout", rb.rollout.HFEngine.from_pretrained, "tiny")
+        batches = rb.data.PromptBatches(count_prompts(8), prompts_per_step=2, seed=0)
+        rb.recipes.grpo(policy, engine, slow_reward, batches, steps=2, group_size=2,
+                        sampling=rb.SamplingParams(max_new_tokens=4),
+                        run=rb.run.RunOptions(progress=False, watchdog=watchdog))  # fmt: skip
+    assert set(watchdog.workers) == {"engine", "policy"}
+    report = watchdog.reports[0]
+    assert "step 1 is stuck in phase 'reward'" in report
+    assert "--- worker engine ---\nrollout rank 0 (pid" in report
+    assert "--- worker policy ---\nactor rank 0 (pid" in report
