@@ -47,6 +47,7 @@ def test_a_stuck_ray_worker_shows_its_stack_in_the_report():
     assert "waiting_on_a_lost_peer" in worker and "in work" in worker
 
 
+@pytest.mark.slow
 def test_a_recipe_s_ray_handles_are_the_watchdog_s_workers():
     # The engine and the policy of a recipe run on Ray report their workers' stacks without
     # being named: a stalled reward's report carries both.
