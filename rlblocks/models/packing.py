@@ -162,20 +162,31 @@ def kept_apart(model: nn.Module) -> Iterator[None]:
         yield
         return
     _register()
-    configs = _attention_configs(model)
-    saved = [config._attn_implementation for config in configs]
     previous = getattr(_state, "bounds", None)
     spans = _spans()
     spans.add(id(model))
+    try:
+        with attention_implementation(model, ROW_ATTENTION):
+            yield
+    finally:
+        spans.discard(id(model))
+        _state.bounds = previous
+
+
+@contextlib.contextmanager
+def attention_implementation(model: nn.Module, name: str) -> Iterator[None]:
+    """Every attention layer of ``model`` runs the implementation registered as ``name``
+    (transformers' ``AttentionInterface``) while the block runs; each config's own is restored
+    after."""
+    configs = _attention_configs(model)
+    saved = [config._attn_implementation for config in configs]
     for config in configs:
-        config._attn_implementation = ROW_ATTENTION
+        config._attn_implementation = name
     try:
         yield
     finally:
         for config, implementation in zip(configs, saved, strict=True):
             config._attn_implementation = implementation
-        spans.discard(id(model))
-        _state.bounds = previous
 
 
 def _spans() -> set[int]:

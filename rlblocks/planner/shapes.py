@@ -273,18 +273,11 @@ def _flash_like(model: nn.Module):
     """``model``'s attention as :class:`_FlashLike` while the block runs."""
     from transformers import AttentionInterface
 
-    from rlblocks.models.packing import _attention_configs
+    from rlblocks.models.packing import attention_implementation
 
     AttentionInterface.register(PLAN_ATTENTION, _plan_attention)
-    configs = _attention_configs(model)
-    saved = [config._attn_implementation for config in configs]
-    for config in configs:
-        config._attn_implementation = PLAN_ATTENTION
-    try:
+    with attention_implementation(model, PLAN_ATTENTION):
         yield
-    finally:
-        for config, implementation in zip(configs, saved, strict=True):
-            config._attn_implementation = implementation
 
 
 def _rotary(model: nn.Module) -> nn.Module | None:
