@@ -155,6 +155,13 @@ class Plan:
         )
 
     def __str__(self) -> str:
+        return f"{self.headline()}\n{self.table()}\n{self.verdict()}"
+
+    def _repr_markdown_(self) -> str:  # a notebook cell's output
+        return f"{self.headline()}\n\n{self.table()}\n\n{self.verdict()}"
+
+    def headline(self) -> str:
+        """One line: the model and the setup planned."""
         s = self.setup
         layout = f"{s.world} rank(s), tp {s.tp}, sp {s.sp}"
         engine = ""
@@ -168,10 +175,7 @@ class Plan:
             f"{'LoRA' if s.lora else 'full'}, {s.optimizer}, {s.tokens} tokens per forward"
             f"{', checkpointing' if s.gradient_checkpointing else ''}, {layout}{engine}"
         )
-        return f"{head}\n{self.table()}\n{self.verdict()}"
-
-    def _repr_markdown_(self) -> str:
-        return str(self).replace("\n|", "\n\n|", 1)
+        return head
 
 
 def plan(

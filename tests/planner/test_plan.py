@@ -179,3 +179,12 @@ def test_an_unknown_architecture_names_what_it_could_not_size():
 def test_bad_arguments_are_refused_by_name(config, kwargs, message):
     with pytest.raises(ValueError, match=message):
         plan(config, **kwargs)
+
+
+def test_a_plan_prints_as_text_and_as_markdown_in_a_notebook(config):
+    p = plan(config, dtype="fp32", engine=None, device_memory=1024 * MIB)
+    text, markdown = str(p), p._repr_markdown_()
+    assert text.splitlines()[0] == p.headline() and text.splitlines()[-1] == p.verdict()
+    # A markdown table needs blank lines around it, or the verdict becomes one of its rows.
+    assert markdown == f"{p.headline()}\n\n{p.table()}\n\n{p.verdict()}"
+    assert p.table().count("\n") == 1 + len(p.trainer) + len(p.engine) + len(p.peaks)
