@@ -356,7 +356,14 @@ def _memory_plan(args: argparse.Namespace, gpu: bool) -> str:
     except (ValueError, OSError) as error:
         return f"memory plan: not made ({error})"
     device = "per GPU" if gpu else "in this machine's RAM"
-    return f"{planned}\n(the plan of this job's tensors {device}; docs/memory.md)"
+    text = f"{planned}\n(the plan of this job's tensors {device}; docs/memory.md)"
+    copies = (args.steps - 1) // args.eval_every if args.eval_every else 0
+    if copies:  # the weights kept for --eval-every's curve: the job's own, not a block's
+        each = planned.trainer["weights"]
+        text += (
+            f"\n+ {copies} copies of the weights for --eval-every ({copies * each / 2**30:.2f} GiB)"
+        )
+    return text
 
 
 def sft_completion(row: rb.data.PromptRow, target: str) -> str:

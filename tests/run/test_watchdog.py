@@ -209,7 +209,7 @@ EXIT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("on_stall", ["exit", "interrupt"])
+@pytest.mark.parametrize("on_stall", ["exit", pytest.param("interrupt", marks=pytest.mark.slow)])
 def test_the_watchdog_ends_or_interrupts_a_stalled_process(tmp_path, on_stall):
     script = tmp_path / "stall.py"
     script.write_text(EXIT)
