@@ -231,6 +231,17 @@ def plan(
             f"plan: world={world} ranks do not split into tp={tp} × sp={sp} groups; pass a world "
             f"that is a multiple of {tp * sp}"
         )
+    # What PolicyTrainer refuses is refused here too, rather than planned.
+    if lora is not None and world > 1:
+        raise ValueError(
+            f"plan: LoRA over world={world} ranks: PolicyTrainer does not shard a LoRA policy "
+            "with FSDP yet; plan LoRA on one rank, or full fine-tuning over several"
+        )
+    if sp > 1 and (tp > 1 or gradient_checkpointing):
+        raise ValueError(
+            f"plan: sp={sp} with {'tp=' + str(tp) if tp > 1 else 'gradient checkpointing'} is "
+            "not built (TrainConfig refuses it); use one of them"
+        )
     if engine not in (None, "hf", "vllm"):
         raise ValueError(f"plan: engine={engine!r}; use 'hf', 'vllm' or None")
     if not 0 < gpu_memory_utilization <= 1:
@@ -352,7 +363,7 @@ def _smallest_change(
     """The first of the planner's changes (least disruptive first) that fits, else the first
     pair that does; None if none does."""
     changes: list[tuple[str, dict[str, Any]]] = []
-    if not s.gradient_checkpointing:
+    if not s.gradient_checkpointing and s.sp == 1:
         changes.append(("gradient_checkpointing=True", {"gradient_checkpointing": True}))
     tokens = s.tokens
     while tokens > 256:
@@ -367,7 +378,7 @@ def _smallest_change(
         changes.append(("dtype=bf16", {"dtype": torch.bfloat16}))
     if s.reference and not s.lora:
         changes.append(("no reference model (beta=0)", {"reference": False}))
-    for world in (2, 4, 8):
+    for world in (2, 4, 8) if not s.lora else ():  # LoRA is not sharded (above)
         if world > s.world:
             changes.append((f"world={world} ranks (FSDP shards)", {"world": world}))
     traced: dict[torch.dtype, ModelShape] = {s.dtype: shape}

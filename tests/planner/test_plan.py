@@ -174,6 +174,9 @@ def test_an_unknown_architecture_names_what_it_could_not_size():
         ({"engine": "sglang"}, "engine='sglang'"),
         ({"dtype": "int8"}, "dtype='int8'"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization=1.5"),
+        ({"lora": LoraConfig(r=4), "world": 2}, "LoRA over world=2 ranks"),
+        ({"sp": 2, "tp": 2, "world": 4}, "sp=2 with tp=2 is not built"),
+        ({"sp": 2, "world": 2, "gradient_checkpointing": True}, "sp=2 with gradient"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(config, kwargs, message):
