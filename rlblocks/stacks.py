@@ -61,6 +61,8 @@ class SignalStacks:
         self.pid, self.path, self.signum, self.timeout = pid, Path(path), signum, timeout
 
     def stacks(self) -> str:
+        """Signal the process and return what it wrote: every thread's stack (or a line
+        saying it wrote nothing within ``timeout`` seconds)."""
         before = self.path.stat().st_size if self.path.exists() else 0
         os.kill(self.pid, self.signum)
         deadline, last = time.monotonic() + self.timeout, -1

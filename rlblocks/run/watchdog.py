@@ -142,6 +142,7 @@ class Watchdog:
             self._notes.update(info)
 
     def clear_notes(self) -> None:
+        """Forget the notes of the step before (the loop calls it as each step starts)."""
         with self._lock:
             self._notes = {}
 

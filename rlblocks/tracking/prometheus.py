@@ -69,12 +69,14 @@ class Prometheus:
 
     @property
     def url(self) -> str:
+        """Where the metrics are served: ``http://<host>:<port>/metrics``."""
         return f"http://{self.host}:{self.port}/metrics"
 
     def start(self, config: Mapping[str, Any], resume_step: int | None = None) -> None:
         """Nothing to record: the endpoint serves metrics, not the configuration."""
 
     def log_metrics(self, step: int, scalars: Mapping[str, float]) -> None:
+        """Serve this step's metrics from now on (module docstring), and the memory now."""
         self.step.set(step)
         for key, value in scalars.items():
             if isinstance(value, int | float) and math.isfinite(value):

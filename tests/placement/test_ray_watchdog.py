@@ -28,6 +28,7 @@ class Stuck:
         return 1
 
 
+@pytest.mark.slow
 def test_a_stuck_ray_worker_shows_its_stack_in_the_report():
     with rb.placement.Ray(workers=1) as placement:
         block = placement.build("reward", Stuck)
