@@ -81,12 +81,16 @@ class TinyModel:
     key_value_heads: int | None = None
     """``num_key_value_heads`` in place of the tiny config's (None: its own, 1)."""
 
+    @property
+    def overrides(self) -> dict[str, int]:
+        """The fields of the tiny config this model changes."""
+        if self.key_value_heads is None:
+            return {}
+        return {"num_key_value_heads": self.key_value_heads}
+
     def convert(self, target: Path) -> None:
         """Build the tiny model from its seed and write it as a Hugging Face folder at ``target``."""
-        overrides = (
-            {} if self.key_value_heads is None else {"num_key_value_heads": self.key_value_heads}
-        )
-        save_tiny(target, seed=self.seed, **overrides)
+        save_tiny(target, seed=self.seed, **self.overrides)
 
 
 BUILTINS: dict[str, GGUFModel | TinyModel] = {

@@ -91,12 +91,7 @@ def load_config(model: Any) -> Any:
         if isinstance(spec, TinyModel):
             from rlblocks.models.tiny import tiny_config, tiny_tokenizer
 
-            overrides = (
-                {}
-                if spec.key_value_heads is None
-                else {"num_key_value_heads": spec.key_value_heads}
-            )
-            return tiny_config(tiny_tokenizer(), **overrides)
+            return tiny_config(tiny_tokenizer(), **spec.overrides)
         if isinstance(spec, GGUFModel):
             gguf = spec.locate()
             return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)

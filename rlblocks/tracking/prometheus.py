@@ -31,8 +31,6 @@ from typing import Any
 from rlblocks.tracking.backend import require
 from rlblocks.tracking.samples import Sample
 
-PHASES = ("rollout", "reward", "logprobs", "update", "sync")
-
 
 class Prometheus:
     """A tracking backend that serves the run's latest metrics at ``/metrics`` (module
@@ -86,9 +84,9 @@ class Prometheus:
             if key in scalars:
                 target.set(scalars[key])
         self.staleness.set(scalars.get("async/staleness", 0.0))
-        for phase in PHASES:
-            if f"time/{phase}" in scalars:
-                self.phases.labels(phase=phase).set(scalars[f"time/{phase}"])
+        for key, value in scalars.items():  # the loop's time/<phase>, whatever its phases
+            if key.startswith("time/"):
+                self.phases.labels(phase=key.removeprefix("time/")).set(value)
         if "step_seconds" in scalars:
             self.phases.labels(phase="step").set(scalars["step_seconds"])
         for kind, value in memory().items():
