@@ -53,7 +53,12 @@ ROW_ATTENTION = "rlblocks_rows"
 
 _FLASH = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
 _ROWWISE = ("sdpa", "eager")
-_state = threading.local()  # the row bounds of the packed forward running in this thread
+_state = threading.local()  # the models inside kept_apart in this thread; a padded-index cache
+_BOUNDS: dict[int, tuple[tuple[int, int], ...]] = {}
+"""The row bounds of each model's latest packed forward, keyed by ``id`` of each of its
+attention configs (the attention function finds them from its module's ``config``). Not
+thread-local: on a GPU, autograd runs the backward pass, and with it the layers a
+gradient-checkpointed model recomputes, in a thread of its own."""
 
 BATCHED: bool | None = None
 """How the row attention computes (:func:`attend_rows`): None, in one call on a GPU and one
@@ -139,7 +144,7 @@ def packed_attention(model: nn.Module, packed: Packed) -> Iterator[dict[str, Any
         yield kwargs
         return
     if _in_span(model):
-        _state.bounds = packed.bounds
+        _set_bounds(model, packed.bounds)
         yield kwargs
         return
     if torch.is_grad_enabled() and getattr(model, "is_gradient_checkpointing", False):
@@ -149,7 +154,7 @@ def packed_attention(model: nn.Module, packed: Packed) -> Iterator[dict[str, Any
             "run the forward and its backward inside rlblocks.trainer.packing.kept_apart(model)"
         )
     with kept_apart(model):
-        _state.bounds = packed.bounds
+        _set_bounds(model, packed.bounds)
         yield kwargs
 
 
@@ -162,7 +167,8 @@ def kept_apart(model: nn.Module) -> Iterator[None]:
         yield
         return
     _register()
-    previous = getattr(_state, "bounds", None)
+    keys = [id(config) for config in _attention_configs(model)]
+    previous = {key: _BOUNDS[key] for key in keys if key in _BOUNDS}
     spans = _spans()
     spans.add(id(model))
     try:
@@ -170,7 +176,14 @@ def kept_apart(model: nn.Module) -> Iterator[None]:
             yield
     finally:
         spans.discard(id(model))
-        _state.bounds = previous
+        for key in keys:
+            _BOUNDS.pop(key, None)
+        _BOUNDS.update(previous)
+
+
+def _set_bounds(model: nn.Module, bounds: tuple[tuple[int, int], ...]) -> None:
+    for config in _attention_configs(model):
+        _BOUNDS[id(config)] = bounds
 
 
 @contextlib.contextmanager
@@ -236,7 +249,7 @@ def _row_attention(
     """Causal attention within each row of a packed sequence (transformers' attention function
     signature: ``query`` ``(1 h n d)``, ``key``/``value`` ``(1 h_kv n d)``; returns ``(1 n h
     d)`` and no weights)."""
-    bounds = getattr(_state, "bounds", None)
+    bounds = _BOUNDS.get(id(getattr(module, "config", None)))
     if bounds is None or query.shape[0] != 1 or attention_mask is not None:
         raise RuntimeError(
             f"packed_attention: the row attention was called outside a packed forward (batch {query.shape[0]}, mask "

@@ -12,6 +12,7 @@ measures more than 1e-3).
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
 import torch
@@ -180,6 +181,34 @@ def test_packed_gradient_checkpointing_equals_padded_and_needs_the_span():
         lp, _ = score_responses(trainer.model, ro, chunk_size=8, packing=True)
         lp.sum().backward()
     assert trainer.model.config._attn_implementation == "sdpa"  # restored
+
+
+def test_checkpointed_recompute_in_another_thread_keeps_the_rows_apart():
+    # On a GPU autograd runs the backward pass, and the layers a checkpointed model recomputes,
+    # in a device thread of its own (the H100 run of benchmarks/memory_plan.py found the row
+    # attention refusing there: its bounds were thread-local). A CPU backward runs in the
+    # caller's thread, so the test runs it in another one, as CUDA does.
+    ro = ragged_rollouts(6, seed=7)
+    grads, errors = [], []
+    for checkpointing in (True, False):
+        trainer = tiny_trainer(torch.float64, packing=True, gradient_checkpointing=checkpointing)
+        trainer.model.train()
+        with rb.trainer.packing.kept_apart(trainer.model):
+            lp, _ = score_responses(trainer.model, ro, chunk_size=8, packing=True)
+
+            def backward(loss):
+                try:
+                    loss.backward()
+                except RuntimeError as err:
+                    errors.append(err)
+
+            thread = threading.Thread(target=backward, args=(lp.sum(),))
+            thread.start()
+            thread.join()
+        assert not errors, errors
+        grads.append(_grads(trainer))
+    for key in grads[0]:
+        assert_close(grads[0][key], grads[1][key], **TOL)
 
 
 def test_packed_values_equal_padded_values():
