@@ -124,16 +124,18 @@ class CriticTrainer:
     def values(self, rollouts: Rollouts) -> Tensor:
         """V(s_k) of every response token (see :class:`ValueModel`) under the current weights.
 
-        Returns ``(b t)`` float32, 0 where ``response_mask`` is False, no grad. Micro-batched
-        like a training step, each micro-batch trimmed of unused padding.
+        Returns ``(b t)`` float32, 0 where ``response_mask`` is False, no grad, on the device of
+        ``rollouts``. Micro-batched like a training step, each micro-batch trimmed of unused
+        padding.
         """
+        home = rollouts.response_ids.device
         rollouts = rollouts.to(self.device)
         b, t = rollouts.response_ids.shape
         if b == 0 and self.dp.size == 1:
-            return torch.zeros(b, t, device=self.device)
+            return torch.zeros(b, t, device=home)
         score = lambda micro: (self._forward(micro),)
         (values,) = scored_in_pieces(score, rollouts, self.config, self.dp)
-        return values.float()
+        return values.float().to(home)
 
     def _forward(self, rollouts: Rollouts) -> Tensor:
         return self.model(rollouts, bf16=self.config.bf16, packing=self.config.packing)

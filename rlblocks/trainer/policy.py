@@ -31,9 +31,11 @@ Decisions worth knowing:
   same plan and trains on its own share of each mini-batch (``rlblocks.trainer.parallel``).
   Every place that must agree across ranks (the normalizer, the NaN decision, the number of
   micro-batches, the metrics) goes through ``self.dp``, a ``SingleProcess`` in one process.
-- **Host memory.** A trainer on the CPU sets glibc's ``malloc`` to keep freed memory for
-  reuse (``rlblocks.trainer.allocator``): without it every large tensor of a step is a fresh
-  mapping the kernel faults in and zeroes. ``RLBLOCKS_KEEP_FREED_MEMORY=0`` turns it off.
+- **Host memory.** With ``RLBLOCKS_KEEP_FREED_MEMORY=1`` (the main job sets it) a trainer on
+  the CPU sets glibc's ``malloc`` to keep freed memory for reuse (``rlblocks.trainer.allocator``):
+  without it every large tensor of a step is a fresh mapping the kernel faults in and zeroes.
+  The setting holds for the whole process, so a trainer imported into a program of one's own
+  leaves ``malloc`` alone unless asked.
 - **Shared model.** ``trainer.model`` is the (possibly peft-wrapped) module; an in-process
   rollout engine can generate with it directly. ``named_weights()`` gives what a separate
   engine needs, with LoRA merged.
@@ -57,7 +59,7 @@ from rlblocks.models import loading
 from rlblocks.renamed import moved_keywords
 from rlblocks.rng import rng_state, set_rng_state
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer.allocator import keep_freed_memory
+from rlblocks.trainer.allocator import keep_freed_memory, opted_in
 from rlblocks.trainer.batches import scored_in_pieces, token_advantages
 from rlblocks.trainer.checkpoint import load_trainer, load_weights, save_trainer, save_weights
 from rlblocks.trainer.config import TrainConfig, apply_config
@@ -120,7 +122,7 @@ class PolicyTrainer:
     ) -> None:
         config = config or TrainConfig()
         self.config = dataclasses.replace(config, **config_overrides)
-        if next(model.parameters()).device.type == "cpu":
+        if next(model.parameters()).device.type == "cpu" and opted_in():
             keep_freed_memory()  # no page faults for every large tensor (trainer.allocator)
         self.tokenizer = tokenizer
         adapter = lora is not None or is_peft_model(model)
@@ -219,21 +221,26 @@ class PolicyTrainer:
     ) -> Tensor | tuple[Tensor, Tensor]:
         """log π_θ(y_k | x, y_<k) of every response token under the current weights.
 
-        Returns ``(b t)`` float32, 0 at response padding, no grad; with ``entropy=True`` also
-        the ``(b t)`` float32 entropy of each next-token distribution. Micro-batched like a
-        training step; logits are divided by ``config.temperature``.
+        Returns ``(b t)`` float32, 0 at response padding, no grad, on the device of
+        ``rollouts`` (an engine's rows are on the CPU whatever the model's device, so
+        ``ro.rollout_logprobs - policy.logprobs(ro)`` works on a GPU too); with
+        ``entropy=True`` also the ``(b t)`` float32 entropy of each next-token distribution.
+        Micro-batched like a training step; logits are divided by ``config.temperature``.
         """
+        home = rollouts.response_ids.device
         lp, ent = self._score_no_grad(self.model, rollouts, entropy=entropy, replay=True)
-        return (lp.float(), ent.float()) if ent is not None else lp.float()
+        lp = lp.float().to(home)
+        return (lp, ent.float().to(home)) if ent is not None else lp
 
     @dispatch(Dispatch.ROWS)
     def ref_logprobs(self, rollouts: Rollouts) -> Tensor:
         """log π_ref of every response token: ``(b t)`` float32, 0 at padding, no grad.
 
         π_ref is the frozen copy, the given reference module, or (LoRA) the model with its
-        adapters disabled (peft's ``disable_adapter()``), i.e. the base model.
+        adapters disabled (peft's ``disable_adapter()``), i.e. the base model. On the device of
+        ``rollouts``, as :meth:`logprobs`.
         """
-        return self._ref_scores(rollouts).float()
+        return self._ref_scores(rollouts).float().to(rollouts.response_ids.device)
 
     def _ref_scores(self, rollouts: Rollouts) -> Tensor:
         if self._adapter_reference:

@@ -82,7 +82,9 @@ class Teacher:
     @dispatch(Dispatch.ROWS)
     @torch.no_grad()
     def logprobs(self, rollouts: Rollouts) -> Tensor:
-        """log π_T(y_k | x, y_<k) of every response token: ``(b t)`` float32, 0 at padding."""
+        """log π_T(y_k | x, y_<k) of every response token: ``(b t)`` float32, 0 at padding, on
+        the device of ``rollouts``."""
+        home = rollouts.response_ids.device
         rollouts = rollouts.to(self.device)
         b, t = rollouts.response_ids.shape
         vocab = self.model.get_input_embeddings().num_embeddings
@@ -92,7 +94,7 @@ class Teacher:
                 f"teacher's vocabulary of {vocab}; give student and teacher the same tokenizer"
             )
         if b == 0:
-            return torch.zeros(b, t, device=self.device)
+            return torch.zeros(b, t, device=home)
         c = self.config
 
         def score(micro: Rollouts) -> tuple[Tensor, None]:
@@ -106,7 +108,7 @@ class Teacher:
             )
 
         (logprobs, _) = scored_in_pieces(score, rollouts, c, SingleProcess())
-        return logprobs.float()
+        return logprobs.float().to(home)
 
 
 def check_same_vocabulary(teacher: Any, student: Any) -> None:
