@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -55,6 +56,7 @@ import rlblocks as rb
 from rlblocks.data import Difficulty, PromptBatches, PromptDataset, arithmetic_prompts
 from rlblocks.extras import is_installed
 from rlblocks.interfaces import RewardFn
+from rlblocks.trainer.allocator import ENV
 
 
 @dataclass(frozen=True)
@@ -618,4 +620,7 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
 
 
 if __name__ == "__main__":
+    # The main job keeps freed host memory for reuse (rlblocks.trainer.allocator), in this
+    # process and in the Ray workers it starts, which inherit the variable.
+    os.environ.setdefault(ENV, "1")
     main()

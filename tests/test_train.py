@@ -2,6 +2,9 @@
 metrics, step by step), overrides win over the file, bad keys are named with their file and
 line, and the saved ``config.yaml`` relaunches and resumes the same run."""
 
+import os
+import subprocess
+import sys
 import warnings
 from functools import partial
 from pathlib import Path
@@ -242,3 +245,22 @@ def test_online_dpo_example_builds_its_pair_loss_and_a_reference_only_when_neede
     assert arguments["preference"].func is getattr(rb.losses, name)
     assert arguments["preference"].keywords["beta"] == 0.1  # the file's, kept across names
     assert (arguments["policy"].reference is not None) is reference
+
+
+def test_the_console_script_exits_0_after_a_run(tmp_path, config_file):
+    # The rlblocks-train entry point, called as pip's console-script wrapper calls it:
+    # sys.exit(function()). Before, the entry point was main, whose list of metrics made the
+    # exit status 1 (and printed the list) after every successful run.
+    call = (
+        "import sys; from importlib.metadata import entry_points; "
+        "(script,) = entry_points(group='console_scripts', name='rlblocks-train'); "
+        f"sys.argv = ['rlblocks-train', {str(config_file)!r}, '--out', {str(tmp_path / 'out')!r}]; "
+        "sys.exit(script.load()())"
+    )
+    tests = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", call], check=False, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(read_metrics(tmp_path / "out" / "metrics.jsonl")) == 2

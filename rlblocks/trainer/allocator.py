@@ -13,9 +13,13 @@ recommends jemalloc or tcmalloc; here nothing needs preloading:
 - ``M_TRIM_THRESHOLD`` = 2 GiB − 1 and ``M_TOP_PAD`` = 1 GiB: freed memory at the top of the
   heap is kept for the next step instead of being trimmed.
 
-The cost is that freed memory stays with the process (its resident size is its peak). Set
-``RLBLOCKS_KEEP_FREED_MEMORY=0`` to leave ``malloc`` as it is. On other C libraries (macOS,
-musl) :func:`keep_freed_memory` does nothing.
+The cost is that freed memory stays with the process (its resident size is its peak), and the
+settings hold for the whole process, not only for rlblocks' tensors. So they are opt-in: the
+main job (``python -m rlblocks.demo``, ``rlblocks.train``) and the speed benchmarks turn them on;
+a program of one's own calls :func:`keep_freed_memory` or sets
+``RLBLOCKS_KEEP_FREED_MEMORY=1`` (a CPU ``PolicyTrainer`` then applies them, in Ray workers too,
+which inherit the variable). ``RLBLOCKS_KEEP_FREED_MEMORY=0`` leaves ``malloc`` as it is even
+there. On other C libraries (macOS, musl) :func:`keep_freed_memory` does nothing.
 """
 
 from __future__ import annotations
@@ -34,15 +38,22 @@ _SETTINGS = (
 _done = False
 
 
+ENV = "RLBLOCKS_KEEP_FREED_MEMORY"
+
+
+def opted_in() -> bool:
+    """True when ``RLBLOCKS_KEEP_FREED_MEMORY=1``: a CPU ``PolicyTrainer`` then applies
+    :func:`keep_freed_memory` (the main job sets it for its own process and workers)."""
+    return os.environ.get(ENV) == "1"
+
+
 def keep_freed_memory() -> bool:
     """Apply the settings of the module docstring to this process's ``malloc``, once; True if
     they are in force (glibc, and not turned off by ``RLBLOCKS_KEEP_FREED_MEMORY=0``)."""
     global _done
     if _done:
         return True
-    if os.environ.get("RLBLOCKS_KEEP_FREED_MEMORY", "1") == "0" or not sys.platform.startswith(
-        "linux"
-    ):
+    if os.environ.get(ENV, "1") == "0" or not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
