@@ -3,6 +3,7 @@ rendered copy for the site (docs/notebooks) holds the same cells."""
 
 import base64
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +119,19 @@ def test_tutorial_prose_names_only_what_exists():
         if names:
             unknown[path.name] = sorted(names)
     assert not unknown, f"the tutorials name things the repository does not have: {unknown}"
+
+
+def test_the_tutorial_times_in_the_docs_are_the_rendered_runs():
+    # docs/learning.md lists each tutorial's rendered run (date, minutes); the rendered copies
+    # record both (scripts/render_notebooks.py), so a re-render that is not copied fails here.
+    text = (ROOT / "docs" / "learning.md").read_text()
+    rows = {
+        name: (date, minutes)
+        for name, date, minutes in re.findall(
+            r"^\| \[(\w+)\]\(notebooks/\w+\.ipynb\) \| ([\d-]+) \| ([\d.]+) \|$", text, re.MULTILINE
+        )
+    }
+    assert sorted(rows) == [p.stem for p in RENDERED]
+    for path in RENDERED:
+        info = nbformat.read(path, as_version=4).metadata["rlblocks_render"]
+        assert rows[path.stem] == (info["date"], f"{info['wall_seconds'] / 60:.1f}"), path.name
