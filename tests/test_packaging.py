@@ -162,3 +162,15 @@ def test_the_built_in_model_installs_without_a_cpp_build_in_every_documented_pat
     assert len(commands) >= 4, commands  # install.sh, docs/install.md, the notebooks, ...
     without = [(str(path), line) for path, line in commands if "--no-deps" not in line]
     assert not without, without
+
+
+def test_the_python_versions_claimed_are_the_ones_ci_runs():
+    # pyproject.toml claims the versions CI runs, no more: the lowest classifier is
+    # requires-python's bound, and this interpreter (CI's) is among them.
+    claimed = [
+        c.rsplit(":: ", 1)[1]
+        for c in PYPROJECT["classifiers"]
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    ]
+    assert PYPROJECT["requires-python"] == f">={min(claimed, key=lambda v: int(v[2:]))}"
+    assert f"{sys.version_info.major}.{sys.version_info.minor}" in claimed, claimed
