@@ -153,11 +153,26 @@ CORRECTIONS = {
 DEFAULT_CORRECTION = "icepop"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The main job's command line (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m rlblocks.demo", description=__doc__.split("\n")[0])
+DEVICE_DEFAULT = "cuda when torch sees a GPU, else cpu"
+"""How ``--device``'s default reads in the help and the docs (its value depends on the machine)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The main job's command line (see the module docstring); ``--help`` shows each default,
+    and docs/index.md's flag table is :func:`flag_table` of it."""
+    p = argparse.ArgumentParser(
+        prog="python -m rlblocks.demo",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--model", default="smollm2-135m", help="built-in name or model folder")
-    p.add_argument("--task", default="arithmetic", choices=sorted(TASKS))
+    p.add_argument(
+        "--task",
+        default="arithmetic",
+        choices=sorted(TASKS),
+        help="arithmetic: level 1, a sum or difference of two numbers up to 50; arithmetic-hard: "
+        "level 2, three numbers up to 50 with + - * (rlblocks.data.arithmetic_prompts)",
+    )
     p.add_argument(
         "--steps", type=int, default=12, help="GRPO (or distillation) steps (0: none, SFT only)"
     )
@@ -179,18 +194,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="model folder: on-policy distillation from it instead of GRPO",
     )
-    p.add_argument("--prompts-per-step", type=int, default=8)
+    p.add_argument("--prompts-per-step", type=int, default=8, help="prompts per step (p)")
     p.add_argument("--group-size", type=int, default=6, help="samples per prompt (G)")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--lr", type=float, default=3e-5)
+    p.add_argument("--max-new-tokens", type=int, default=32, help="response budget in tokens")
+    p.add_argument("--lr", type=float, default=3e-5, help="AdamW learning rate")
     p.add_argument(
         "--kl-coef", type=float, default=0.0, help="β of the k3 KL term (0: no reference model)"
     )
     p.add_argument(
         "--eval-size", type=int, default=256, help="held-out problems (distinct expressions)"
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("runs/demo"))
+    p.add_argument(
+        "--seed", type=int, default=0, help="training data and sampling seed (not the held-out set)"
+    )
+    p.add_argument("--out", type=Path, default=Path("runs/demo"), help="output folder")
     p.add_argument(
         "--resume",
         action="store_true",
@@ -223,6 +240,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_const",
         const=1,
         help="--staleness 1 (one step off)",
+        default=argparse.SUPPRESS,
     )
     p.add_argument(
         "--correction",
@@ -255,10 +273,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--device",
         default=str(rb.models.default_device()),
-        help="where the policy and the HF engine run (default: cuda when available, else cpu); "
-        "with --workers, cuda gives each worker one GPU",
+        help=f"where the policy and the HF engine run ({DEVICE_DEFAULT}); with --workers, cuda "
+        "gives each worker one GPU",
     )
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The main job's command line, parsed."""
+    return parser().parse_args(argv)
+
+
+def flag_table() -> str:
+    """The main job's flags as a markdown table (flag, default, meaning), from :func:`parser`:
+    docs/index.md holds it (tests/test_demo.py compares them)."""
+    rows = ["| flag | default | meaning |", "|---|---|---|"]
+    for action in parser()._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        if action.default is argparse.SUPPRESS:
+            default = ""
+        elif action.dest == "device":
+            default = DEVICE_DEFAULT
+        elif action.default is None or action.default is False:
+            default = "(none)" if action.default is None else "off"
+        else:
+            shown = action.default
+            shown = " ".join(shown) if isinstance(shown, list) else shown
+            default = f"`{shown}`"
+        meaning = (action.help or "").replace("|", "\\|")
+        if action.choices and action.dest not in ("task",):
+            meaning = f"one of {', '.join(f'`{c}`' for c in action.choices)}: {meaning}"
+        rows.append(f"| `{action.option_strings[0]}` | {default} | {meaning} |")
+    return "\n".join(rows) + "\n"
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

@@ -2,6 +2,8 @@
 distinct and unseen, and what it trains shows in its held-out score (lr 0 changes nothing)."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -337,3 +339,39 @@ def test_demo_run_that_failed_before_its_first_checkpoint_is_run_again(tmp_path,
     summary = demo.main([*argv, "--steps", "3", "--task", "digits"])  # started over
     assert summary["steps"] == 3
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
+
+
+def test_the_docs_flag_table_is_the_parser():
+    # docs/index.md lists every flag of the main job with its default and meaning, exactly as
+    # the parser has them (it had lost 8 flags and described --task wrongly when written by
+    # hand); --help shows each default.
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "index.md").read_text()
+    assert demo.flag_table() in docs
+    flags = {a.option_strings[0] for a in demo.parser()._actions if a.option_strings}
+    listed = set(re.findall(r"^\| `(--[\w-]+)` \|", docs, flags=re.MULTILINE))
+    assert listed == flags - {"-h"}
+    assert "(default: 12)" in " ".join(demo.parser().format_help().split())
+
+
+def test_every_flag_of_the_main_job_in_the_docs_exists():
+    # A flag named in the README or the docs after `python -m rlblocks.demo` is one the parser
+    # has (values may be placeholders there: --seed S).
+    root = Path(__file__).resolve().parents[1]
+    pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    flags = {f for a in demo.parser()._actions for f in a.option_strings}
+    commands = [
+        (page.relative_to(root), line)
+        for page in pages
+        for line in page.read_text().splitlines()
+        if "python -m rlblocks.demo" in line
+    ]
+    assert len(commands) >= 10, commands
+    unknown = [
+        (str(page), flag)
+        for page, line in commands
+        for flag in re.findall(
+            r"(?<![\w-])(--[a-z][\w-]*)", line.split("python -m rlblocks.demo", 1)[1]
+        )
+        if flag not in flags
+    ]
+    assert not unknown, unknown
