@@ -74,6 +74,12 @@ class _EpochBatches:
         n, b = self._items(), self._size()
         return n // b if self.drop_last else -(-n // b)
 
+    @property
+    def epochs_drawn(self) -> float:
+        """Epochs drawn so far, fractional: ``epoch + position / n`` (the run loop reports it;
+        TRL's ``trainer_state.epoch`` is this number)."""
+        return self.epoch + self.position / self._items()
+
     def __len__(self) -> int:
         """Batches in the whole iteration, from the start; only with ``epochs`` set."""
         if self.epochs is None:

@@ -43,8 +43,12 @@ Choices made here (not TRL's or verl's, which leave a failing function to crash 
   and left out of no mean. TRL (recent versions) also drops a row that *every* function left
   without a reward from its group's baseline and zeroes its advantage; rlblocks does not: give
   such rows a score, or filter them before the advantage.
-- ``trainer_state`` is None (rlblocks has no ``transformers.TrainerState``); ``log_metric(name,
-  value)`` adds ``{key}/{name}`` to the metrics; ``log_extra(column, values)`` is accepted and
+- ``trainer_state`` is a ``transformers.TrainerState`` with what TRL's carries and a reward
+  reads: ``global_step`` (the steps the run loop has finished: its updates so far),
+  ``max_steps`` (the run's steps) and ``epoch`` (epochs of the prompt data drawn so far,
+  fractional), from `rlblocks.progress`. Called outside a run loop (by hand), it is a
+  ``TrainerState()`` at step 0. ``log_metric(name, value)`` adds ``{key}/{name}`` to the
+  metrics; ``log_extra(column, values)`` is accepted and
   its values dropped (TRL shows them in its completions table; keep what you need in metadata).
 - verl's ``extra_info`` is a copy of the row's (an empty dict where there is none) with
   ``num_turns`` and ``rollout_reward_scores`` set as verl sets them (None and ``{}`` unless the
@@ -64,13 +68,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlblocks.interfaces import RewardFn, RewardOutput
+from rlblocks.progress import current
 from rlblocks.rewards.guard import Abandoned, _name_of, _run_with_deadlines, _summarize
 from rlblocks.rewards.outcome import Failure, Outcome, checked_score
 
 if TYPE_CHECKING:
     from rlblocks.rollouts import Rollouts
 
-__all__ = ["from_trl", "from_verl", "trl_inputs", "verl_inputs"]
+__all__ = ["from_trl", "from_verl", "trainer_state", "trl_inputs", "verl_inputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +93,20 @@ TRL_DROPPED = ("prompt", "completion", "completion_ids")
 
 
 # ---------------------------------------------------------------------- TRL
+def trainer_state() -> Any:
+    """The ``transformers.TrainerState`` TRL would pass a reward function now: ``global_step``,
+    ``max_steps`` and ``epoch`` of the running loop (`rlblocks.progress`); a fresh
+    ``TrainerState()`` (step 0) outside one."""
+    from transformers import TrainerState
+
+    progress = current()
+    if progress is None:
+        return TrainerState()
+    return TrainerState(
+        global_step=progress.step, max_steps=progress.steps or 0, epoch=progress.epoch
+    )
+
+
 def trl_inputs(rollouts: Rollouts, *, prompt_key: str = "prompt") -> dict[str, list[Any]]:
     """The keyword lists a TRL reward function gets for these rows (no ``trainer_state`` &c.).
 
@@ -154,10 +173,11 @@ def from_trl(
         _check_trl_columns(signature, label, inputs)
         logged: dict[str, float] = {}
         b = len(rollouts)
+        state = trainer_state()
 
         def call(rows: Sequence[int]) -> list[Any]:
             kwargs = {k: [v[i] for i in rows] for k, v in inputs.items()}
-            out = fn(**kwargs, trainer_state=None, log_extra=_drop, log_metric=_logger(logged))
+            out = fn(**kwargs, trainer_state=state, log_extra=_drop, log_metric=_logger(logged))
             if inspect.isawaitable(out):
                 out = asyncio.run(out)
             if isinstance(out, str | bytes | Mapping) or not isinstance(out, Sequence):

@@ -62,6 +62,7 @@ from tqdm.auto import tqdm
 
 from rlblocks.checkpoint import Checkpointer
 from rlblocks.interfaces import Rollouts
+from rlblocks.progress import Progress, set_current
 from rlblocks.run.options import RunOptions
 from rlblocks.run.preflight import check_steps
 from rlblocks.run.resume import check_resumed, start_over
@@ -252,6 +253,7 @@ def run_steps(
         bar = tqdm(total=steps, initial=start, desc=name, disable=not run.progress, unit="step")
         with bar:
             for index in range(start, steps):
+                set_current(Progress(index, steps, _epochs_drawn(source)))
                 source.begin(index, remaining=steps - index - 1)
                 if watchdog is not None:
                     watchdog.clear_notes()
@@ -277,12 +279,21 @@ def run_steps(
         if saver is not None and len(history) > max(start, saver.latest() or 0):
             saver.save(len(history), state, history=history, config=config)  # however it ended
     finally:
+        set_current(None)
         source.close()
         if watchdog is not None:
             watchdog.close()
         if acquired:
             saver.lock.release()
     return history
+
+
+def _epochs_drawn(source: Any) -> float | None:
+    """Epochs of the prompt data drawn so far, fractional, when the batches can say
+    (`rlblocks.data.PromptBatches.epochs_drawn`); else None."""
+    batches = getattr(getattr(source, "data", None), "source", None)
+    drawn = getattr(batches, "epochs_drawn", None)
+    return float(drawn) if isinstance(drawn, int | float) else None
 
 
 @contextmanager

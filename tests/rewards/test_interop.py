@@ -260,7 +260,8 @@ def test_trl_and_verl_functions_inside_a_grpo_step():
     assert call["completion_ids"] == [ids[m].tolist() for ids, m in zip(ro.response_ids, real)]
     for column in ("data_source", "ability", "reward_model", "extra_info", "solution"):
         assert call[column] == [row[column] for row in expected], column
-    assert call["trainer_state"] is None and callable(call["log_metric"])
+    state = call["trainer_state"]  # the run's: one step, the first
+    assert (state.global_step, state.max_steps) == (0, 1) and callable(call["log_metric"])
     assert set(call) - set(rows[0]) == {
         "prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
         "ground_truth",  # rb.data's own column, read from reward_model.ground_truth
