@@ -1,37 +1,29 @@
-"""Build notebooks/*.ipynb from the cell lists in notebooks/src/*.py (no outputs stored).
+"""Build notebooks/*.ipynb from notebooks/src/*.py (no outputs stored).
 
-A source file is Python with cells separated by lines ``# %%`` (code) or ``# %% [markdown]``
-(Markdown, each line starting with ``# ``); the first code cell tagged ``# parameters`` gets
-the papermill ``parameters`` tag. Run: python scripts/make_notebooks.py [--out FOLDER]
+A source is a script in jupytext's percent format: cells start at ``# %%`` (code) or
+``# %% [markdown]`` (Markdown, each line commented), and the code cell of the notebook's
+settings is ``# %% tags=["parameters"]`` (papermill's tag, which the render script reads).
+jupytext reads it; this script adds stable cell ids and the kernel. Run:
+python scripts/make_notebooks.py [--out FOLDER]
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
+import jupytext
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def cells_of(source: str) -> list:
-    cells = []
-    for chunk in re.split(r"^# %%", source, flags=re.MULTILINE)[1:]:
-        header, _, body = chunk.partition("\n")
-        body = body.strip("\n")
-        if "[markdown]" in header:
-            text = "\n".join(
-                line[2:] if line.startswith("# ") else line.lstrip("#")
-                for line in body.splitlines()
-            )
-            cells.append(nbformat.v4.new_markdown_cell(text))
-        else:
-            cell = nbformat.v4.new_code_cell(body)
-            if "parameters" in header:
-                cell.metadata["tags"] = ["parameters"]
-            cells.append(cell)
+    """The cells of a percent-format source, as jupytext reads them; of their metadata only
+    the tags are kept (not jupytext's own layout keys, such as ``lines_to_next_cell``)."""
+    cells = jupytext.reads(source, fmt="py:percent").cells
+    for cell in cells:
+        cell.metadata = {k: v for k, v in cell.metadata.items() if k == "tags"}
     return cells
 
 

