@@ -173,8 +173,11 @@ class AdvantageEstimator(Protocol):
     GAE, ``baseline_rewards`` for ReMax) and hyperparameters are keyword-only. Pure, no grad.
     """
 
+    # ``*args: Any, **kwargs: Any`` after the three tensors: any further parameters (for a type
+    # checker, ``Concatenate[Tensor, Tensor, Tensor, ...]``), so that an estimator with its own
+    # keyword-only hyperparameters (``grpo(..., *, scale_by_std=True)``) is one.
     def __call__(
-        self, rewards: Tensor, mask: Tensor, group_ids: Tensor, /, **kwargs: Any
+        self, rewards: Tensor, mask: Tensor, group_ids: Tensor, /, *args: Any, **kwargs: Any
     ) -> Advantages: ...
 
 
@@ -188,6 +191,9 @@ class PolicyLoss(Protocol):
     keywords; a loss takes the ones it needs.
     """
 
+    # ``*args: Any, **kwargs: Any``: any further parameters (see AdvantageEstimator), so that a
+    # loss with its own keyword-only inputs and hyperparameters (``clipped_surrogate(..., *,
+    # clip=...)``) is one.
     def __call__(
         self,
         logprobs: Tensor,
@@ -195,6 +201,7 @@ class PolicyLoss(Protocol):
         advantages: Tensor,
         mask: Tensor,
         /,
+        *args: Any,
         **kwargs: Any,
     ) -> tuple[Tensor, dict[str, Tensor]]: ...
 
