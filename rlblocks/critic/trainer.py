@@ -61,12 +61,19 @@ class CriticTrainer:
         if not isinstance(model, ValueModel):
             model = ValueModel(model)
         if self.config.gradient_checkpointing:
-            model.backbone.gradient_checkpointing_enable(
+            model.backbone.gradient_checkpointing_enable(  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self.model = model.eval()
         self.dp: SingleProcess | DataParallel = SingleProcess()  # see shard()
         start_training(self)  # counters steps, optimizer_steps, skipped_steps; the optimizer
+
+    # Set by start_training and rebuild_optimizer (rlblocks.trainer.update), advanced by its loop.
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR  # optimizer_and_schedule builds a LambdaLR
+    steps: int  # step() calls
+    optimizer_steps: int  # applied updates
+    skipped_steps: int  # updates refused by the NaN guard
 
     rebuild_optimizer = rebuild_optimizer  # a fresh AdamW and schedule (trainer.update)
 
@@ -135,6 +142,7 @@ class CriticTrainer:
             return torch.zeros(b, t, device=home)
         score = lambda micro: (self._forward(micro),)
         (values,) = scored_in_pieces(score, rollouts, self.config, self.dp)
+        assert values is not None  # _forward always gives values
         return values.float().to(home)
 
     def _forward(self, rollouts: Rollouts) -> Tensor:
@@ -187,6 +195,7 @@ class CriticTrainer:
             local = work.batch.replace(old_values=self.values(work.batch))
             work = dataclasses.replace(work, batch=local)
         owned = work.batch.select(work.owned)
+        assert owned.old_values is not None and owned.returns is not None  # both set above
         explained_var = _explained_variance(
             owned.old_values, owned.returns, owned.response_mask, self.dp
         )
@@ -208,6 +217,7 @@ class CriticTrainer:
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """One micro-batch: value forward, per-token clipped value loss, ``aggregate``."""
         mask = micro.response_mask
+        assert micro.old_values is not None and micro.returns is not None  # set by step
         per_token, metrics = value_loss(
             self._forward(micro), micro.old_values, micro.returns, mask, clip=clip
         )

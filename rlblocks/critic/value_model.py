@@ -136,7 +136,7 @@ def _hidden_size(model: nn.Module) -> int:
         size = getattr(text, "hidden_size", None)
         if isinstance(size, int):
             return size
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
     if isinstance(embeddings, nn.Embedding):
         return embeddings.embedding_dim
     raise ValueError(

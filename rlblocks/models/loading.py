@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
@@ -23,7 +23,14 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from rlblocks.models.builtin import BUILTINS, builtin_path
 from rlblocks.models.device import Device, resolve_device
 
-T = TypeVar("T")
+
+class _WrapsModel(Protocol):
+    """A block built from a causal LM and its tokenizer, as :func:`from_pretrained` builds it."""
+
+    def __init__(self, model: PreTrainedModel, *, tokenizer: Any = ..., **kwargs: Any) -> None: ...
+
+
+T = TypeVar("T", bound=_WrapsModel)
 
 
 def load(
@@ -52,7 +59,9 @@ def load(
     prepare_tokenizer(tokenizer)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model.to(device).eval(), tokenizer
+    # transformers wraps PreTrainedModel.to with functools.wraps(nn.Module.to): the wrapper's
+    # type takes self as its first argument
+    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]
 
 
 def from_pretrained(

@@ -141,7 +141,9 @@ class ContinuousBatchingEngine(LocalWeights):
 
     # from_pretrained(name_or_path, *, dtype=float32, device=None, **kwargs): as HFEngine's
     # (device None: CUDA when torch sees a GPU, else the CPU).
-    from_pretrained = classmethod(loading.from_pretrained)
+    from_pretrained: classmethod[ContinuousBatchingEngine, ..., ContinuousBatchingEngine] = (
+        classmethod(loading.from_pretrained)
+    )
 
     # ------------------------------------------------------------------ RolloutEngine
     @dispatch(Dispatch.PROMPTS)

@@ -146,7 +146,7 @@ class HFEngine(LocalWeights):
     # from_pretrained(name_or_path, *, dtype=float32, device=None, **kwargs): load (a built-in
     # such as "tiny" or a folder), then cls(model, tokenizer=tokenizer, **kwargs); device None:
     # CUDA when torch sees a GPU, else the CPU. HFEngine(policy.model) uses that model's device.
-    from_pretrained = classmethod(loading.from_pretrained)
+    from_pretrained: classmethod[HFEngine, ..., HFEngine] = classmethod(loading.from_pretrained)
 
     # ------------------------------------------------------------------ RolloutEngine
     @dispatch(Dispatch.PROMPTS)

@@ -250,7 +250,7 @@ def load_weights(trainer: Any, folder: str | Path) -> None:
         from peft import set_peft_model_state_dict
 
         result = set_peft_model_state_dict(trainer.model, saved)
-        unexpected = list(result.unexpected_keys)
+        unexpected = list(result.unexpected_keys)  # type: ignore[attr-defined]  # peft annotates it "namedtuple"
         if unexpected:
             raise KeyError(
                 f"PolicyTrainer.load_checkpoint: {folder} has adapter tensors the policy does not "

@@ -207,7 +207,7 @@ def _write_full(
 
     model = hf_model(trainer)
     save_torch_state_dict(weights, folder, max_shard_size=max_shard_size)
-    config = copy.deepcopy(model.config)
+    config: Any = copy.deepcopy(model.config)  # a transformers PreTrainedConfig
     config.architectures = [_model_class(model).__name__]
     config.dtype = _main_dtype(weights)
     config.save_pretrained(folder)
@@ -216,7 +216,7 @@ def _write_full(
 
 def hf_model(trainer: Exportable) -> nn.Module:
     """The Hugging Face model under the trainer's wrappers (peft's, not FSDP's)."""
-    return trainer.model.get_base_model() if trainer.has_adapter else trainer.model
+    return trainer.model.get_base_model() if trainer.has_adapter else trainer.model  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
 
 
 def _model_class(model: nn.Module) -> type:
@@ -254,7 +254,7 @@ def generation_config(model: nn.Module, tokenizer: Any = None) -> Any:
 
     own = getattr(model, "generation_config", None)
     config = (
-        copy.deepcopy(own) if own is not None else GenerationConfig.from_model_config(model.config)
+        copy.deepcopy(own) if own is not None else GenerationConfig.from_model_config(model.config)  # type: ignore[arg-type]  # Module.__getattr__ is typed Tensor | Module
     )
     if tokenizer is not None:
         if config.eos_token_id is None:
@@ -268,7 +268,7 @@ def generation_config(model: nn.Module, tokenizer: Any = None) -> Any:
 def _write_adapter(trainer: Exportable, folder: Path, base_model: str | None) -> None:
     """peft's adapter files, ``base_model_name_or_path`` set to ``base_model`` if given (in the
     file written: the trainer's peft config is left alone), the generation config, tokenizer."""
-    trainer.model.save_pretrained(folder)
+    trainer.model.save_pretrained(folder)  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
     path = folder / "adapter_config.json"
     config = json.loads(path.read_text())
     if base_model is not None:

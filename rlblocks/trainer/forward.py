@@ -154,7 +154,11 @@ def score_responses(
     parameters when grad mode is on; nothing is detached here.
     """
     check_scorable(model, rollouts, owner="score_responses")
-    options = {"temperature": temperature, "chunk_size": chunk_size, "entropy": entropy}
+    options: dict[str, Any] = {
+        "temperature": temperature,
+        "chunk_size": chunk_size,
+        "entropy": entropy,
+    }
     sampler = replayed_sampler(rollouts, temperature) if replay else None
     if packing:
         check_isolation(model, owner="score_responses")
@@ -270,7 +274,7 @@ def _token_scores(
     if head is not None:
         scorer = _ScoringHead(head, targets, temperature, chunk_size, entropy, truncation)
         with _swapped(model, head, scorer):
-            out = model(**kwargs, logits_to_keep=keep).logits
+            out: Tensor = model(**kwargs, logits_to_keep=keep).logits
         if out is scorer.result:
             # Read from the model's output, not the scorer: FSDP hooks the output tensors to
             # gather the parameters again before their backward.
@@ -297,7 +301,7 @@ _UNCHUNKABLE: set[type] = set()
 
 def _base(model: nn.Module) -> nn.Module:
     # A peft wrapper's forward is (*args, **kwargs): look at the model it wraps.
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+    return model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
 
 
 def _chunkable_head(model: nn.Module) -> nn.Linear | None:
@@ -307,10 +311,10 @@ def _chunkable_head(model: nn.Module) -> nn.Linear | None:
     base = _base(model)
     if type(base) in _UNCHUNKABLE or not _accepts_logits_to_keep(model):
         return None
-    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
     if not isinstance(head, nn.Linear):
         return None
-    config = getattr(base, "config", None)
+    config: Any = getattr(base, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if getattr(text, "final_logit_softcapping", None) is not None:
         return None
@@ -343,7 +347,7 @@ class _ScoringHead(nn.Module):
 
     def forward(self, hidden: Tensor) -> Tensor:
         lead = hidden.shape[:-1]
-        options = {
+        options: dict[str, Any] = {
             "temperature": self.temperature,
             "chunk_size": self.chunk_size,
             "entropy": self.want_entropy,
@@ -357,6 +361,9 @@ class _ScoringHead(nn.Module):
             )
         else:  # tensor parallel: this rank's vocabulary rows (rlblocks.trainer.tensor_parallel)
             if self.truncation is not None:  # every rank raises here, before any collective
+                from torch.distributed.tensor import DTensor
+
+                assert isinstance(weight, DTensor)  # vocab_split found its vocabulary rows
                 raise ValueError(
                     "score_responses: sampling replay (Rollouts.sampler with top-k / top-p) "
                     "is not built for a vocabulary-sharded output layer (TrainConfig.tp = "

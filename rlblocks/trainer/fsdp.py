@@ -16,7 +16,7 @@ import socket
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 import torch.distributed as dist
@@ -24,6 +24,9 @@ from torch import Tensor, nn
 
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.shared_gather import gather_rows, shared_group
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ def sequence_parallel_group(group: Any, model: nn.Module, sp: int, *, owner: str
     heads) and build the groups of ``sp`` consecutive ranks; FSDP2 then shards over every
     rank (each rank's gradient covers its own tokens: summed, they are the update's)."""
     world = _check_world(group, "sequence", "sp", sp, owner=owner)
-    config = model.config.get_text_config() if hasattr(model, "config") else None
+    config = model.config.get_text_config() if hasattr(model, "config") else None  # type: ignore[union-attr, operator]  # Module.__getattr__ is typed Tensor | Module
     heads = getattr(config, "num_attention_heads", None)
     if heads is not None and heads % sp:
         raise ValueError(
@@ -146,7 +149,9 @@ def _mesh_of(group: Any, model: nn.Module) -> Any:
     from torch.distributed.device_mesh import DeviceMesh
 
     device = next(model.parameters()).device
-    return DeviceMesh.from_group(group or dist.group.WORLD, device_type=device.type)
+    world = dist.group.WORLD
+    assert world is not None  # shard() runs inside an initialized process group
+    return DeviceMesh.from_group(group or world, device_type=device.type)
 
 
 def shard_module(model: nn.Module, mesh: Any, config: FSDP, *, trainable: bool) -> None:
@@ -214,7 +219,7 @@ def gathered(
     named = list(named)  # references only
     counts = Counter(id(value) for _, value in named)
     shared = {i for i, c in counts.items() if c > 1}  # kept after gathering; the rest is not
-    pending: list[tuple[str, Tensor]] = []
+    pending: list[tuple[str, DTensor]] = []
     size = 0
     done: dict[int, Tensor] = {}
     # the least size of a shared-memory bucket: one that fits every later bucket, no larger
@@ -245,7 +250,7 @@ def gathered(
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def _row_sharded(x: Tensor, dp: DataParallel) -> bool:
+def _row_sharded(x: Tensor, dp: DataParallel) -> TypeGuard[DTensor]:
     from torch.distributed.tensor import DTensor, Shard
 
     return (
@@ -257,7 +262,7 @@ def _row_sharded(x: Tensor, dp: DataParallel) -> bool:
 
 
 def _gather_bucket(
-    bucket: list[tuple[str, Tensor]],
+    bucket: list[tuple[str, DTensor]],
     dp: DataParallel,
     done: dict[int, Tensor],
     shared: set[int] | None = None,
@@ -279,7 +284,7 @@ def _gather_bucket(
         yield name, whole
 
 
-def _all_gather_bucket(values: list[Tensor], dp: DataParallel) -> list[Tensor]:
+def _all_gather_bucket(values: list[DTensor], dp: DataParallel) -> list[Tensor]:
     """The whole tensors of ``values`` (row-sharded DTensors) by one ``all_gather_single``."""
     world = dist.get_world_size(dp.group)  # FSDP shards (all ranks under sp)
     pieces, layout = [], []
@@ -344,7 +349,8 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict
     options = StateDictOptions(full_state_dict=True, cpu_offload=False)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     weights = get_model_state_dict(model, options=options)
-    weights = {k: v.detach().cpu() for k, v in weights.items() if k in trainable}
+    # a model's state dict holds tensors (torch types its values as any state dict value)
+    weights = {k: v.detach().cpu() for k, v in weights.items() if k in trainable}  # type: ignore[union-attr]
     optim = get_optimizer_state_dict(model, optimizer, options=options)
     return weights, _to_cpu(optim)
 

@@ -75,6 +75,7 @@ def clip(params: list[Tensor], max_norm: float, norm: Tensor) -> None:
     coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     grads: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
     for p in params:
+        assert p.grad is not None  # the caller passes the parameters that have a gradient
         g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
         grads.setdefault((g.device, g.dtype), []).append(g)
     for (device, _), part in grads.items():

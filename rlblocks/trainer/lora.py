@@ -70,7 +70,7 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     """
     from peft.tuners.lora import LoraLayer
 
-    base = model.get_base_model()
+    base = model.get_base_model()  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
     merged: dict[str, Tensor] = {}
     for name, module in base.named_modules():
         if not isinstance(module, LoraLayer):
@@ -79,11 +79,13 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
             raise NotImplementedError(
                 f"merged_weights: {name} is a DoRA adapter, which cannot be merged here; use plain LoRA"
             )
-        weight = module.get_base_layer().weight
+        weight: Tensor = module.get_base_layer().weight  # type: ignore[assignment]  # Module.__getattr__ is typed Tensor | Module
         if not module.merged:
             for adapter in module.active_adapters:
                 if adapter in module.lora_A or adapter in module.lora_embedding_A:
-                    weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
+                    # peft's LoRA layer classes (Linear, Embedding, ...) define get_delta_weight
+                    delta = module.get_delta_weight(adapter)  # type: ignore[attr-defined]
+                    weight = weight + delta.to(weight.dtype)
         merged[f"{name}.weight"] = weight
     for key, tensor in base_weights(model):
         yield key, merged.get(key, tensor)
@@ -92,7 +94,8 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
 def base_weights(model: nn.Module, *, keep_vars: bool = False) -> Iterator[tuple[str, Tensor]]:
     """The base model's ``state_dict`` under Hugging Face names, adapters left out: the names,
     shapes and dtypes :func:`merged_weights` yields, the base values (nothing merged)."""
-    for key, tensor in model.get_base_model().state_dict(keep_vars=keep_vars).items():
+    base = model.get_base_model()  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
+    for key, tensor in base.state_dict(keep_vars=keep_vars).items():
         if ".lora_" in key:  # lora_A / lora_B / lora_embedding_A / lora_embedding_B
             continue
         yield key.replace(".base_layer.", "."), tensor

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -53,7 +53,7 @@ class SingleProcess:
 
     rank = 0
     size = 1
-    sharded = False  # the model is whole: its own tensors are its weights
+    sharded: Literal[False] = False  # the model is whole: its own tensors are its weights
     everyone = None  # the group of every process of the trainer: none
     process = 0  # this process's rank in it
     sequence = None  # the sequence-parallel group: none
@@ -85,7 +85,9 @@ class SingleProcess:
 class DataParallel:
     """This process's place in the data-parallel group, and the few collectives a step needs."""
 
-    sharded = True  # FSDP2 units: weights are gathered, state is collected (rlblocks.trainer.fsdp)
+    sharded: Literal[True] = (
+        True  # FSDP2 units: weights are gathered, state is collected (rlblocks.trainer.fsdp)
+    )
 
     def __init__(
         self,
@@ -173,8 +175,8 @@ def share(batch: Rollouts, plan: Sequence[Tensor], *, rank: int, size: int) -> S
     lengths = batch.attention_mask.sum(-1).tolist()
     pieces: list[list[int]] = []
     owner: dict[int, int] = {}
-    for rows in plan:
-        rows = [int(r) for r in rows]
+    for minibatch in plan:
+        rows = [int(r) for r in minibatch]
         if size == 1:
             split = [list(range(len(rows)))]
         else:

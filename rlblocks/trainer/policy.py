@@ -131,7 +131,7 @@ class PolicyTrainer:
             reference = None if adapter else "copy"
         self.reference = frozen_reference(model, reference)
         if self.config.gradient_checkpointing:
-            model.gradient_checkpointing_enable(
+            model.gradient_checkpointing_enable(  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self.model = (wrap_lora(model, lora) if lora is not None else model).eval()
@@ -142,12 +142,21 @@ class PolicyTrainer:
         if self.config.packing and self.reference is not None:
             check_isolation(self.reference, owner="PolicyTrainer (reference)")
 
+    # Set by start_training and rebuild_optimizer (rlblocks.trainer.update), advanced by its loop.
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR  # optimizer_and_schedule builds a LambdaLR
+    steps: int  # step() calls
+    optimizer_steps: int  # applied updates
+    skipped_steps: int  # updates refused by the NaN guard
+
     rebuild_optimizer = rebuild_optimizer  # a fresh AdamW and schedule (trainer.update)
 
     # from_pretrained(name_or_path, *, dtype=float32, device=None, **kwargs): load, then
     # cls(model, tokenizer=tokenizer, **kwargs); the tokenizer is kept as trainer.tokenizer.
     # device None: CUDA when torch sees a GPU, else the CPU (rlblocks.models.default_device).
-    from_pretrained = classmethod(loading.from_pretrained)
+    from_pretrained: classmethod[PolicyTrainer, ..., PolicyTrainer] = classmethod(
+        loading.from_pretrained
+    )
 
     @property
     def device(self) -> torch.device:
@@ -244,7 +253,7 @@ class PolicyTrainer:
 
     def _ref_scores(self, rollouts: Rollouts) -> Tensor:
         if self._adapter_reference:
-            with self.model.disable_adapter():
+            with self.model.disable_adapter():  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
                 return self._score_no_grad(self.model, rollouts)[0]
         if self.reference is None:
             raise ValueError(
@@ -266,6 +275,7 @@ class PolicyTrainer:
             return empty, empty if entropy else None
         score = partial(self._score, model, entropy=entropy, replay=replay)
         lp, ent = scored_in_pieces(score, rollouts, self.config, self.dp)
+        assert lp is not None  # _score always gives log-probs (only the entropy may be None)
         return lp, ent
 
     def _score(
@@ -443,7 +453,7 @@ class PolicyTrainer:
                 "PolicyTrainer.save_adapter: the policy has no LoRA adapter; build it with "
                 "lora=LoraConfig(...), or save the full model with save_pretrained"
             )
-        self.model.save_pretrained(folder)
+        self.model.save_pretrained(folder)  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
 
     @dispatch(Dispatch.ALL)
     def save_pretrained(

@@ -157,6 +157,8 @@ def micro_loss(
     }
     kwargs = {k: v for k, v in inputs.items() if k in wants.accepted and v is not None}
     mask = micro.response_mask
+    # π_old: set by prepare, or above from this forward; the advantages: set by the trainer
+    assert micro.old_logprobs is not None and micro.advantages is not None
     per_token, metrics = loss_fn(lp, micro.old_logprobs, micro.advantages, mask, **kwargs)
     loss = aggregate(per_token, mask, mode=aggregation, normalizer=normalizer)
     if entropy is not None:

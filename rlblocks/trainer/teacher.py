@@ -72,7 +72,7 @@ class Teacher:
 
     # from_pretrained(name_or_path, *, dtype=float32, device=None, **kwargs): load, then
     # cls(model, tokenizer=tokenizer, **kwargs); device None: CUDA when torch sees a GPU.
-    from_pretrained = classmethod(loading.from_pretrained)
+    from_pretrained: classmethod[Teacher, ..., Teacher] = classmethod(loading.from_pretrained)
 
     @property
     def device(self) -> torch.device:
@@ -87,7 +87,7 @@ class Teacher:
         home = rollouts.response_ids.device
         rollouts = rollouts.to(self.device)
         b, t = rollouts.response_ids.shape
-        vocab = self.model.get_input_embeddings().num_embeddings
+        vocab = self.model.get_input_embeddings().num_embeddings  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
         if b and int(rollouts.input_ids.max()) >= vocab:
             raise ValueError(
                 f"Teacher.logprobs: token id {int(rollouts.input_ids.max())} is outside the "
@@ -97,7 +97,7 @@ class Teacher:
             return torch.zeros(b, t, device=home)
         c = self.config
 
-        def score(micro: Rollouts) -> tuple[Tensor, None]:
+        def score(micro: Rollouts) -> tuple[Tensor, Tensor | None]:
             return score_responses(
                 self.model,
                 micro,
@@ -108,6 +108,7 @@ class Teacher:
             )
 
         (logprobs, _) = scored_in_pieces(score, rollouts, c, SingleProcess())
+        assert logprobs is not None  # score_responses always gives log-probs
         return logprobs.float().to(home)
 
 

@@ -79,7 +79,7 @@ def check_layout(model: nn.Module, tp: int, *, owner: str) -> dict[str, str]:
     """
     plan = tp_plan(model, owner=owner)
     _check_matches(model, plan, owner=owner)
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
     config = config or model.config
     sizes = {
         "num_attention_heads": getattr(config, "num_attention_heads", None),
@@ -97,7 +97,7 @@ def check_layout(model: nn.Module, tp: int, *, owner: str) -> dict[str, str]:
 
 
 def _vocab_rows(model: nn.Module) -> int | None:
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
     return None if embeddings is None else int(embeddings.weight.shape[0])
 
 
@@ -116,8 +116,9 @@ def parallelize(model: nn.Module, mesh: Any, plan: dict[str, str]) -> None:
     styles = {name: _style(style) for name, style in plan.items()}
     parallelize_module(model, mesh, styles)
     if tied:
-        output = model.get_output_embeddings()
-        output.weight = model.get_input_embeddings().weight  # both vocabulary rows, Shard(0)
+        output = model.get_output_embeddings()  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
+        # both vocabulary rows, Shard(0)
+        output.weight = model.get_input_embeddings().weight  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
 
 
 def _tied(model: nn.Module) -> bool:

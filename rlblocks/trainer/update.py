@@ -52,11 +52,17 @@ MicroLoss = Callable[[Rollouts, Tensor], tuple[Tensor, dict[str, Tensor]]]
 class Trainable(Protocol):
     """What the loop reads and advances on a trainer."""
 
-    model: nn.Module
+    # Read only here (a trainer may hold a narrower module: the critic's ValueModel).
+    @property
+    def model(self) -> nn.Module: ...
+    @property
+    def config(self) -> TrainConfig: ...
+    @property
+    def dp(self) -> SingleProcess | DataParallel: ...
+
+    # Set by start_training and rebuild_optimizer, advanced by the loop.
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    config: TrainConfig
-    dp: SingleProcess | DataParallel
+    scheduler: torch.optim.lr_scheduler.LambdaLR  # optimizer_and_schedule builds a LambdaLR
     steps: int
     optimizer_steps: int
     skipped_steps: int

@@ -14,7 +14,7 @@ Both under the Hugging Face names of ``model.state_dict()`` (tied weights under 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -47,6 +47,7 @@ def full_weights(
 
 def full_weight_spec(model: nn.Module, *, adapter: bool) -> dict[str, TensorSpec]:
     """Name -> (shape, dtype) of what :func:`full_weights` yields, in its order."""
+    tensors: Iterable[tuple[str, Tensor]]
     if adapter:
         tensors = base_weights(model, keep_vars=True)
     else:
@@ -60,8 +61,8 @@ def trainable_state(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
 
 
 def optimizer_state_by_name(
-    optimizer: torch.optim.Optimizer, model: nn.Module, state: Mapping[str, Any]
-) -> Mapping[str, Any]:
+    optimizer: torch.optim.Optimizer, model: nn.Module, state: dict[str, Any]
+) -> dict[str, Any]:
     """An optimizer ``state_dict`` keyed by parameter name, as a sharded trainer's
     ``set_optimizer_state_dict`` reads it (and its ``state_dict`` returns it).
 
