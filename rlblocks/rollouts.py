@@ -370,7 +370,10 @@ class Rollouts:
             response_mask=cat("response_mask", False, t, False),
             group_ids=torch.cat([p.group_ids for p in parts]),
             **{name: cat(name, False, t) for name in present},
-            sampler=None if first.sampler is None else torch.cat([p.sampler for p in parts]),
+            # every part has a sampler or none does (checked above)
+            sampler=None
+            if first.sampler is None
+            else torch.cat([p.sampler for p in parts if p.sampler is not None]),
             prompts=[s for p in parts for s in p.prompts],
             completions=[s for p in parts for s in p.completions],
             metadata=[m for p in parts for m in p.metadata],

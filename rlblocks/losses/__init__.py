@@ -6,9 +6,9 @@ The pairwise preference losses (:func:`dpo`, :func:`ipo`, :func:`simpo`) are per
 instead; :func:`preference_advantages` turns them into per-token advantages for the trainer.
 """
 
+from rlblocks.interfaces import Aggregation
 from rlblocks.losses.aggregate import (
     AGGREGATIONS,
-    Aggregation,
     SeqMeanTokenMean,
     SeqMeanTokenSum,
     SeqMeanTokenSumNorm,

@@ -31,6 +31,8 @@ Simplifications and choices, stated once:
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 from torch import Tensor
 
@@ -45,6 +47,7 @@ from rlblocks.losses.ppo import (
 from rlblocks.masked import masked_mean
 
 _MASK32 = 0xFFFFFFFF
+_Int = TypeVar("_Int", Tensor, int)  # a Python int or an int64 tensor
 
 
 def clip_cov(
@@ -208,7 +211,7 @@ def _ranks(keys: Tensor, *, descending: bool) -> Tensor:
     return ranks.view(keys.shape)
 
 
-def _mix32(x: Tensor | int) -> Tensor | int:
+def _mix32(x: _Int) -> _Int:
     """A 32-bit integer hash (xor-shift-multiply), for Python ints or int64 tensors in
     [0, 2**32). The multiplier is below 2**27, so int64 products never overflow."""
     x = x ^ (x >> 16)

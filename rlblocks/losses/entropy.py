@@ -186,8 +186,8 @@ class _TokenLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx, logits: Tensor, ids: Tensor, chunk_size: int, truncation: Truncation | None
+    def forward(
+        ctx: Any, logits: Tensor, ids: Tensor, chunk_size: int, truncation: Truncation | None
     ) -> Tensor:
         dtype = _compute_dtype(logits)
         n = logits.shape[0]
@@ -208,7 +208,7 @@ class _TokenLogprob(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
         logits, ids, lse = ctx.saved_tensors
         grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
         g = grad_out.to(lse.dtype)
@@ -368,8 +368,8 @@ class _LinearTokenScores(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx,
+    def forward(
+        ctx: Any,
         hidden: Tensor,
         weight: Tensor,
         bias: Tensor | None,
@@ -383,11 +383,11 @@ class _LinearTokenScores(torch.autograd.Function):
         device_type = hidden.device.type
         ctx.autocast = torch.is_autocast_enabled(device_type)
         ctx.autocast_dtype = torch.get_autocast_dtype(device_type)
-        n, rows = hidden.shape[0], weight.shape[0]
+        n, vocab = hidden.shape[0], weight.shape[0]
         dtype = torch.promote_types(torch.promote_types(hidden.dtype, weight.dtype), torch.float32)
         ids = ids - (shard.start if shard is not None else 0)  # this rank's rows
-        own = (ids >= 0) & (ids < rows)
-        ids = ids.clamp(0, rows - 1)
+        own = (ids >= 0) & (ids < vocab)
+        ids = ids.clamp(0, vocab - 1)
         lse = torch.empty(n, dtype=dtype, device=hidden.device)
         chosen = torch.empty(n, dtype=dtype, device=hidden.device)
         pz = torch.zeros(n if want_entropy else 0, dtype=dtype, device=hidden.device)
@@ -420,7 +420,9 @@ class _LinearTokenScores(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_lp: Tensor | None, grad_ent: Tensor | None):  # type: ignore[override]
+    def backward(
+        ctx: Any, grad_lp: Tensor | None, grad_ent: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
         hidden, weight, bias, ids, own, lse, ent = ctx.saved_tensors
         temperature = ctx.temperature
         device_type = hidden.device.type
@@ -451,6 +453,7 @@ class _LinearTokenScores(torch.autograd.Function):
                 g_own = torch.where(own[part], g, torch.zeros((), dtype=g.dtype, device=g.device))
                 gz.add_(p * -g[:, None]).scatter_add_(-1, ids[part, None], g_own[:, None])
             if use_ent:
+                assert grad_ent is not None  # use_ent says so
                 gamma = grad_ent[part].to(lse.dtype)
                 shift = z - (lse[part] - ent[part])[:, None]  # z_j − lse + H
                 gz.sub_(p * shift * gamma[:, None])

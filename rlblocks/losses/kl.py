@@ -183,7 +183,7 @@ def kl_regularized(
 
     # What the trainer reads: ref_logprobs and what loss_fn takes, not everything **inputs
     # could hold (else it would compute the entropy, with its gradient, for nothing).
-    loss.__signature__ = forwarding_signature(loss_fn, required=["ref_logprobs"])
+    loss.__signature__ = forwarding_signature(loss_fn, required=["ref_logprobs"])  # type: ignore[attr-defined]  # inspect.signature reads it
     return loss
 
 
