@@ -7,7 +7,7 @@ module back: ``prompts -> length -> dataset``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -20,7 +20,7 @@ __all__ = ["PromptDataset", "PromptRow"]
 class PromptRow:
     """One prompt: what the engine is fed, the reference answer, and what rewards read."""
 
-    prompt: Prompt
+    prompt: str | Sequence[Mapping[str, Any]]
     """Raw text, or chat messages ``[{"role": ..., "content": ...}, ...]``."""
     ground_truth: str | None
     """The reference answer as text, or None for unlabelled prompts."""

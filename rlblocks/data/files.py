@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,7 @@ def _keys(rows: Rows) -> list[str]:
     return list(keys)
 
 
-def read_file(path: str | Path, *, columns: Iterable[str] | None = None) -> Rows:
+def read_file(path: str | os.PathLike[str], *, columns: Iterable[str] | None = None) -> Rows:
     """The rows of a ``.jsonl`` / ``.json`` / ``.csv`` / ``.parquet`` file (see `FORMATS`).
 
     ``columns``: read only these (those the file has) from a CSV or parquet file; JSON rows

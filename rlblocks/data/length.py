@@ -21,7 +21,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rlblocks.data.dataset import PromptDataset, PromptRow
 from rlblocks.interfaces import Prompt
@@ -52,7 +52,9 @@ def prompt_token_ids(
             ids[i] = list(row_ids)
     if chat_at:
         rendered = tokenizer.apply_chat_template(
-            [list(prompts[i]) for i in chat_at], add_generation_prompt=True, tokenize=False
+            [list(prompts[i]) for i in chat_at],  # type: ignore[arg-type]  # chat messages: transformers types them dict[str, str]
+            add_generation_prompt=True,
+            tokenize=False,
         )
         encoded = tokenizer(rendered, add_special_tokens=False)["input_ids"]
         for i, row_ids in zip(chat_at, encoded, strict=True):
@@ -128,7 +130,7 @@ def _truncate(row: PromptRow, tokenizer: PreTrainedTokenizerBase, limit: int) ->
         )
     last = users[-1]
 
-    def with_content(content: str) -> Prompt:
+    def with_content(content: str) -> list[dict[str, Any]]:
         return [*messages[:last], {**messages[last], "content": content}, *messages[last + 1 :]]
 
     content = _keep_tail(messages[last]["content"], with_content, tokenizer, limit, row.index)
@@ -152,7 +154,7 @@ def _keep_tail(
     keep = min(len(ids) - 1, len(ids) - (length(content) - limit))
     while keep > 0:
         tail = tokenizer.decode(ids[len(ids) - keep :], clean_up_tokenization_spaces=False)
-        tail = tail.lstrip("\ufffd")  # a multi-byte character torn by the cut
+        tail = tail.lstrip("\ufffd")  # type: ignore[union-attr]  # transformers types decode() str | list[str]
         if tail and length(tail) <= limit:
             return tail
         keep -= 1

@@ -40,14 +40,13 @@ import re
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from datasets import Dataset, DatasetDict
 
 from rlblocks.data.dataset import PromptDataset, PromptRow
 from rlblocks.data.files import Rows, read_file
 from rlblocks.data.length import Overlong, limit_prompt_length
-from rlblocks.interfaces import Prompt
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -69,7 +68,7 @@ BOXED_INSTRUCTION = "Please reason step by step, and put your final answer withi
 
 _RESERVED = ("ground_truth", "data_source")
 
-Source = str | os.PathLike[str] | Dataset | Sequence[Mapping[str, Any]]
+Source: TypeAlias = str | os.PathLike[str] | Dataset | Sequence[Mapping[str, Any]]
 
 
 def load_prompts(
@@ -141,6 +140,7 @@ def load_prompts(
     )
     if max_prompt_tokens is None:
         return dataset
+    assert tokenizer is not None  # given with max_prompt_tokens (checked above)
     return limit_prompt_length(
         dataset, tokenizer, max_prompt_tokens=max_prompt_tokens, overlong=overlong
     )
@@ -201,7 +201,7 @@ def _open(source: Source, columns: Sequence[str] | None) -> Rows:
     if isinstance(source, Rows):
         return source
     if isinstance(source, Sequence):
-        return Rows(source)
+        return Rows(source)  # type: ignore[arg-type]  # datasets is untyped: Source holds an Any
     raise TypeError(
         f"read_rows: source is {type(source).__name__} {source!r:.80}; pass a path, a "
         "datasets.Dataset or a list of dicts"
@@ -253,7 +253,7 @@ class _RowSpec:
         """Row ``index`` of the source; ``where`` names it in errors (`Rows.where`)."""
         question = _value(row, where, self.prompt)
         if isinstance(question, list):
-            prompt: Prompt = self._given_messages(question, where)
+            prompt: str | list[dict[str, str]] = self._given_messages(question, where)
         else:
             text = _text(question, where, self.prompt)
             if self.template is not None:
@@ -270,7 +270,7 @@ class _RowSpec:
         metadata.update({name: _value(row, where, name, required=False) for name in self.keep})
         return PromptRow(prompt=prompt, ground_truth=truth, metadata=metadata, index=index)
 
-    def _wrap(self, text: str) -> Prompt:
+    def _wrap(self, text: str) -> str | list[dict[str, str]]:
         if not self.chat:
             return text
         system = [{"role": "system", "content": self.system}] if self.system is not None else []

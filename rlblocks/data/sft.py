@@ -66,7 +66,7 @@ class SFTExample(NamedTuple):
     response_ids: list[int]
     response_mask: list[bool]
     """One per response token; True = the loss trains on it (assistant tokens)."""
-    index: int
+    index: int  # type: ignore[assignment]  # the field shadows tuple.index (a public name, kept)
     """Row index in the source, for error messages and ``Rollouts.metadata``."""
 
 
@@ -314,7 +314,7 @@ def _segments(
         text = tokenizer.apply_chat_template(
             chat[:k], add_generation_prompt=generation, tokenize=False
         )
-        return text, name
+        return text, name  # type: ignore[return-value]  # tokenize=False: transformers gives a str
 
     segments: list[tuple[str, bool]] = []
     done = render(turns[0], True)  # the prompt
