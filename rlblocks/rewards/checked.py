@@ -152,7 +152,7 @@ def _all_failed(rows: int, metrics: Mapping[str, Any]) -> str | None:
     guard's ``…/failures``: the reward's own or a `combine` component's), else None."""
     for key, value in metrics.items():
         counts = key == "reward/nonfinite" or key.endswith("/failures")
-        if counts and isinstance(value, numbers.Real) and value >= rows:
+        if counts and isinstance(value, numbers.Real) and value >= rows:  # type: ignore[operator]  # typeshed's numbers.Real has < and <= only
             return key
     return None
 

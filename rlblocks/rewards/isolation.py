@@ -195,10 +195,10 @@ class _Batch:
                 self._dispatch()
                 if not self.busy:
                     continue
-                wait_s = min(w.deadline for w in self.busy.values()) - time.monotonic()
-                wait_s = None if wait_s == float("inf") else max(wait_s, 0.0)  # None: no limit
+                left = min(w.deadline for w in self.busy.values()) - time.monotonic()
+                wait_s = None if left == float("inf") else max(left, 0.0)  # None: no limit
                 for conn in wait(list(self.busy), timeout=wait_s):
-                    self._receive(self.busy.pop(conn))
+                    self._receive(self.busy.pop(conn))  # type: ignore[call-overload]  # wait() returns items of the list it got: Connections
                 self._stop_overdue()
         finally:  # an error or Ctrl-C: a worker still busy would answer into the next batch
             _kill_all(list(self.busy.values()))
@@ -209,6 +209,7 @@ class _Batch:
         """Give each idle worker its next message: ``fn`` if it lacks it, else a row."""
         while self.idle and self.todo:
             worker = self.idle.pop()
+            limit: float | None
             if worker.fn_bytes != self.load[1]:
                 message, row, limit = self.load, LOADING, LOAD_LIMIT
             else:
@@ -239,6 +240,7 @@ class _Batch:
                     f"ProcessPool: {note} while loading the reward function; check that it "
                     "imports in a fresh process"
                 )
+            assert worker.row is not None  # a busy worker has a row
             self.outcomes[worker.row] = Failure("error", note)
             self.idle.append(_Worker())
             return
@@ -268,6 +270,7 @@ class _Batch:
                     f"ProcessPool: a worker took over {LOAD_LIMIT:g} s to load the reward "
                     "function; make importing it cheaper (load large state lazily)"
                 )
+            assert worker.row is not None  # a busy worker has a row
             self.outcomes[worker.row] = Failure("timeout", f"no result after {self.timeout:g} s")
             worker.kill()
             self.idle.append(_Worker())

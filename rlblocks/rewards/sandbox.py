@@ -298,6 +298,7 @@ def _start_and_wait(box: Sandbox, folder: Path, report: _Report, wall: float) ->
     of the run is alive: with namespaces the runner exits only after the namespace is empty;
     without, its process group is killed and waited for.
     """
+    assert box.python is not None  # Sandbox.__post_init__ sets it
     with (
         open(folder / "stdin", "rb") as stdin,
         open(folder / "stdout", "wb") as stdout,

@@ -89,9 +89,9 @@ def _base() -> Group | None:
         if controllers == "" or "memory" in controllers.split(","):
             mine[2 if controllers == "" else 1] = path
     for version in (2, 1):
-        mount, path = mounts.get(version), mine.get(version)
-        if mount and path is not None and path.startswith(mount[1]):
-            folder = Path(mount[0] + "/" + path[len(mount[1]) :].lstrip("/"))
+        mount, own = mounts.get(version), mine.get(version)
+        if mount and own is not None and own.startswith(mount[1]):
+            folder = Path(mount[0] + "/" + own[len(mount[1]) :].lstrip("/"))
             if _usable(folder, version):
                 return Group(folder, version)
     return None
@@ -99,7 +99,7 @@ def _base() -> Group | None:
 
 def _mounts() -> dict[int, tuple[str, str]]:
     """{version: (mount point, root of the mount)} of the v2 hierarchy and v1 memory one."""
-    found = {}
+    found: dict[int, tuple[str, str]] = {}
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()
         after = fields.index("-")

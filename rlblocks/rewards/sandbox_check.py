@@ -34,12 +34,18 @@ import os
 import struct
 import sys
 
+# typing.TYPE_CHECKING without importing typing, which every sandboxed run would pay for (type
+# checkers read a name TYPE_CHECKING as True)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 DEPTH = 64  # nesting beyond this travels as a reference
 NOT_ERRORS = ("StopIteration", "StopAsyncIteration", "GeneratorExit", "SystemExit",
               "KeyboardInterrupt", "BaseException", "BaseExceptionGroup")  # fmt: skip
 _MALFORMED = ("Sandbox.run: the program answered its test with {what}; nothing to fix in the "
               "test: a program that tampers with its answers fails it")  # fmt: skip
-_SEQUENCES = {list: "l", tuple: "t", set: "s", frozenset: "fs"}
+_SEQUENCES: dict[type, str] = {list: "l", tuple: "t", set: "s", frozenset: "fs"}
 _REBUILD = {"l": list, "t": tuple, "s": set, "fs": frozenset}
 
 
@@ -52,7 +58,7 @@ class ProgramGone(Exception):
 
 
 # ---------------------------------------------------------------------- plain data on the wire
-def encode(value: object, refer, depth: int = 0) -> tuple:
+def encode(value: Any, refer, depth: int = 0) -> tuple:  # any value: dispatched on its type
     """``value`` as nested tuples of tags and plain leaves; ``refer(obj)`` names what is not
     plain data (its index, or raises)."""
     kind = type(value)
@@ -103,7 +109,7 @@ def write_frame(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def receive(fd: int, limit: int) -> object:
+def receive(fd: int, limit: int) -> Any:  # a message, whose shape its reader knows
     """One message (``ast.literal_eval`` of its text); `ProgramGone` at the end of the pipe."""
     (size,) = struct.unpack(">Q", _read_exactly(fd, 8))
     if size > limit:
@@ -188,7 +194,7 @@ class Link:
     def __init__(self, requests: int, replies: int, limit: int) -> None:
         self.requests, self.replies, self.limit = requests, replies, limit
 
-    def ask(self, *request: object) -> object:
+    def ask(self, *request: object) -> Any:  # an answer, whose shape the request says
         """Send ``request`` to the program and return its answer, decoded (plain data or
         `Remote`); the program's exception is raised here (`_program_exception`)."""
         try:
@@ -237,7 +243,7 @@ class Remote:
     are asked of it; comparisons and truth are refused (`_compared`)."""
 
     __slots__ = ("_index", "_link")
-    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = _compared  # type: ignore[assignment]
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = _compared
 
     def __init__(self, link: Link, index: int) -> None:
         object.__setattr__(self, "_link", link)

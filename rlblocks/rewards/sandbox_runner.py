@@ -214,6 +214,7 @@ def _checker(cfg: dict, requests: int, replies: int) -> None:
     except BaseException as e:  # noqa: BLE001 -- the sandbox could not be set up
         _say(cfg, f"setup checker {type(e).__name__}: {e}")
         os._exit(112)
+    assert sandbox_check is not None  # main() imported it: the run has a test
     link = sandbox_check.Link(requests, replies, cfg["file_bytes"])
     _say(cfg, f"check {nonce} {sandbox_check.check(test, link)}")
     os._exit(0)
@@ -242,6 +243,7 @@ def _reap(cfg: dict, program: int, checker: int | None) -> int:
                 _say(cfg, f"memory pid 1's watch: {held} bytes resident")
                 os._exit(0)  # the kernel kills the rest
         signal.sigtimedwait({signal.SIGCHLD}, WATCH_SECONDS if cfg["watch"] else 1.0)
+    assert status is not None  # P was reaped
     return status
 
 
@@ -322,6 +324,7 @@ def _program(cfg: dict, source: str, checker: tuple | None, *, audit: bool) -> N
         code = compile(source, "program.py", "exec")  # a SyntaxError is the program's error
         exec(code, scope)  # noqa: S102
         if checker:
+            assert sandbox_check is not None  # main() imported it: the run has a test
             sandbox_check.serve(scope, checker[1], checker[2], cfg["file_bytes"])
         line, exit_code = "done", 0
     except SystemExit as e:

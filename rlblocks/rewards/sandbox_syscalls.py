@@ -111,6 +111,7 @@ def _rules() -> list[tuple[str, int, list[tuple[int, int, int, int]]]]:
     """(call, action, argument comparisons): a call is refused when all its comparisons hold;
     several rules for one call refuse it when any holds."""
     refuse = _errno_action(errno.EPERM)
+    rules: list[tuple[str, int, list[tuple[int, int, int, int]]]]
     rules = [(name, refuse, []) for name in REFUSED]
     rules += [(name, refuse, [(0, SCMP_CMP_NE, AF_UNIX, 0)]) for name in ("socket", "socketpair")]
     rules += [("clone", refuse, [(0, SCMP_CMP_MASKED_EQ, flag, flag)]) for flag in NAMESPACE_FLAGS]
