@@ -56,6 +56,7 @@ def _value(node: ast.AST) -> int | float:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
         if isinstance(node.value, int) and abs(node.value) >= 10**MAX_DIGITS:
             raise CalculatorError(f"the number has more than {MAX_DIGITS} digits")
+        assert isinstance(node.value, int | float)  # its type is one of the two (above)
         return node.value
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_value(node.operand))

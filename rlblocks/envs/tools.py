@@ -271,6 +271,7 @@ class ToolEnv:
         if fn is None:
             names = sorted(self.functions)
             return shown(f"Error: no tool named {call.name!r}; the tools are {names}", limit), False
+        assert call.name is not None  # a call without a name has no function (above)
         return self.runner.call(fn, call.arguments, timeout=self.timeouts[call.name], limit=limit)
 
 

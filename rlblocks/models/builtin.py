@@ -70,7 +70,7 @@ class GGUFModel:
         # save_pretrained refuses to write a "quantized" model.
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # transformers sets it, never declares it
         save_on_any_rank(model, target)
         tokenizer.save_pretrained(target)
 

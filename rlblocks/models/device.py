@@ -14,6 +14,7 @@ Blocks that wrap a model they are given (``HFEngine(policy.model, ...)``, ``Valu
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -71,7 +72,7 @@ def _missing(device: torch.device) -> tuple[str, str] | None:
             "torch sees no MPS device (MPS needs Apple silicon and macOS 12.3 or later)",
             ELSEWHERE,
         )
-    backend = getattr(torch, device.type, None)
+    backend: Any = getattr(torch, device.type, None)  # torch.xpu, torch.npu...
     if device.type in ("cpu", "meta") or not hasattr(backend, "is_available"):
         return None  # the CPU, the meta device, or a backend torch cannot be asked about
     if not backend.is_available():

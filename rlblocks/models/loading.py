@@ -59,9 +59,7 @@ def load(
     prepare_tokenizer(tokenizer)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-    # transformers wraps PreTrainedModel.to with functools.wraps(nn.Module.to): the wrapper's
-    # type takes self as its first argument
-    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]
+    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]  # transformers types .to as wraps(Module.to)
 
 
 def from_pretrained(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -84,9 +85,9 @@ def _trained_tokenizer_json(vocab_size: int) -> str:
     return tokenizer.to_str()
 
 
-def tiny_config(tokenizer: PreTrainedTokenizerFast, **overrides: object) -> Qwen2Config:
+def tiny_config(tokenizer: PreTrainedTokenizerFast, **overrides: Any) -> Qwen2Config:
     """A 2-layer Qwen2 config sized for a unit test: hidden 64, 2 heads of 32, tied embeddings."""
-    settings: dict[str, object] = {
+    settings: dict[str, Any] = {
         "vocab_size": len(tokenizer),
         "hidden_size": 64,
         "intermediate_size": 128,
@@ -104,7 +105,7 @@ def tiny_config(tokenizer: PreTrainedTokenizerFast, **overrides: object) -> Qwen
 
 
 def tiny(
-    *, seed: int = 0, dtype: torch.dtype = torch.float32, **config_overrides: object
+    *, seed: int = 0, dtype: torch.dtype = torch.float32, **config_overrides: Any
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
     """A freshly initialised tiny model and its tokenizer; the same ``seed`` gives the same weights.
 
@@ -117,10 +118,10 @@ def tiny(
         model = Qwen2ForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model.to(dtype).eval(), tokenizer
+    return model.to(dtype).eval(), tokenizer  # type: ignore[arg-type]  # transformers types .to as wraps(Module.to)
 
 
-def save_tiny(path: str | Path, *, seed: int = 0, **config_overrides: object) -> Path:
+def save_tiny(path: str | Path, *, seed: int = 0, **config_overrides: Any) -> Path:
     """Write a tiny model and tokenizer to ``path`` (``save_pretrained``); returns the path."""
     path = Path(path)
     model, tokenizer = tiny(seed=seed, **config_overrides)
@@ -136,7 +137,7 @@ def save_on_any_rank(model: PreTrainedModel, path: str | Path) -> None:
     (``should_save_on_this_rank``); a built-in model converted into the cache by rank 1 of a
     worker group would then lack its ``config.json``. Here the process saves whatever its rank.
     """
-    model.should_save_on_this_rank = lambda is_main_process: True  # this instance only
+    model.should_save_on_this_rank = lambda is_main_process: True  # type: ignore[method-assign]  # this instance only
     try:
         model.save_pretrained(path)
     finally:

@@ -108,6 +108,7 @@ def split(input_ids: Tensor, position_ids: Tensor, group: dist.ProcessGroup | No
     sequence; nothing is communicated."""
     group = group if group is not None else dist.group.WORLD
     rank, size = dist.get_rank(group), dist.get_world_size(group)
+    assert group is not None  # WORLD: get_rank has found the default group initialized
     if rank < 0:
         raise ValueError(
             f"ulysses.split: this process (global rank {dist.get_rank()}) is not in the "

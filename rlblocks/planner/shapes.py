@@ -160,6 +160,7 @@ def model_shape(
         unsized["kv cache"] = f"{type(text).__name__} names no attention heads or head size"
     acts: dict[torch.dtype, tuple[float, float, float]] = {}
     if layers is not None:
+        assert meta is not None  # the layers were found in it
         for dtype in dtypes:
             try:
                 acts[dtype] = _saved_per_token(meta, layers[0], hidden, dtype)
@@ -268,14 +269,14 @@ class _FlashLike(torch.autograd.Function):
     device's sdpa (its math form) would keep."""
 
     @staticmethod
-    def forward(ctx, q, k, v):  # type: ignore[override]
+    def forward(ctx, q, k, v):
         out = torch.empty_like(q)
         lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
         ctx.save_for_backward(q, k, v, out, lse)
         return out
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]  # never run: the trace has no backward
+    def backward(ctx, grad):  # never run: the trace has no backward
         q, k, v, _, _ = ctx.saved_tensors
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 

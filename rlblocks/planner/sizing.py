@@ -347,6 +347,7 @@ def _activations(shape: ModelShape, s: Setup, tokens: int, head: int) -> int:
     per_layer = wide + (total - wide) / s.tp  # per token
     b = s.dtype.itemsize
     outside = 4 * shape.hidden * b
+    layers: float  # bytes per token of every layer
     if s.gradient_checkpointing:
         layers = shape.layers * shape.hidden * b
         layer_phase = tokens * (layers + per_layer + 3 * largest / s.tp)
@@ -418,5 +419,5 @@ def _device_memory() -> int | None:
         return None
 
 
-def _gib(n: int) -> str:
+def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 1024**2:.1f} MiB"

@@ -182,7 +182,7 @@ class ContinuousBatchingEngine(LocalWeights):
         config.num_return_sequences = group_size
         with _generating(self.model), seeded(params.seed, _device(self.model)):
             cache.seed = params.seed
-            outputs = self.model.generate_batch(
+            outputs = self.model.generate_batch(  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
                 ids,
                 generation_config=config,
                 continuous_batching_config=cache,
@@ -213,7 +213,7 @@ class ContinuousBatchingEngine(LocalWeights):
             )
         total = sum(lengths) * group_size
         return ContinuousBatchingConfig(
-            **{PAGE_FIELD: PAGE_SIZE},
+            **{PAGE_FIELD: PAGE_SIZE},  # type: ignore[arg-type]  # the field's name varies by version
             num_blocks=blocks,
             max_batch_tokens=max(concurrent, min(total, MAX_BATCH_TOKENS)),
             max_requests_per_batch=concurrent,
@@ -273,7 +273,7 @@ def check_paged(model: nn.Module) -> None:
             "(transformers' continuous batching); pass a Hugging Face causal LM (e.g. "
             "policy.model), or use rb.rollout.HFEngine"
         )
-    config = model.config.get_text_config()
+    config = model.config.get_text_config()  # type: ignore[union-attr, operator]  # Module.__getattr__ is typed Tensor | Module
     attention = str(getattr(config, "_attn_implementation", None))
     if attention not in PAGED_ATTENTION and "flash" not in attention:
         raise ValueError(

@@ -221,7 +221,7 @@ class HFEngine(LocalWeights):
             on_step=on_step,
             min_new_tokens=params.min_new_tokens,
         )
-        out = self.model.generate(
+        out = self.model.generate(  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
             input_ids=input_ids,
             attention_mask=prompt_mask.long(),
             generation_config=generation_config(params, pad_token_id=pad, eos_token_ids=eos),
@@ -282,7 +282,7 @@ def _special_ids(model: nn.Module, tokenizer: Any) -> tuple[int, list[int]]:
         for i in [ids] if isinstance(ids, int) else list(ids or []):
             if i not in eos:
                 eos.append(int(i))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or [None])[0]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0] if eos else None
     if pad is None:
         raise ValueError(
             "HFEngine: the tokenizer has neither a padding token nor an EOS token; set "
@@ -327,7 +327,7 @@ def _generating(model: nn.Module) -> Iterator[None]:
     ``generate`` fills unset fields from ``model.generation_config``), restored afterwards."""
     was_training, saved = model.training, model.generation_config
     model.eval()
-    model.generation_config = GenerationConfig()
+    model.generation_config = GenerationConfig()  # type: ignore[assignment]  # Module.__setattr__ is typed Tensor | Module
     try:
         with torch.no_grad():
             yield
