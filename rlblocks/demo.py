@@ -419,6 +419,7 @@ def sft_completion(row: rb.data.PromptRow, target: str) -> str:
     """The SFT target of a problem: ``"worked"``, its expression and value (``"42 + 41 = 83"``:
     the computation written out, the answer last, where `rb.rewards.math_answer` reads it), or
     ``"answer"``, the number alone."""
+    assert row.ground_truth is not None  # every arithmetic problem has its answer
     if target == "answer":
         return row.ground_truth
     return f"{row.metadata['expression']} = {row.ground_truth}"

@@ -165,7 +165,8 @@ def parser(recipe: str, names: Mapping[str, str] | None = None) -> ArgumentParse
     ):  # GRPO family: β of kl_regularized around the loss (0: no KL term)
         p.add_argument("--kl_coef", type=float, default=0.0, help="β of a k3 KL loss term")
     own = {k for k, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY}
-    p.add_function_arguments(fn, None, skip=set(params) - own | BUILT | NOT_CONFIGURABLE)
+    skip = set(params) - own | BUILT | NOT_CONFIGURABLE
+    p.add_function_arguments(fn, None, skip=skip)  # type: ignore[arg-type]  # jsonargparse: set[str | int]
     p.add_class_arguments(Model, "model")
     _add_train_config(p, "trainer")
     if "critic" in params:
@@ -204,7 +205,7 @@ def _add_block(p: ArgumentParser, key: str, registry: Mapping[str, Callable], na
     }
     skip |= {"tokenizer"}  # data: the policy's, given when max_prompt_tokens is set
     p.add_argument(f"--{key}.name", type=str, default=name, help=f"{key}: a name or mod:fn")
-    p.add_function_arguments(base, key, skip=skip)
+    p.add_function_arguments(base, key, skip=skip)  # type: ignore[arg-type]  # jsonargparse: set[str | int]
     if isinstance(fn, partial):  # a registry variant (dr_grpo): its keywords are the defaults
         p.set_defaults({f"{key}.{k}": v for k, v in fn.keywords.items()})
 
@@ -233,8 +234,8 @@ def parse(argv: Sequence[str]) -> tuple[Namespace, ArgumentParser, bool]:
     file = Path(argv.pop(0)) if argv and not argv[0].startswith("-") else None
     data = _read(file) if file else {}
     sections = ("recipe", "data", "advantage", "loss", "preference")
-    names = {k: _peek(argv, data, k) for k in sections}
-    names = {k: v for k, v in names.items() if v is not None}
+    peeked = {k: _peek(argv, data, k) for k in sections}
+    names = {k: v for k, v in peeked.items() if v is not None}
     try:
         p = parser(names.pop("recipe", "grpo"), names)
         config = p.parse_args([*(["--config", str(file)] if file else []), *argv])

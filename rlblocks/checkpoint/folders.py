@@ -52,7 +52,7 @@ def complete_steps(root: Path) -> list[int]:
 def sweep(root: Path) -> list[Path]:
     """Remove what interrupted writes left under ``root``: partial folders and renamed folders
     without their marker. Returns the removed paths."""
-    removed = []
+    removed: list[Path] = []
     if not root.is_dir():
         return removed
     for child in root.iterdir():

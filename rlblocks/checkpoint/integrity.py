@@ -103,7 +103,7 @@ class NonFinite(NamedTuple):
 
     file: Path
     tensor: str
-    count: int
+    count: int  # type: ignore[assignment]  # the field shadows tuple.count (a public name, kept)
     numel: int
 
 

@@ -23,7 +23,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 
 from rlblocks.notebook.figure import CURVES
 from rlblocks.notebook.samples import Sample, pick_samples
-from rlblocks.notebook.views import Status, TerminalView, WidgetView
+from rlblocks.notebook.views import Curves, Status, TerminalView, WidgetView
 from rlblocks.rollouts import Rollouts
 
 if TYPE_CHECKING:
@@ -91,7 +91,8 @@ class Dashboard:
             mode = "widgets" if in_notebook() else "terminal"
         self.mode = mode
         self.total_steps = total_steps
-        self.curves = tuple((m, m) if isinstance(m, str) else tuple(m) for m in metrics)
+        # (key, title) pairs: typeshed's tuple(pair) forgets the length
+        self.curves: Curves = tuple((m, m) if isinstance(m, str) else tuple(m) for m in metrics)  # type: ignore[misc]
         self.num_samples = samples
         self.refresh_seconds = refresh_seconds
         self.clock = clock

@@ -23,7 +23,7 @@ class Status(NamedTuple):
     """Where training stands after an update."""
 
     step: int  # the step index the caller passed
-    count: int  # updates so far (the progress bar's value)
+    count: int  # type: ignore[assignment]  # shadows tuple.count; updates so far (the bar's value)
     total: int | None  # expected updates, or None when unknown
     seconds_per_step: float  # mean wall time per update
     elapsed: float  # sum of the step times
@@ -112,7 +112,9 @@ class WidgetView:
         import ipywidgets as w
 
         if display is None:
-            from IPython.display import display
+            from IPython.display import display as ipython_display
+
+            display = ipython_display
         self.display = display
         self.curves = curves
         self.total = total

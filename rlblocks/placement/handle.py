@@ -38,7 +38,7 @@ from rlblocks.placement.scatter import (
     rank_seed,
     take_rows,
 )
-from rlblocks.placement.worker import GETATTR, NOOP
+from rlblocks.placement.worker import GETATTR, NOOP, Call
 from rlblocks.rollouts import Rollouts
 from rlblocks.stacks import SignalStacks
 
@@ -76,7 +76,7 @@ class WorkerGroup:
             return _Method(self, name)
         if name not in self._attributes:  # as the block itself would answer
             raise AttributeError(f"{self._type} (as {self._role!r}) has no attribute {name!r}")
-        rest = [(NOOP, (), {})] * (self.world_size - 1)  # only rank 0 answers
+        rest: list[Call] = [(NOOP, (), {})] * (self.world_size - 1)  # only rank 0 answers
         return self._workers.calls(self._role, [(GETATTR, (name,), {}), *rest], name)[0]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -194,7 +194,7 @@ class _Method:
                 "pass one entry per prompt"
             )
         pieces = contiguous_partition(len(prompts), g.world_size)
-        calls = []
+        calls: list[Call] = []
         for rank, rows in enumerate(pieces):
             if not rows:
                 calls.append((NOOP, (), {}))

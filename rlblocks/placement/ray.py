@@ -120,6 +120,7 @@ class Ray:
 
     def pool_of(self, role: str) -> str:
         """The name of the pool ``role`` runs on (the first pool unless ``roles`` says)."""
+        assert self.pools is not None  # __post_init__ sets it
         return self.roles.get(role, next(iter(self.pools)))
 
     @property
@@ -148,6 +149,7 @@ class Ray:
         self.shutdown()
 
     def __repr__(self) -> str:
+        assert self.pools is not None  # __post_init__ sets it
         pools = ", ".join(f"{k}={v.nodes}x{v.workers_per_node}" for k, v in self.pools.items())
         where = self.address or "local"
         return f"Ray({where}, pools: {pools}, roles: {dict(self.roles) or 'all on the first'})"
@@ -160,6 +162,7 @@ class Ray:
         if group is not None:
             group.stop()
         self._connect()
+        assert self.pools is not None  # __post_init__ sets it
         group = Workers(
             name,
             self.pools[name],
@@ -178,6 +181,7 @@ class Ray:
         # for that, not a cluster's address: it listens on loopback too).
         if self.address in (None, "local"):
             kwargs["address"] = "local"
+            assert self.pools is not None  # __post_init__ sets it
             needed = sum(p.size * p.cpus_per_worker for p in self.pools.values())
             kwargs["num_cpus"] = max(int(-(-needed // 1)), os.cpu_count() or 1)
             kwargs |= {"_node_ip_address": LOOPBACK, "dashboard_host": LOOPBACK}

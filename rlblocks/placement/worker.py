@@ -76,6 +76,7 @@ class Worker:
         wait = timedelta(seconds=timeout)
         if self.rank == 0:  # the store's server takes over the socket `info` opened
             listener, self._listener = self._listener, None
+            assert listener is not None  # rank 0's, opened by info()
             fd = listener.detach()
             store = dist.TCPStore(
                 *address, self.size, True, wait, wait_for_workers=False, master_listen_fd=fd,

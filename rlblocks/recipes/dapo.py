@@ -170,7 +170,7 @@ def dapo(
     _warn_unless_token_mean(policy)
     config = run_config("dapo", locals())  # logged once, checked on resume
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
-    loss_fn = partial(clipped_surrogate, clip=clip)  # clip-higher, §3.1
+    loss_fn: interfaces.PolicyLoss = partial(clipped_surrogate, clip=clip)  # clip-higher, §3.1
     task = _scored_once(reward_fn)  # scored once, read by the shaped reward and the filter
     shaped = _shaped_reward(task, sampling, max_length, cache_length, overlong_factor)
     source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)

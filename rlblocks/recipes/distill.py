@@ -71,7 +71,9 @@ def distill(
         with clock("logprobs"):
             teacher_lp = teacher.logprobs(rollouts)
         old, mask = rollouts.old_logprobs, rollouts.response_mask
-        _, metrics = reverse_kl(old, teacher_lp, mask)  # 3.
+        assert old is not None  # with_old_logprobs set it
+        _, kl_metrics = reverse_kl(old, teacher_lp, mask)  # 3.
+        metrics: dict[str, Any] = {**kl_metrics}  # tensors, then the reward's and update's floats
         advantages = teacher_kl(old, teacher_lp, mask, kl_coef=kl_coef).advantages
         if reward_fn is not None:
             with clock("reward"):

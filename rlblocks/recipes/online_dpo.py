@@ -68,6 +68,7 @@ def online_dpo(
             ref = policy.ref_logprobs(pairs) if anchored else None
         p = torch.arange(len(chosen))
         scale = float(policy.normalizer(pairs)) / len(chosen)  # the trainer divides by n
+        assert pairs.old_logprobs is not None  # with_old_logprobs set it
         advantages, pair_metrics = preference_advantages(  # 4. DPO's gradient, per token
             preference, pairs.old_logprobs, ref, pairs.response_mask, 2 * p, 2 * p + 1, scale=scale
         )

@@ -112,6 +112,7 @@ def ppo(
             values = critic.values(rollouts)
         rollouts = rollouts.replace(rewards=rewards, ref_logprobs=ref_logprobs)
         beta = controller.value  # 4. KL penalty with the current β, then adapt β
+        assert rollouts.old_logprobs is not None  # with_old_logprobs set it
         penalized, kl = kl_penalty_rewards(
             rewards, rollouts.old_logprobs, ref_logprobs, mask, kl_coef=beta, estimator=estimator
         )

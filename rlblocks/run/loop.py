@@ -240,6 +240,7 @@ def run_steps(
             acquired = True
         resumed = saver is not None and saver.resume_step(run.resume) is not None
         if resumed:
+            assert saver is not None  # resumed says so
             restored = saver.load(state)
             start, history = restored.step, list(restored.history)
             check_resumed(restored.config, config, done=start, steps=steps, where=saver.root)
@@ -284,6 +285,7 @@ def run_steps(
         if watchdog is not None:
             watchdog.close()
         if acquired:
+            assert saver is not None  # acquired says so
             saver.lock.release()
     return history
 

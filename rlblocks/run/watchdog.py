@@ -187,7 +187,7 @@ class Watchdog:
         lines = [head]
         if notes:
             lines.append("in flight: " + "; ".join(f"{k}: {_short(v)}" for k, v in notes.items()))
-        then = self.on_stall
+        then: str = self.on_stall
         if then == "interrupt" and signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None):
             then += " (SIGINT is ignored in this process: the interrupt will not be seen)"
         lines.append(f"then: {then}")
@@ -213,7 +213,9 @@ class Watchdog:
             # flag, which a blocked thread never reads. Where SIGINT has no Python handler (a
             # job started with SIGINT ignored), the flag is all there is.
             if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+                main = threading.main_thread().ident
+                assert main is not None  # the main thread has started
+                signal.pthread_kill(main, signal.SIGINT)
             else:
                 import _thread
 

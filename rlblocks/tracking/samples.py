@@ -52,7 +52,8 @@ def pick_samples(
     """``k`` rows, one per group first (so different prompts show), then the remaining rows."""
     values = row_rewards(rollouts, metrics, rewards)
     seen: set[int] = set()
-    firsts, others = [], []
+    firsts: list[int] = []
+    others: list[int] = []
     for row, gid in enumerate(rollouts.group_ids.tolist()):
         (others if gid in seen else firsts).append(row)
         seen.add(gid)
