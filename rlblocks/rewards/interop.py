@@ -64,8 +64,8 @@ import inspect
 import logging
 import math
 import numbers
-from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rlblocks.interfaces import RewardFn, RewardOutput
 from rlblocks.progress import current
@@ -78,6 +78,8 @@ if TYPE_CHECKING:
 __all__ = ["from_trl", "from_verl", "trainer_state", "trl_inputs", "verl_inputs"]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 #: What `from_trl` and `from_verl` say to do about a thread left running past its deadline.
 RETURN_FIX = (
@@ -155,8 +157,9 @@ def from_trl(
         rᵢ = none_score                         if None (counted in ``{key}/none``)
         rᵢ = fallback                           if the call (or row) failed (``{key}/failures``)
 
-    ``fn`` may be ``async def`` (run with ``asyncio.run``). ``timeout``: seconds for the batch
-    call (each per-row retry gets as long); None calls in this thread, without a limit. Metrics:
+    ``fn`` may be ``async def``, or return any awaitable (run with ``asyncio.run``).
+    ``timeout``: seconds for the batch call (each per-row retry gets as long); None calls in
+    this thread, without a limit. Metrics:
     ``{key}/mean``, ``{key}/failures``, ``{key}/timeouts``, ``{key}/abandoned_threads`` (after
     a first timeout), ``{key}/none`` and ``{key}/{name}`` for each ``log_metric(name, value)``. ``name``: the function's ``__name__`` (for `combine`).
     """
@@ -178,8 +181,8 @@ def from_trl(
         def call(rows: Sequence[int]) -> list[Any]:
             kwargs = {k: [v[i] for i in rows] for k, v in inputs.items()}
             out = fn(**kwargs, trainer_state=state, log_extra=_drop, log_metric=_logger(logged))
-            if inspect.isawaitable(out):
-                out = asyncio.run(out)
+            if inspect.isawaitable(out):  # any awaitable: asyncio.run takes coroutines only
+                out = asyncio.run(_awaited(out))
             if isinstance(out, str | bytes | Mapping) or not isinstance(out, Sequence):
                 raise TypeError(
                     f"from_trl: {label} returned {type(out).__name__}, expected a list of floats; "
@@ -213,6 +216,10 @@ def from_trl(
         return out
 
     return _named(reward, label)
+
+
+async def _awaited(awaitable: Awaitable[_T]) -> _T:
+    return await awaitable
 
 
 #: The parameter kinds a keyword argument can fill.

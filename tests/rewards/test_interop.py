@@ -69,6 +69,22 @@ def logging_reward_func(completions, ground_truth, log_extra=None, log_metric=No
     return rewards
 
 
+class _Scores:
+    """An awaitable that is not a coroutine (what a function wrapping its work in a custom
+    awaitable or an ``asyncio`` object returns): awaiting it gives the scores."""
+
+    def __init__(self, scores):
+        self.scores = scores
+
+    def __await__(self):
+        yield from asyncio.sleep(0).__await__()
+        return self.scores
+
+
+def awaitable_reward_func(completions, **kwargs):
+    return _Scores([1.0 if completion else 0.0 for completion in completions])
+
+
 # ---------------------------------------------------------------------- as verl writes it
 def extract_solution(solution_str, method="strict"):
     if len(solution_str) > 300:
@@ -99,6 +115,9 @@ def test_standard_format_hand_worked(make_rollouts):
     assert rewards.tolist() == [2.0, 4.0, 1.0]
     rewards, _ = from_trl(async_reward_func)(ro)
     assert rewards.tolist() == [1.0, 1.0, 1.0]
+    # any awaitable is awaited, not only a coroutine (asyncio.run takes only those)
+    rewards, metrics = from_trl(awaitable_reward_func)(ro)
+    assert rewards.tolist() == [1.0, 1.0, 1.0] and metrics["reward/failures"] == 0.0
     reward = from_trl(logging_reward_func)
     assert reward.__name__ == "logging_reward_func"
     rewards, metrics = reward(ro)
