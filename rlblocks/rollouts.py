@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -393,7 +393,7 @@ class Rollouts:
         group_ids: Sequence[int] | Tensor | None = None,
         prompts: Sequence[str] | None = None,
         completions: Sequence[str] | None = None,
-        metadata: Sequence[dict[str, Any]] | None = None,
+        metadata: Sequence[Mapping[str, Any]] | None = None,
     ) -> Rollouts:
         """Build a batch from ragged token lists (prompts left-padded, responses right-padded).
 
