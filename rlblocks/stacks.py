@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import IO
 
 
 def thread_stacks(*, first: int | None = None) -> str:
@@ -36,7 +36,7 @@ def thread_stacks(*, first: int | None = None) -> str:
     return "\n".join(parts)
 
 
-_SERVED: list[Any] = []  # the files serve_stacks keeps open for faulthandler
+_SERVED: list[tuple[IO[str], str]] = []  # the files serve_stacks keeps open for faulthandler
 
 
 def serve_stacks(signum: int = signal.SIGUSR1) -> str:

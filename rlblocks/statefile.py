@@ -151,7 +151,9 @@ def _decode(tree: Any, tensors: Mapping[str, Tensor], where: str) -> Any:
     return _decode_tagged(tags[0], tree, tensors, where)
 
 
-def _decode_tagged(tag: str, tree: dict, tensors: Mapping[str, Tensor], where: str) -> Any:
+def _decode_tagged(
+    tag: str, tree: dict[str, Any], tensors: Mapping[str, Tensor], where: str
+) -> Any:
     body = tree[tag]
     try:
         if tag == "$tuple":

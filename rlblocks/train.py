@@ -194,7 +194,9 @@ def _add_train_config(p: ArgumentParser, key: str) -> None:
     p.add_argument(f"--{key}.aggregation", type=Literal[tuple(AGGREGATIONS)], default="token-mean")
 
 
-def _add_block(p: ArgumentParser, key: str, registry: Mapping[str, Callable], name: str) -> None:
+def _add_block(
+    p: ArgumentParser, key: str, registry: Mapping[str, Callable[..., Any]], name: str
+) -> None:
     """``key.name`` and the keyword arguments of the function it names (not its tensors)."""
     fn = _pick(registry, name, f"{key}.name")
     base = fn.func if isinstance(fn, partial) else fn
@@ -210,14 +212,15 @@ def _add_block(p: ArgumentParser, key: str, registry: Mapping[str, Callable], na
         p.set_defaults({f"{key}.{k}": v for k, v in fn.keywords.items()})
 
 
-def _pick(registry: Mapping[str, Callable], name: str, key: str) -> Callable:
+def _pick(registry: Mapping[str, Callable[..., Any]], name: str, key: str) -> Callable[..., Any]:
     """``registry[name]``, or the function at ``package.module:function``."""
     if name in registry:
         return registry[name]
     if ":" in name:
         module, _, attr = name.partition(":")
         try:
-            return getattr(__import__(module, fromlist=[attr]), attr)
+            found: Callable[..., Any] = getattr(__import__(module, fromlist=[attr]), attr)
+            return found
         except (ImportError, AttributeError) as error:
             raise ValueError(f"{key}: cannot import {name!r} ({error})") from error
     raise ValueError(f"{key}: unknown name {name!r}; one of {sorted(registry)} or mod:function")
@@ -394,7 +397,9 @@ def _kwargs(section: Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(section).items() if k != "name"}
 
 
-def _bound(registry: Mapping[str, Callable], section: Namespace, key: str) -> Callable:
+def _bound(
+    registry: Mapping[str, Callable[..., Any]], section: Namespace, key: str
+) -> Callable[..., Any]:
     """The function ``section.name`` names, with the section's keyword arguments bound."""
     fn = _pick(registry, section.name, f"{key}.name")
     return partial(fn.func if isinstance(fn, partial) else fn, **_kwargs(section))
@@ -402,7 +407,8 @@ def _bound(registry: Mapping[str, Callable], section: Namespace, key: str) -> Ca
 
 def dump(config: Namespace, p: ArgumentParser) -> str:
     """The resolved configuration as YAML: every key, defaults included."""
-    return p.dump(config, skip_unset=False)
+    text: str = p.dump(config, skip_unset=False)  # an untyped decorator makes dump Any
+    return text
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:

@@ -269,7 +269,8 @@ def _scored_once(reward_fn: interfaces.RewardFn) -> interfaces.RewardFn:
     def scored_once(rollouts: interfaces.Rollouts, /) -> interfaces.RewardOutput:
         if last[0] is not rollouts:
             last[:] = [rollouts, reward_fn(rollouts)]
-        return last[1]
+        answer: interfaces.RewardOutput = last[1]
+        return answer
 
     return scored_once
 

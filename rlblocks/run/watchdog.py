@@ -178,7 +178,16 @@ class Watchdog:
             if self.on_stall != "wait":
                 return
 
-    def _report(self, phase, step, elapsed, limit, why, notes, ident) -> str:
+    def _report(
+        self,
+        phase: str,
+        step: int,
+        elapsed: float,
+        limit: float,
+        why: str,
+        notes: dict[str, Any],
+        ident: int,
+    ) -> str:
         head = (
             f"rlblocks watchdog: step {step} is stuck in phase {phase!r}: it has run "
             f"{elapsed:.1f} s, past its deadline of {limit:.1f} s ({why}), on "
