@@ -43,7 +43,7 @@ def dispatch(mode: Dispatch | str) -> Callable[[F], F]:
     mode = Dispatch(mode)
 
     def declare(method: F) -> F:
-        method.__rlblocks_dispatch__ = mode  # type: ignore[attr-defined]
+        method.__rlblocks_dispatch__ = mode  # type: ignore[attr-defined]  # read by dispatch_of
         return method
 
     return declare

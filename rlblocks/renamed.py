@@ -39,7 +39,7 @@ def moved_keywords(**where: str) -> Callable[[F], F]:
                     raise TypeError(f"{name}: {old}= is no longer a keyword; use {where[old]}")
             return fn(*args, **kwargs)
 
-        return checked  # type: ignore[return-value]
+        return checked  # type: ignore[return-value]  # it takes fn's arguments (a wrapper)
 
     return decorate
 

@@ -141,8 +141,7 @@ class AgentEngine:
         self.parser = parser
         self.tokenizer = engine.tokenizer  # one round trip for a handle, once
         self.serves_adapters = bool(engine.serves_adapters)
-        # not part of RolloutEngine, though every engine of rlblocks has one
-        self.sampling = sampling if sampling is not None else engine.sampling  # type: ignore[attr-defined]
+        self.sampling = sampling if sampling is not None else engine.sampling  # type: ignore[attr-defined]  # not in RolloutEngine
         self.chat = ChatFormat(self.tokenizer, env.tools, tools_prompt=tools_prompt)
         model = self.model
         if max_total_tokens is None and isinstance(model, nn.Module):

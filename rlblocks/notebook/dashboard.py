@@ -91,8 +91,7 @@ class Dashboard:
             mode = "widgets" if in_notebook() else "terminal"
         self.mode = mode
         self.total_steps = total_steps
-        # (key, title) pairs: typeshed's tuple(pair) forgets the length
-        self.curves: Curves = tuple((m, m) if isinstance(m, str) else tuple(m) for m in metrics)  # type: ignore[misc]
+        self.curves: Curves = tuple((m, m) if isinstance(m, str) else tuple(m) for m in metrics)  # type: ignore[misc]  # tuple() forgets a pair's length
         self.num_samples = samples
         self.refresh_seconds = refresh_seconds
         self.clock = clock

@@ -349,8 +349,7 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict
     options = StateDictOptions(full_state_dict=True, cpu_offload=False)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     weights = get_model_state_dict(model, options=options)
-    # a model's state dict holds tensors (torch types its values as any state dict value)
-    weights = {k: v.detach().cpu() for k, v in weights.items() if k in trainable}  # type: ignore[union-attr]
+    weights = {k: v.detach().cpu() for k, v in weights.items() if k in trainable}  # type: ignore[union-attr]  # a model's state dict: tensors
     optim = get_optimizer_state_dict(model, optimizer, options=options)
     return weights, _to_cpu(optim)
 

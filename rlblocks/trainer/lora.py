@@ -83,8 +83,7 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
         if not module.merged:
             for adapter in module.active_adapters:
                 if adapter in module.lora_A or adapter in module.lora_embedding_A:
-                    # peft's LoRA layer classes (Linear, Embedding, ...) define get_delta_weight
-                    delta = module.get_delta_weight(adapter)  # type: ignore[attr-defined]
+                    delta = module.get_delta_weight(adapter)  # type: ignore[attr-defined]  # peft's layer classes define it
                     weight = weight + delta.to(weight.dtype)
         merged[f"{name}.weight"] = weight
     for key, tensor in base_weights(model):
