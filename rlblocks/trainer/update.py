@@ -54,11 +54,16 @@ class Trainable(Protocol):
 
     # Read only here (a trainer may hold a narrower module: the critic's ValueModel).
     @property
-    def model(self) -> nn.Module: ...
+    def model(self) -> nn.Module:
+        """The module being trained."""
+
     @property
-    def config(self) -> TrainConfig: ...
+    def config(self) -> TrainConfig:
+        """Batching, optimizer and numerics."""
+
     @property
-    def dp(self) -> SingleProcess | DataParallel: ...
+    def dp(self) -> SingleProcess | DataParallel:
+        """The data-parallel group (a ``SingleProcess`` in one process)."""
 
     # Set by start_training and rebuild_optimizer, advanced by the loop.
     optimizer: torch.optim.Optimizer
