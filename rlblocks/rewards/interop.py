@@ -105,7 +105,9 @@ def trainer_state() -> Any:
     if progress is None:
         return TrainerState()
     return TrainerState(
-        global_step=progress.step, max_steps=progress.steps or 0, epoch=progress.epoch
+        global_step=progress.step,
+        max_steps=progress.steps or 0,
+        epoch=progress.epoch,  # type: ignore[arg-type]  # None: the data cannot say (typed float)
     )
 
 
