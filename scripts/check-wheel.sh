@@ -8,7 +8,9 @@ set -euo pipefail
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 cd "$(dirname "$0")/.."
 root=$PWD
-builder=$(realpath "${PYTHON:-.venv/bin/python}")
+builder=${PYTHON:-.venv/bin/python}
+case "$builder" in /*) ;; *) builder="$root/$builder" ;; esac  # absolute, symlink kept: a venv's
+# python is a link to the base interpreter, which lacks the venv's packages (build, nbformat)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$builder" -m build --wheel --outdir "$work/dist" . >"$work/build.log" 2>&1 || {
