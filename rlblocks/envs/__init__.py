@@ -5,7 +5,8 @@
   are what passes between it and the rollout.
 - `ToolEnv`: the model answers a question and may call tools (plain Python functions with a
   docstring; `tool_schema` builds their JSON schema); `parse_tool_calls` reads the
-  ``<tool_call>{...}</tool_call>`` format; `calculator` is a safe arithmetic tool;
+  ``<tool_call>{...}</tool_call>`` format, `ResponseTemplateParser` a model family's own (the
+  tokenizer's ``response_template``), `tool_call_parser` picks one; `calculator` is a safe arithmetic tool;
   `ProcessRunner` (the default: a worker process a time limit kills) and `ThreadRunner` are
   where its tool calls run.
 - `AgentEngine`: wraps any rollout engine (HF, vLLM, local or behind a Ray placement) and is one
@@ -24,7 +25,14 @@ from rlblocks.envs.calculator import CalculatorError, calculator
 from rlblocks.envs.chat import ChatFormat
 from rlblocks.envs.reward import agent_metrics, env_reward
 from rlblocks.envs.runners import ProcessRunner, ThreadRunner
-from rlblocks.envs.tools import ToolEnv, call_tool, parse_tool_calls, tool_schema
+from rlblocks.envs.tools import (
+    ResponseTemplateParser,
+    ToolEnv,
+    call_tool,
+    parse_tool_calls,
+    tool_call_parser,
+    tool_schema,
+)
 
 __all__ = [
     "ENDS",
@@ -36,6 +44,7 @@ __all__ = [
     "Message",
     "ModelTurn",
     "ProcessRunner",
+    "ResponseTemplateParser",
     "ThreadRunner",
     "ToolCall",
     "ToolEnv",
@@ -44,5 +53,6 @@ __all__ = [
     "call_tool",
     "env_reward",
     "parse_tool_calls",
+    "tool_call_parser",
     "tool_schema",
 ]

@@ -12,7 +12,9 @@ One call, turn by turn:
 2. Every active episode's ids so far go to ``engine.generate(ids, n=1)`` at once (one batched
    call per turn; prompts as token ids, so nothing sampled is ever re-tokenized). The sampled
    ids and their log-probs are appended as they are, ``response_mask`` True.
-3. The turn's text (decoded, special tokens skipped) and its parsed tool calls go to
+3. The turn's text (decoded, special tokens skipped) and its tool calls (read by the
+   tokenizer's own response template when it has one, else the ``<tool_call>`` JSON parser:
+   `rlblocks.envs.tool_call_parser`) go to
    ``env.step``; its observation messages become ids by the observation rule
    (`rlblocks.envs.ChatFormat.observation_ids`) and are appended with ``response_mask`` False
    and rollout log-prob 0: attended to, never trained on. Nothing the model writes raises here:
@@ -54,7 +56,7 @@ from torch import Tensor, nn
 
 from rlblocks.envs.base import Environment, Message, ModelTurn, ToolCall, last_answer
 from rlblocks.envs.chat import TOOLS_PROMPT, ChatFormat
-from rlblocks.envs.tools import parse_tool_calls
+from rlblocks.envs.tools import tool_call_parser
 from rlblocks.interfaces import (
     Dispatch,
     Handle,
@@ -110,7 +112,10 @@ class AgentEngine:
     turns per episode. ``max_total_tokens``: the longest row, prompt included; None: the
     context of the engine's model when it lives in this process, else no limit of ours (the
     engine's own check then raises for a turn past its context). ``parser``: reads the tool
-    calls of a turn's text (`parse_tool_calls`: the ``<tool_call>`` JSON format). ``sampling``:
+    calls of a turn's text; None: `rlblocks.envs.tool_call_parser` of the engine's tokenizer
+    (its own ``response_template`` when it has one, else the ``<tool_call>`` JSON format). A
+    parser with ``skip_special_tokens = False`` gets the turn with its special tokens kept,
+    any other the text the environment sees. ``sampling``:
     the default ``SamplingParams`` (None: the wrapped engine's ``sampling``). ``tools_prompt``:
     how the tools are described to a model whose chat template ignores them (`ChatFormat`).
     """
@@ -122,7 +127,7 @@ class AgentEngine:
         *,
         max_turns: int = 4,
         max_total_tokens: int | None = None,
-        parser: Callable[[str], Sequence[ToolCall]] = parse_tool_calls,
+        parser: Callable[[str], Sequence[ToolCall]] | None = None,
         sampling: SamplingParams | None = None,
         tools_prompt: str = TOOLS_PROMPT,
     ) -> None:
@@ -138,8 +143,8 @@ class AgentEngine:
         self.engine = engine
         self.env = env
         self.max_turns = max_turns
-        self.parser = parser
         self.tokenizer = engine.tokenizer  # one round trip for a handle, once
+        self.parser = parser if parser is not None else tool_call_parser(self.tokenizer, env.tools)
         self.serves_adapters = bool(engine.serves_adapters)
         self.sampling = sampling if sampling is not None else engine.sampling  # type: ignore[attr-defined]  # not in RolloutEngine
         self.chat = ChatFormat(self.tokenizer, env.tools, tools_prompt=tools_prompt)
@@ -290,7 +295,11 @@ class AgentEngine:
         if self._cut_off(ids, params):
             episode.end = "truncated"
             return
-        model_turn = ModelTurn(text, self._parse(text, episode, turn), turn, tuple(ids))
+        if getattr(self.parser, "skip_special_tokens", True):
+            calls = self._parse(text, episode, turn)
+        else:  # a template that marks its regions with special tokens reads them
+            calls = self._parse(self.tokenizer.decode(ids), episode, turn)
+        model_turn = ModelTurn(text, calls, turn, tuple(ids))
         try:
             step = self.env.step(model_turn, episode.state)
         except Exception as error:

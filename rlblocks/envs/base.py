@@ -49,7 +49,8 @@ class ModelTurn:
     text: str
     """The decoded turn, special tokens skipped (the end-of-turn token is not in it)."""
     tool_calls: tuple[ToolCall, ...]
-    """The calls parsed from ``text`` (`rlblocks.envs.parse_tool_calls` by default), in order."""
+    """The calls parsed from the turn (by `rlblocks.envs.tool_call_parser`'s choice by
+    default), in order."""
     index: int
     """0 for the model's first turn."""
     token_ids: tuple[int, ...] = ()

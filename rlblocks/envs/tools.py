@@ -11,6 +11,16 @@
   ``MAX_DEPTH``, a number Python refuses to read) comes back with ``error`` set. The nesting
   is measured by one pass over the text before the JSON parser (which recurses) sees it: a
   model writing a thousand ``[`` is an error message, not a ``RecursionError``.
+- **A model family's own format**: a tokenizer that carries a ``response_template`` (the
+  declarative parsing spec transformers reads in ``tokenizer.parse_response``; a model's
+  ``tokenizer_config.json`` may ship one, e.g. Qwen3's ``<function=name><parameter=...>``
+  calls) is read by `ResponseTemplateParser`, with the same guarantees: a turn it cannot read
+  is one call with ``error`` set, and nothing raises. `tool_call_parser` picks it when the
+  tokenizer has a template and the ``<tool_call>`` JSON parser above otherwise (what
+  `rlblocks.envs.AgentEngine` does by default). The JSON parser stays hand-written: it is the
+  fallback for tokenizers without a template (SmolLM2's, the tiny model's, any transformers
+  before the templates), and it reads the calls of a turn one by one, so one bad call does
+  not cost the others (the template parser fails the whole turn).
 - **Running a call never raises.** An unknown tool, wrong arguments, an exception in the tool,
   a tool past its time limit, a value that cannot be shown as text and a worker process that
   died all become the tool message's content, ``"Error: ..."``, so the model reads what went
@@ -103,6 +113,12 @@ def _read_call(body: str, max_depth: int) -> ToolCall:
     call, error = _loads(body, max_depth)
     if error is not None:
         return ToolCall(None, error=error, text=body)
+    return _checked_call(call, body, max_depth)
+
+
+def _checked_call(call: Any, body: str, max_depth: int) -> ToolCall:
+    """A read call (``{"name": ..., "arguments": ...}``) as a `ToolCall`, or what is wrong
+    with it."""
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return ToolCall(
             None, error='the tool call needs a "name" (a string) and "arguments"', text=body
@@ -116,6 +132,94 @@ def _read_call(body: str, max_depth: int) -> ToolCall:
             call["name"], error='the tool call\'s "arguments" must be a JSON object', text=body
         )
     return ToolCall(call["name"], arguments, text=body)
+
+
+class ResponseTemplateParser:
+    """Tool calls read by a tokenizer's own response template (``tokenizer.parse_response``).
+
+    ``tokenizer``: a Hugging Face tokenizer whose ``response_template`` describes its model
+    family's output (or pass ``schema``, a template of the same shape). ``tools``: the tool
+    schemas, so that arguments are cast to their declared types (``"7"`` -> 7 for an integer).
+    ``prefix``: what the generation prompt pre-writes of the turn (an opening ``<think>``
+    tag), which the template may need to see. The turn is read with its special tokens kept
+    (``skip_special_tokens`` False: `rlblocks.envs.AgentEngine` decodes it so), since many
+    templates mark their regions with them.
+
+    Never raises for what the model wrote: a turn the template cannot read (bad JSON in a call,
+    brackets nested deeper than ``max_depth``, measured before the recursive JSON parser sees
+    the text) comes back as one `ToolCall` with ``error`` set, and so does a parsed call
+    without a name or with arguments that are not an object.
+    """
+
+    skip_special_tokens = False
+    """How `rlblocks.envs.AgentEngine` decodes the turn for this parser."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        tools: Sequence[Mapping[str, Any]] = (),
+        schema: Mapping[str, Any] | None = None,
+        prefix: str = "",
+        max_depth: int = MAX_DEPTH,
+    ) -> None:
+        if not callable(getattr(tokenizer, "parse_response", None)):
+            raise TypeError(
+                f"ResponseTemplateParser: {type(tokenizer).__name__} has no parse_response "
+                "(the transformers tested, 5.19, has it); use parse_tool_calls"
+            )
+        schema = schema if schema is not None else getattr(tokenizer, "response_template", None)
+        if schema is None:
+            raise ValueError(
+                f"ResponseTemplateParser: {type(tokenizer).__name__} has no response_template; "
+                "pass schema=, or use parse_tool_calls (the <tool_call> JSON format)"
+            )
+        self.tokenizer = tokenizer
+        self.schema = dict(schema)
+        self.tools = [dict(t) for t in tools]
+        self.prefix = prefix
+        self.max_depth = max_depth
+
+    def __call__(self, text: str) -> list[ToolCall]:
+        """The tool calls of one turn's text, in order."""
+        depth = nesting_depth(text)
+        if depth > self.max_depth:
+            error = f"the turn nests brackets {depth} deep, more than the {self.max_depth} allowed"
+            return [ToolCall(None, error=error, text=text)]
+        try:
+            message = self.tokenizer.parse_response(
+                text, schema=self.schema, prefix=self.prefix, tools=self.tools or None
+            )
+        except Exception as error:  # noqa: BLE001 - model text never raises
+            return [
+                ToolCall(
+                    None,
+                    error=f"the turn cannot be read by the response template ({describe(error)})",
+                    text=text,
+                )
+            ]
+        calls = []
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", call) if isinstance(call, Mapping) else call
+            try:
+                body = json.dumps(function)
+            except (TypeError, ValueError):
+                body = repr(function)
+            calls.append(_checked_call(function, body, self.max_depth))
+        return calls
+
+
+def tool_call_parser(
+    tokenizer: Any, tools: Sequence[Mapping[str, Any]] = ()
+) -> Callable[[str], list[ToolCall]]:
+    """The tool-call parser for ``tokenizer``'s model: `ResponseTemplateParser` when the
+    tokenizer carries a ``response_template`` (and transformers can read it), else
+    `parse_tool_calls` (the ``<tool_call>`` JSON format of Qwen2.5 and Hermes)."""
+    if getattr(tokenizer, "response_template", None) is not None and callable(
+        getattr(tokenizer, "parse_response", None)
+    ):
+        return ResponseTemplateParser(tokenizer, tools=tools)
+    return parse_tool_calls
 
 
 _DEFAULT_RUNNER: list[ProcessRunner] = []  # call_tool's worker, started on its first call
@@ -280,10 +384,12 @@ __all__ = [
     "MAX_RESULT_CHARS",
     "TOOL_CALL",
     "ProcessRunner",
+    "ResponseTemplateParser",
     "ThreadRunner",
     "ToolEnv",
     "call_tool",
     "nesting_depth",
     "parse_tool_calls",
+    "tool_call_parser",
     "tool_schema",
 ]

@@ -12,6 +12,7 @@ ids, the masks) runs for real.
 from __future__ import annotations
 
 import torch
+from response_templates import QWEN3_XML
 
 import rlblocks as rb
 from rlblocks.envs import AgentEngine, ChatFormat, ToolEnv, calculator
@@ -72,3 +73,37 @@ def test_a_sampled_tool_call_is_run_and_its_result_observed():
     assert ro.metadata[0]["ground_truth"] == "19"
     _, metrics = rb.envs.env_reward(ro)
     assert metrics["agent/tool_call_rate"] == 1.0
+
+
+#: Qwen3-Coder's call format, which only its response template reads
+#: (tests/response_templates.py): the JSON parser would flag it as bad JSON.
+XML_CALL = (
+    "<tool_call>\n<function=calculator>\n<parameter=expression>\n12 + 7\n</parameter>\n"
+    "</function>\n</tool_call>"
+)
+
+
+def test_a_call_in_the_tokenizers_own_format_is_read_by_its_template_and_run():
+    tokenizer = rb.models.tiny_tokenizer()
+    tokenizer.response_template = QWEN3_XML  # as a model's tokenizer_config.json may ship it
+    env = ToolEnv([calculator])
+    fmt = ChatFormat(tokenizer, env.tools)
+    _, prompt = fmt.prompt(env.reset(QUESTION, {}))
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    target = fmt.encode(XML_CALL) + [im_end]
+    model = trained_to_call(prompt, target)
+    engine = rb.rollout.HFEngine(model, tokenizer, progress=False)
+    agent = AgentEngine(engine, env, max_turns=2)  # the parser: chosen from the tokenizer
+    assert isinstance(agent.parser, rb.envs.ResponseTemplateParser)
+    greedy = rb.SamplingParams(max_new_tokens=len(target) + 4, temperature=0)
+    ro = agent.generate([QUESTION], sampling=greedy, metadata=[{"ground_truth": "19"}])
+
+    info = ro.metadata[0]["agent"]
+    assert info["messages"][1] == {"role": "assistant", "content": XML_CALL}
+    assert info["messages"][2] == {"role": "tool", "name": "calculator", "content": "19"}
+    assert info["tool_calls"] == 1 and info.get("tool_errors", 0) == 0
+    # The same turn with the JSON parser: a call it cannot read, answered with an error.
+    json_agent = AgentEngine(engine, env, max_turns=2, parser=rb.envs.parse_tool_calls)
+    ro = json_agent.generate([QUESTION], sampling=greedy, metadata=[{"ground_truth": "19"}])
+    tool_message = ro.metadata[0]["agent"]["messages"][2]
+    assert tool_message["content"].startswith("Error: the tool call is not valid JSON")
