@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -56,6 +56,7 @@ import rlblocks as rb
 from rlblocks.data import Difficulty, PromptBatches, PromptDataset, arithmetic_prompts
 from rlblocks.extras import is_installed
 from rlblocks.interfaces import RewardFn
+from rlblocks.train import held_out_score
 from rlblocks.trainer.allocator import ENV
 
 
@@ -122,7 +123,7 @@ class Correction(NamedTuple):
     """A ``--correction``: what it does, and the `RunOptions` that do it."""
 
     does: str
-    old_logprobs: str
+    old_logprobs: Literal["auto", "recompute", "rollout"]
     correction: Any
 
 
@@ -553,29 +554,11 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
     greedy = rb.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
 
     def evaluation(when: str, scorer=None) -> dict[str, float | None]:
-        """``when``: the greedy held-out score; ``when_cut``: the share of answers cut off at
-        --max-new-tokens; ``when_ended``: the score of the others (None if none ended). A gain
-        that only comes from answers now fitting the budget leaves ``when_ended`` where it was.
-        ``scorer``: the engine that answers (the run's own by default).
-        """
-        result = rb.recipes.evaluate(
-            scorer or engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy
+        """``when``, ``when_cut``, ``when_ended``: `rlblocks.train.held_out_score` of the
+        held-out problems; ``scorer``: the engine that answers (the run's own by default)."""
+        return held_out_score(
+            scorer or engine, held_out, reward, max_new_tokens=args.max_new_tokens, when=when
         )
-        for prompt, completion, score in result.samples(2):
-            print(f"  [{score:.0f}] {completion.strip()[:100]!r}")
-        cut = (result.rollouts.response_lengths >= args.max_new_tokens).tolist()  # (b) bool
-        ended = [r for r, c in zip(result.rewards, cut, strict=True) if not c]
-        scores = {
-            when: result.score,
-            f"{when}_cut": sum(cut) / len(cut),
-            f"{when}_ended": sum(ended) / len(ended) if ended else None,
-        }
-        ended_score = "-" if scores[f"{when}_ended"] is None else f"{scores[f'{when}_ended']:.3f}"
-        print(
-            f"  = {result.score:.3f}   ({scores[f'{when}_cut']:.0%} cut off at "
-            f"{args.max_new_tokens} tokens; the answers that ended score {ended_score})"
-        )
-        return scores
 
     summary_file = args.out / "summary.json"
     if args.resume:  # measured by the run that started: the untrained policy is gone
@@ -588,7 +571,7 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
 
     snapshots: dict[int, dict[str, torch.Tensor]] = {}  # --eval-every: weights after step s
 
-    def on_step(step: int, record: dict, rollouts: rb.Rollouts) -> None:
+    def on_step(step: int, record: dict, rollouts: rb.Rollouts | None) -> None:
         done = step + 1
         if args.eval_every and done % args.eval_every == 0 and done < args.steps:
             snapshots[done] = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
@@ -634,7 +617,7 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
         }
         if not args.steps:  # no RL stage (the SFT warm start alone): recipes refuse 0 steps
             history = []
-        elif args.teacher is not None:  # the reverse KL to the teacher is the only signal
+        elif teacher is not None:  # --teacher: the reverse KL to it is the only signal
             history = rb.recipes.distill(policy, engine, teacher, **common)
         else:
             history = rb.recipes.grpo(policy, engine, reward, advantage=advantage, **common)

@@ -263,10 +263,12 @@ class Checkpointable(Protocol):
 class RolloutEngine(Protocol):
     """Samples responses. Token-in/token-out: generated ids are never re-tokenized."""
 
-    model: nn.Module | None
-    """The torch module the engine samples with when it lives in this process (``HFEngine``),
-    None when its weights are held elsewhere (vLLM). An engine whose ``model`` *is* the
-    trainer's sees every update without a copy."""
+    @property
+    def model(self) -> nn.Module | None:
+        """The torch module the engine samples with when it lives in this process (``HFEngine``),
+        None when its weights are held elsewhere (vLLM). An engine whose ``model`` *is* the
+        trainer's sees every update without a copy. (Read-only here, so that an engine that
+        always has a module may declare ``model: nn.Module``.)"""
 
     serves_adapters: bool
     """True when the engine applies a LoRA adapter itself (:meth:`load_adapter`), so a LoRA

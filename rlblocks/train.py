@@ -11,7 +11,10 @@ keyword arguments (``steps``, ``group_size``, DAPO's ``max_rounds`` ...) or one 
 ``trainer`` and ``critic`` are `rlblocks.trainer.TrainConfig`'s fields, ``sampling``
 `rlblocks.interfaces.SamplingParams`'s, ``engine`` `rlblocks.rollout.HFEngine`'s, and
 ``data``, ``advantage`` and ``loss`` are a ``name`` from a registry (or ``package.module:fn``)
-plus that function's keyword arguments, bound with ``functools.partial``. The resolved
+plus that function's keyword arguments, bound with ``functools.partial``. ``eval`` (optional)
+is a second ``data``-like section, the held-out problems: each is answered greedily before
+and after training, and ``<out>/summary.json`` holds the scores (`HeldOut`); the main job
+(``examples/grpo_arithmetic.yaml``) is such a run. The resolved
 configuration is written to ``<out>/config.yaml`` when the run starts; a run relaunched from it
 is the same run. A resume with overrides (``--trainer.lr 1e-6 --resume``) trains with them from
 its first step and rewrites the file, which always states what is in effect (`main`).
@@ -34,9 +37,11 @@ import argparse
 import copy
 import dataclasses
 import inspect
+import json
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -52,8 +57,8 @@ from rlblocks.checkpoint import Checkpointer
 from rlblocks.checkpoint.lock import FolderInUseError
 from rlblocks.config_yaml import MODE, DuplicateKeyError, check_unique_keys
 from rlblocks.critic import CriticTrainer
-from rlblocks.data import PromptBatches, arithmetic_prompts, gsm8k, load_prompts
-from rlblocks.interfaces import SamplingParams
+from rlblocks.data import PromptBatches, PromptDataset, arithmetic_prompts, gsm8k, load_prompts
+from rlblocks.interfaces import RewardFn, SamplingParams
 from rlblocks.losses import (
     AGGREGATIONS,
     cispo,
@@ -69,6 +74,7 @@ from rlblocks.losses import (
     uses_reference,
 )
 from rlblocks.models import resolve_device
+from rlblocks.recipes import evaluate
 from rlblocks.rewards import REWARDS
 from rlblocks.rollout import HFEngine
 from rlblocks.run import RunOptions
@@ -184,6 +190,8 @@ def parser(recipe: str, names: Mapping[str, str] | None = None) -> ArgumentParse
         _add_block(p, "loss", LOSSES, names.get("loss", "clipped_surrogate"))
     if "preference" in params:
         _add_block(p, "preference", PREFERENCES, names.get("preference", "dpo"))
+    if "eval" in names:  # the held-out problems: a data builder and its arguments
+        _add_block(p, "eval", DATA, names["eval"])
     return p
 
 
@@ -236,9 +244,11 @@ def parse(argv: Sequence[str]) -> tuple[Namespace, ArgumentParser, bool]:
     argv = [a for a in argv if a != "--resume"]
     file = Path(argv.pop(0)) if argv and not argv[0].startswith("-") else None
     data = _read(file) if file else {}
-    sections = ("recipe", "data", "advantage", "loss", "preference")
+    sections = ("recipe", "data", "advantage", "loss", "preference", "eval")
     peeked = {k: _peek(argv, data, k) for k in sections}
     names = {k: v for k, v in peeked.items() if v is not None}
+    if "eval" in data or any(a.startswith("--eval.") for a in argv):  # named or not
+        names.setdefault("eval", names.get("data", "arithmetic"))  # the data's builder
     try:
         p = parser(names.pop("recipe", "grpo"), names)
         config = p.parse_args([*(["--config", str(file)] if file else []), *argv])
@@ -429,10 +439,17 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         with checkpoint.lock.holding():
             _check_out(out, checkpoint, resume=resume)
             fn, arguments = build(config)
+            held_out = HeldOut.of(config, arguments) if "eval" in config else None
             saved = SavedConfig(out / "config.yaml", dump(config, p))
             with Tracker(out, report_to=[*config.tracking, saved]) as tracker:
                 run = run_options(config, checkpoint=checkpoint, resume=resume, tracker=tracker)
-                return fn(**arguments, run=run)
+                if held_out is None:
+                    return fn(**arguments, run=run)
+                held_out.before(out / "summary.json", resume=resume)
+                start = time.perf_counter()
+                history = fn(**arguments, run=run)
+                held_out.after(out / "summary.json", steps=config.steps, start=start)
+                return history
     except FolderInUseError as error:
         raise SystemExit(str(error)) from error
 
@@ -453,6 +470,117 @@ def _check_out(out: Path, checkpoint: Checkpointer, *, resume: bool) -> None:
         )
     if not resume and ((out / "config.yaml").exists() or (out / "metrics.jsonl").exists()):
         print(f"{out} holds a run that stopped before its first checkpoint: starting it over")
+
+
+def held_out_score(
+    engine: Any,
+    problems: PromptDataset,
+    reward: RewardFn,
+    *,
+    max_new_tokens: int,
+    when: str,
+) -> dict[str, float | None]:
+    """``problems`` answered greedily by ``engine`` and scored by ``reward``, printed with two
+    samples: ``{when}`` is the mean score (accuracy for a 0/1 reward), ``{when}_cut`` the share
+    of answers cut off at ``max_new_tokens``, ``{when}_ended`` the score of the others (None
+    if none ended): a gain that only comes from answers now fitting the budget leaves
+    ``{when}_ended`` where it was."""
+    greedy = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    result = evaluate(engine, problems.prompts, reward, metadata=problems.metadata, sampling=greedy)
+    for _, completion, score in result.samples(2):
+        print(f"  [{score:.0f}] {completion.strip()[:100]!r}")
+    cut = (result.rollouts.response_lengths >= max_new_tokens).tolist()  # (b) bool
+    ended = [r for r, c in zip(result.rewards, cut, strict=True) if not c]
+    scores = {
+        when: result.score,
+        f"{when}_cut": sum(cut) / len(cut),
+        f"{when}_ended": sum(ended) / len(ended) if ended else None,
+    }
+    ended_score = "-" if scores[f"{when}_ended"] is None else f"{scores[f'{when}_ended']:.3f}"
+    print(
+        f"  = {result.score:.3f}   ({scores[f'{when}_cut']:.0%} cut off at {max_new_tokens} "
+        f"tokens; the answers that ended score {ended_score})",
+        flush=True,
+    )
+    return scores
+
+
+@dataclasses.dataclass
+class HeldOut:
+    """The ``eval`` section's held-out problems, answered greedily by the run's engine before
+    and after training; ``summary.json`` holds the scores (`held_out_score`'s keys for
+    ``before`` and ``after``), ``steps``, ``held_out`` (the number of problems),
+    ``held_out_in_training`` (how many of them are also training prompts: 0 for a real
+    held-out set) and ``train_minutes``. A resumed run reads ``before`` from the file (the
+    untrained weights are gone)."""
+
+    problems: PromptDataset
+    engine: Any
+    reward: RewardFn
+    max_new_tokens: int
+    in_training: int
+
+    @classmethod
+    def of(cls, config: Namespace, arguments: Mapping[str, Any]) -> HeldOut:
+        """The held-out set of ``config.eval``, scored with the run's engine and reward."""
+        kwargs = _kwargs(config.eval)
+        if kwargs.get("max_prompt_tokens") is not None:
+            kwargs["tokenizer"] = arguments["policy"].tokenizer
+        problems = _pick(DATA, config.eval.name, "eval.name")(**kwargs)
+        if not len(problems):
+            raise SystemExit("eval: the held-out set is empty; pass eval.n >= 1 (or a source)")
+        training = {_key(p) for p in arguments["batches"].dataset.prompts}
+        return cls(
+            problems,
+            arguments["engine"],
+            _pick(REWARDS, config.reward, "reward"),
+            config.sampling.max_new_tokens,
+            sum(_key(p) in training for p in problems.prompts),
+        )
+
+    def before(self, summary: Path, *, resume: bool) -> None:
+        """Score the untrained policy into ``summary`` (a resume reads it from there)."""
+        if resume and summary.exists():
+            before = json.loads(summary.read_text()).get("before")
+            print(f"held-out accuracy before training (from {summary.name}): {before}")
+            return
+        if resume:  # the run began without eval: its untrained weights are gone
+            print(f"held-out accuracy before training: unknown ({summary} was not written)")
+            write_atomic(summary, json.dumps({"before": None}, indent=2) + "\n")
+            return
+        print(f"held-out accuracy before training ({len(self.problems)} problems, greedy):")
+        if self.in_training:
+            print(f"  note: {self.in_training} of them are also training prompts")
+        scores = self.score("before")
+        write_atomic(summary, json.dumps(scores, indent=2) + "\n")
+
+    def after(self, summary: Path, *, steps: int, start: float) -> dict[str, Any]:
+        """Score the trained policy and complete ``summary``; returns what it holds."""
+        minutes = (time.perf_counter() - start) / 60
+        print(f"held-out accuracy after {steps} steps ({minutes:.1f} min of training):")
+        recorded = json.loads(summary.read_text())
+        result = {
+            **recorded,
+            **self.score("after"),
+            "steps": steps,
+            "held_out": len(self.problems),
+            "held_out_in_training": self.in_training,
+            "train_minutes": minutes,
+        }
+        print(f"  before training: {recorded['before']}")
+        write_atomic(summary, json.dumps(result, indent=2) + "\n")
+        return result
+
+    def score(self, when: str) -> dict[str, float | None]:
+        """`held_out_score` with this run's engine, reward and response budget."""
+        return held_out_score(
+            self.engine, self.problems, self.reward, max_new_tokens=self.max_new_tokens, when=when
+        )
+
+
+def _key(prompt: Any) -> str:
+    """A prompt (text or chat messages) as a comparable string."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
 
 
 class SavedConfig:

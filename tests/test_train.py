@@ -2,6 +2,7 @@
 metrics, step by step), overrides win over the file, bad keys are named with their file and
 line, and the saved ``config.yaml`` relaunches and resumes the same run."""
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import yaml
 from toy_tasks import digit_fraction
 
 import rlblocks as rb
-from rlblocks import train
+from rlblocks import demo, train
 from rlblocks.runlog import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -214,15 +215,88 @@ def test_bad_overrides_are_named_as_the_command_line(config_file):
         train.parse([str(config_file), "--trainer.lrr", "1"])
 
 
-def test_examples_parse_and_the_main_job_runs_on_the_tiny_model(tmp_path):
+def test_examples_parse(tmp_path):
     assert {p.name for p in EXAMPLES} >= {"grpo_arithmetic.yaml"} and len(EXAMPLES) >= 2
     for path in EXAMPLES:
         config, _, _ = train.parse([str(path)])
         assert config.recipe in train.RECIPES, path
-    quick = ["--model.name", "tiny", "--steps", "1", "--prompts_per_step", "2"]
-    quick += ["--sampling.max_new_tokens", "4", "--out", str(tmp_path / "run")]
-    history = train.main([str(ROOT / "examples" / "grpo_arithmetic.yaml"), *quick])
-    assert len(history) == 1 and "reward/mean" in history[0]
+
+
+def test_the_main_job_is_the_yaml_config_of_rlblocks_train(tmp_path):
+    # examples/grpo_arithmetic.yaml is python -m rlblocks.demo: the same held-out problems
+    # (all 256, compared as prompts), and on the tiny model the same run, step by step, and
+    # the same summary.json.
+    main_job = ROOT / "examples" / "grpo_arithmetic.yaml"
+    config, _, _ = train.parse([str(main_job), "--model.name", "tiny"])
+    _, demo_held_out = demo.problems(demo.TASKS["arithmetic"], eval_size=256, seed=0)
+    eval_kwargs = {k: v for k, v in vars(config.eval).items() if k != "name"}
+    assert rb.data.arithmetic_prompts(**eval_kwargs).prompts == demo_held_out.prompts
+
+    quick = {"steps": "2", "prompts-per-step": "2", "group-size": "2", "max-new-tokens": "6"}
+    demo.main(
+        ["--model", "tiny", "--device", "cpu", "--eval-size", "4", "--out", str(tmp_path / "d")]
+        + [arg for key, value in quick.items() for arg in (f"--{key}", value)]
+    )
+    overrides = ["--model.name", "tiny", "--model.device", "cpu", "--eval.n", "4"]
+    overrides += ["--steps", "2", "--prompts_per_step", "2", "--group_size", "2"]
+    overrides += ["--sampling.max_new_tokens", "6", "--out", str(tmp_path / "t")]
+    history = train.main([str(main_job), *overrides])
+
+    assert len(history) == 2
+    runs = [measured(read_metrics(tmp_path / run / "metrics.jsonl")) for run in ("d", "t")]
+    assert runs[0] == runs[1]
+    samples = [(tmp_path / run / "samples.jsonl").read_text() for run in ("d", "t")]
+    assert samples[0] == samples[1] and samples[0]
+    summaries = [json.loads((tmp_path / run / "summary.json").read_text()) for run in "dt"]
+    for summary in summaries:
+        summary.pop("train_minutes")
+    assert summaries[1].pop("held_out_in_training") == 0
+    assert summaries[0] == summaries[1] and summaries[0]["held_out"] == 4
+
+
+EVAL = """\
+eval:
+  name: arithmetic
+  n: 4
+  split: test
+  distinct: true
+  instruction: Answer with just the number.
+  chat: true
+"""
+
+
+def test_an_eval_section_scores_before_and_after_and_a_resume_keeps_before(tmp_path, config_file):
+    config_file.write_text(CONFIG + EVAL)
+    out = tmp_path / "run"
+    train.main([str(config_file), "--out", str(out)])
+    first = json.loads((out / "summary.json").read_text())
+    assert {"before", "before_cut", "after", "after_cut", "train_minutes"} <= set(first)
+    assert (first["steps"], first["held_out"], first["held_out_in_training"]) == (2, 4, 0)
+    # A resume to step 3 reads "before" from the file (the untrained weights are gone) and
+    # scores the weights after step 3.
+    before = {k: v for k, v in first.items() if k.startswith("before")}
+    (out / "summary.json").write_text(json.dumps({**first, "before": 0.5}))  # marks the read
+    train.main([str(config_file), "--out", str(out), "--steps", "3", "--resume"])
+    resumed = json.loads((out / "summary.json").read_text())
+    assert resumed["before"] == 0.5 and resumed["steps"] == 3
+    assert {k: resumed[k] for k in before if k != "before"} == {
+        k: v for k, v in before.items() if k != "before"
+    }
+
+
+def test_held_out_problems_that_are_training_prompts_are_counted(tmp_path, config_file):
+    # The eval section drawn from the training split: each problem that is also one of the
+    # run's 16 training prompts is counted (found here by comparing the two draws).
+    config_file.write_text(CONFIG + EVAL.replace("split: test", "split: train"))
+    config, _, _ = train.parse([str(config_file)])
+    training = rb.data.arithmetic_prompts(16, instruction="Answer with just the number.", chat=True)
+    held_out = rb.data.arithmetic_prompts(
+        4, split="train", distinct=True, instruction="Answer with just the number.", chat=True
+    )
+    expected = sum(p in training.prompts for p in held_out.prompts)
+    assert expected >= 1  # the two draws share problems: the count is not vacuous
+    _, arguments = train.build(config)
+    assert train.HeldOut.of(config, arguments).in_training == expected
 
 
 def test_a_yaml_run_goes_one_step_off_with_its_own_engine_copy(tmp_path, config_file):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Sized
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
@@ -96,7 +96,7 @@ class _EpochBatches:
             self._order = (epoch, order)
         return self._order[1]
 
-    def __iter__(self) -> _EpochBatches:
+    def __iter__(self) -> Self:
         return self
 
     def _next_indices(self) -> tuple[np.ndarray, int]:
