@@ -47,7 +47,6 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -56,7 +55,7 @@ import rlblocks as rb
 from rlblocks.data import Difficulty, PromptBatches, PromptDataset, arithmetic_prompts
 from rlblocks.extras import is_installed
 from rlblocks.interfaces import RewardFn
-from rlblocks.train import held_out_score
+from rlblocks.train import CORRECTIONS, DEFAULT_CORRECTION, HeldOut, step_line
 from rlblocks.trainer.allocator import ENV
 
 
@@ -117,41 +116,6 @@ def grpo_loss(
     )
     kl, kl_metrics = rb.losses.kl_loss(logprobs, ref_logprobs, mask, estimator=rb.losses.k3)
     return pg + kl_coef * kl, {**metrics, **kl_metrics}
-
-
-class Correction(NamedTuple):
-    """A ``--correction``: what it does, and the `RunOptions` that do it."""
-
-    does: str
-    old_logprobs: Literal["auto", "recompute", "rollout"]
-    correction: Any
-
-
-#: ``--correction``: the blocks of `rlblocks.losses.offpolicy`, applied by the recipe
-#: (`RunOptions.correction`). Each needs π_old recomputed by the trainer (its ratio is π_old
-#: against the engine's log-probs), except ``rollout``, where π_old *is* the engine's and the
-#: PPO clip alone bounds the ratio to the sampling weights.
-CORRECTIONS = {
-    "rollout": Correction("pi_old = the engine's log-probs, clipped by PPO", "rollout", None),
-    "none": Correction("pi_old recomputed, no importance weight", "recompute", None),
-    "tis": Correction(
-        "pi_old recomputed, tokens weighted by min(pi_old / pi_rollout, 2)",
-        "auto",
-        partial(rb.losses.TruncatedIS, cap=2.0),
-    ),
-    "icepop": Correction(
-        "pi_old recomputed, tokens with pi_old / pi_rollout outside [1/2, 2] masked",
-        "auto",
-        rb.losses.offpolicy.ASYNC_DEFAULT,
-    ),
-    "seq-mask": Correction(
-        "pi_old recomputed, responses with a geometric-mean ratio outside [1/2, 2] masked",
-        "auto",
-        partial(rb.losses.MaskedIS, low=0.5, high=2.0, level="geometric"),
-    ),
-}
-#: The correction a k-steps-off run gets when none is named: RunOptions' own default.
-DEFAULT_CORRECTION = "icepop"
 
 
 DEVICE_DEFAULT = "cuda when torch sees a GPU, else cpu"
@@ -485,28 +449,6 @@ def _teacher_score(args, teacher, held_out, greedy, reward) -> None:
     (args.out / "summary.json").write_text(json.dumps(recorded, indent=2) + "\n")
 
 
-def _curve(args, policy, snapshots, summary: dict, evaluation) -> list[dict]:
-    """Held-out accuracy against training seconds: before training, after every
-    ``--eval-every`` steps (the weight copies kept in memory, each scored now by an engine of
-    its own) and at the end. ``seconds``: the sum of ``step_seconds`` up to that step, from
-    ``metrics.jsonl`` (a resumed run's too); a copy from before a resume is gone (not listed).
-    """
-    lines = (args.out / "metrics.jsonl").read_text().splitlines()
-    seconds = [json.loads(line)["step_seconds"] for line in lines if line.strip()]
-    elapsed = [sum(seconds[:s]) for s in range(len(seconds) + 1)]
-    curve = [{"step": 0, "seconds": 0.0, "accuracy": summary["before"]}]
-    if snapshots:
-        probe = copy.deepcopy(policy.model)
-        engine = rb.rollout.HFEngine(probe, policy.tokenizer, chat=True)
-        for step, weights in sorted(snapshots.items()):
-            probe.load_state_dict(weights)
-            print(f"held-out accuracy after step {step} (weights kept during training):")
-            accuracy = evaluation(f"step_{step}", engine)[f"step_{step}"]
-            curve.append({"step": step, "seconds": elapsed[step], "accuracy": accuracy})
-    curve.append({"step": args.steps, "seconds": elapsed[-1], "accuracy": summary["after"]})
-    return curve
-
-
 def _check_out(out: Path, *, resume: bool) -> None:
     """Refuse to mix two runs in ``out``: a new run needs a folder without checkpoints,
     --resume a checkpoint to go on from. A run that stopped before its first checkpoint is
@@ -553,12 +495,19 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
             raise SystemExit(f"--teacher {args.teacher}: {error}") from error
     greedy = rb.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
 
+    held = HeldOut(
+        held_out,
+        engine,
+        reward,
+        args.max_new_tokens,
+        every=args.eval_every,
+        engine_kwargs={"chat": True},
+    )
+
     def evaluation(when: str, scorer=None) -> dict[str, float | None]:
         """``when``, ``when_cut``, ``when_ended``: `rlblocks.train.held_out_score` of the
         held-out problems; ``scorer``: the engine that answers (the run's own by default)."""
-        return held_out_score(
-            scorer or engine, held_out, reward, max_new_tokens=args.max_new_tokens, when=when
-        )
+        return held.score(when, scorer)
 
     summary_file = args.out / "summary.json"
     if args.resume:  # measured by the run that started: the untrained policy is gone
@@ -569,23 +518,9 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
         before = evaluation("before")
         summary_file.write_text(json.dumps(before, indent=2) + "\n")
 
-    snapshots: dict[int, dict[str, torch.Tensor]] = {}  # --eval-every: weights after step s
-
     def on_step(step: int, record: dict, rollouts: rb.Rollouts | None) -> None:
-        done = step + 1
-        if args.eval_every and done % args.eval_every == 0 and done < args.steps:
-            snapshots[done] = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
-        kl = f"kl {record['kl/token']:.4f}  " if "kl/token" in record else ""
-        if "distill/reverse_kl" in record:  # distillation: the KL to the teacher is the signal
-            signal = f"reverse KL to the teacher {record['distill/reverse_kl']:.3f}"
-        else:
-            signal = f"reward {record['reward/mean']:.3f}"
-        tqdm.write(
-            f"step {step:3d}  {signal}  "
-            f"length {record['response_length']:.1f}  {kl}{record['step_seconds']:.1f}s "
-            f"(rollout {record['time/rollout']:.1f}, logprobs {record['time/logprobs']:.1f}, "
-            f"update {record['time/update']:.1f}, sync {record['time/sync']:.2f})",
-        )
+        held.snapshot(step, policy, args.steps)  # --eval-every: the weights after step s
+        tqdm.write(step_line(step, record))
 
     if args.sft_steps:  # a supervised warm start; the same trainer object goes on to RL
         _sft_stage(args, policy, train, held_out, evaluation, summary_file)
@@ -638,7 +573,7 @@ def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
         "train_minutes": minutes,
     }
     if args.eval_every and history:
-        summary["curve"] = _curve(args, policy, snapshots, summary, evaluation)
+        summary["curve"] = held.curve(policy, args.out / "metrics.jsonl", summary, args.steps)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     wrote = ["metrics.jsonl", "summary.json", "checkpoints/"]
     if history and is_installed("matplotlib"):

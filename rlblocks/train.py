@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 import yaml
@@ -61,6 +61,8 @@ from rlblocks.data import PromptBatches, PromptDataset, arithmetic_prompts, gsm8
 from rlblocks.interfaces import RewardFn, SamplingParams
 from rlblocks.losses import (
     AGGREGATIONS,
+    MaskedIS,
+    TruncatedIS,
     cispo,
     clip_cov,
     clipped_surrogate,
@@ -73,6 +75,7 @@ from rlblocks.losses import (
     simpo,
     uses_reference,
 )
+from rlblocks.losses.offpolicy import ASYNC_DEFAULT
 from rlblocks.models import resolve_device
 from rlblocks.recipes import evaluate
 from rlblocks.rewards import REWARDS
@@ -125,6 +128,41 @@ BUILT = frozenset(
 NOT_CONFIGURABLE = LOOP_ARGUMENTS | {"resharder", "kl_controller", "kl_estimator"}
 """Recipe arguments that take objects a YAML value cannot name; the defaults are used."""
 
+
+class Correction(NamedTuple):
+    """A ``correction`` by name: what it does, and the `RunOptions` that do it."""
+
+    does: str
+    old_logprobs: Literal["auto", "recompute", "rollout"]
+    correction: Any
+
+
+#: ``correction``: the blocks of `rlblocks.losses.offpolicy`, applied by the recipe
+#: (`RunOptions.correction`). Each needs π_old recomputed by the trainer (its ratio is π_old
+#: against the engine's log-probs), except ``rollout``, where π_old *is* the engine's and the
+#: PPO clip alone bounds the ratio to the sampling weights.
+CORRECTIONS = {
+    "rollout": Correction("pi_old = the engine's log-probs, clipped by PPO", "rollout", None),
+    "none": Correction("pi_old recomputed, no importance weight", "recompute", None),
+    "tis": Correction(
+        "pi_old recomputed, tokens weighted by min(pi_old / pi_rollout, 2)",
+        "auto",
+        partial(TruncatedIS, cap=2.0),
+    ),
+    "icepop": Correction(
+        "pi_old recomputed, tokens with pi_old / pi_rollout outside [1/2, 2] masked",
+        "auto",
+        ASYNC_DEFAULT,
+    ),
+    "seq-mask": Correction(
+        "pi_old recomputed, responses with a geometric-mean ratio outside [1/2, 2] masked",
+        "auto",
+        partial(MaskedIS, low=0.5, high=2.0, level="geometric"),
+    ),
+}
+#: The correction a k-steps-off run gets when none is named: RunOptions' own default.
+DEFAULT_CORRECTION = "icepop"
+
 RUN_KEYS = {
     "out": (str, "runs/train", "the run's folder: config.yaml, metrics.jsonl, checkpoints/"),
     "seed": (int, 0, "torch.manual_seed before the model is built; the prompt shuffling seed"),
@@ -136,6 +174,21 @@ RUN_KEYS = {
         Literal["auto", "recompute", "rollout"],
         "auto",
         "RunOptions.old_logprobs: where pi_old comes from (docs/run.md)",
+    ),
+    "correction": (
+        Literal[tuple(CORRECTIONS)] | None,
+        None,
+        "with staleness >= 1, the off-policy correction by name (CORRECTIONS; None: "
+        f"RunOptions' default, {DEFAULT_CORRECTION}): "
+        + "; ".join(f"{k}: {c.does}" for k, c in CORRECTIONS.items()),
+    ),
+    "eval_every": (
+        int,
+        0,
+        (
+            "with an eval section, N >= 1: also score the held-out problems on the weights after "
+            "every N steps (copies kept in memory, scored after training): summary.json's curve"
+        ),
     ),
 }
 
@@ -268,6 +321,21 @@ def parse(argv: Sequence[str]) -> tuple[Namespace, ArgumentParser, bool]:
     if config.steps < 1:  # every recipe refuses it too, but only after the model is loaded
         message = f"steps: {config.steps} runs no step, so nothing would be trained; pass >= 1"
         raise SystemExit(_where(message, "steps", file, argv))
+    if config.correction is not None and not config.staleness:
+        message = (
+            f"correction: {config.correction} corrects for stale rollouts; pass staleness k >= 1"
+        )
+        raise SystemExit(_where(message, "correction", file, argv))
+    chosen = CORRECTIONS[config.correction].old_logprobs if config.correction else "auto"
+    if "auto" not in (chosen, config.old_logprobs) and chosen != config.old_logprobs:
+        message = (
+            f"old_logprobs: {config.old_logprobs}, but correction {config.correction} takes "
+            f"pi_old from {chosen}; leave old_logprobs at auto"
+        )
+        raise SystemExit(_where(message, "old_logprobs", file, argv))
+    if config.eval_every < 0 or (config.eval_every and "eval" not in config):
+        message = f"eval_every: {config.eval_every} needs an eval section and N >= 1 (0: off)"
+        raise SystemExit(_where(message, "eval_every", file, argv))
     return config, p, resume
 
 
@@ -441,14 +509,24 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
             fn, arguments = build(config)
             held_out = HeldOut.of(config, arguments) if "eval" in config else None
             saved = SavedConfig(out / "config.yaml", dump(config, p))
+            policy = arguments["policy"]
+
+            def on_step(step: int, record: dict[str, Any], rollouts: Any) -> None:
+                print(step_line(step, record), flush=True)
+                if held_out is not None:
+                    held_out.snapshot(step, policy, config.steps)
+
             with Tracker(out, report_to=[*config.tracking, saved]) as tracker:
-                run = run_options(config, checkpoint=checkpoint, resume=resume, tracker=tracker)
+                run = run_options(
+                    config, checkpoint=checkpoint, resume=resume, tracker=tracker, on_step=on_step
+                )
                 if held_out is None:
                     return fn(**arguments, run=run)
                 held_out.before(out / "summary.json", resume=resume)
                 start = time.perf_counter()
                 history = fn(**arguments, run=run)
-                held_out.after(out / "summary.json", steps=config.steps, start=start)
+                summary = out / "summary.json"
+                held_out.after(summary, steps=config.steps, start=start, policy=policy)
                 return history
     except FolderInUseError as error:
         raise SystemExit(str(error)) from error
@@ -512,13 +590,24 @@ class HeldOut:
     ``before`` and ``after``), ``steps``, ``held_out`` (the number of problems),
     ``held_out_in_training`` (how many of them are also training prompts: 0 for a real
     held-out set) and ``train_minutes``. A resumed run reads ``before`` from the file (the
-    untrained weights are gone)."""
+    untrained weights are gone).
+
+    ``every`` N >= 1 also keeps a copy of the weights after every N steps (`snapshot`, called
+    after each step) and scores each after training, so that the training time is not
+    disturbed: ``summary.json``'s ``curve`` lists ``step``, ``seconds`` (the sum of the steps'
+    ``step_seconds`` in ``metrics.jsonl``) and ``accuracy``, from before training to the end.
+    A copy taken before a resume is gone (not listed)."""
 
     problems: PromptDataset
     engine: Any
     reward: RewardFn
     max_new_tokens: int
-    in_training: int
+    in_training: int = 0
+    every: int = 0
+    engine_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """How an engine for a kept copy of the weights is built (``HFEngine`` keywords)."""
+    snapshots: dict[int, dict[str, torch.Tensor]] = dataclasses.field(default_factory=dict)
+    """The kept copies of the weights, by the number of steps done."""
 
     @classmethod
     def of(cls, config: Namespace, arguments: Mapping[str, Any]) -> HeldOut:
@@ -535,7 +624,9 @@ class HeldOut:
             arguments["engine"],
             _pick(REWARDS, config.reward, "reward"),
             config.sampling.max_new_tokens,
-            sum(_key(p) in training for p in problems.prompts),
+            in_training=sum(_key(p) in training for p in problems.prompts),
+            every=config.eval_every,
+            engine_kwargs=vars(config.engine),
         )
 
     def before(self, summary: Path, *, resume: bool) -> None:
@@ -554,27 +645,66 @@ class HeldOut:
         scores = self.score("before")
         write_atomic(summary, json.dumps(scores, indent=2) + "\n")
 
-    def after(self, summary: Path, *, steps: int, start: float) -> dict[str, Any]:
-        """Score the trained policy and complete ``summary``; returns what it holds."""
+    def snapshot(self, step: int, policy: Any, steps: int) -> None:
+        """After step ``step`` (0-based) of ``steps``: keep a copy of ``policy``'s weights when
+        ``every`` steps are done (not after the last: that one is scored as ``after``)."""
+        done = step + 1
+        if self.every and done % self.every == 0 and done < steps:
+            self.snapshots[done] = {
+                k: v.detach().clone() for k, v in policy.model.state_dict().items()
+            }
+
+    def after(
+        self, summary: Path, *, steps: int, start: float, policy: Any = None
+    ) -> dict[str, Any]:
+        """Score the trained policy (and the kept copies of ``policy``'s weights, with
+        ``every``) and complete ``summary``; returns what it holds."""
         minutes = (time.perf_counter() - start) / 60
         print(f"held-out accuracy after {steps} steps ({minutes:.1f} min of training):")
-        recorded = json.loads(summary.read_text())
         result = {
-            **recorded,
+            **json.loads(summary.read_text()),  # before (and what a caller recorded there)
             **self.score("after"),
             "steps": steps,
             "held_out": len(self.problems),
             "held_out_in_training": self.in_training,
             "train_minutes": minutes,
         }
-        print(f"  before training: {recorded['before']}")
+        print(f"  before training: {result['before']}")
+        if self.every and policy is not None:
+            result["curve"] = self.curve(policy, summary.parent / "metrics.jsonl", result, steps)
         write_atomic(summary, json.dumps(result, indent=2) + "\n")
         return result
 
-    def score(self, when: str) -> dict[str, float | None]:
-        """`held_out_score` with this run's engine, reward and response budget."""
+    def curve(
+        self, policy: Any, metrics: Path, summary: Mapping[str, Any], steps: int
+    ) -> list[dict[str, Any]]:
+        """Held-out accuracy against training seconds: before training, after every ``every``
+        steps (each kept copy loaded into a copy of the model, answered by an engine of its
+        own) and at the end, ``seconds`` from ``metrics``' ``step_seconds`` (a resumed run's
+        too)."""
+        lines = metrics.read_text().splitlines()
+        seconds = [json.loads(line)["step_seconds"] for line in lines if line.strip()]
+        elapsed = [sum(seconds[:s]) for s in range(len(seconds) + 1)]
+        curve = [{"step": 0, "seconds": 0.0, "accuracy": summary["before"]}]
+        if self.snapshots:
+            probe = copy.deepcopy(policy.model)
+            engine = HFEngine(probe, policy.tokenizer, **self.engine_kwargs)
+            for step, weights in sorted(self.snapshots.items()):
+                probe.load_state_dict(weights)
+                print(f"held-out accuracy after step {step} (weights kept during training):")
+                accuracy = self.score(f"step_{step}", engine)[f"step_{step}"]
+                curve.append({"step": step, "seconds": elapsed[step], "accuracy": accuracy})
+        curve.append({"step": steps, "seconds": elapsed[-1], "accuracy": summary["after"]})
+        return curve
+
+    def score(self, when: str, engine: Any = None) -> dict[str, float | None]:
+        """`held_out_score` with this run's engine (or ``engine``), reward and budget."""
         return held_out_score(
-            self.engine, self.problems, self.reward, max_new_tokens=self.max_new_tokens, when=when
+            engine or self.engine,
+            self.problems,
+            self.reward,
+            max_new_tokens=self.max_new_tokens,
+            when=when,
         )
 
 
@@ -606,11 +736,33 @@ class SavedConfig:
 
 
 def run_options(config: Namespace, **loop: Any) -> RunOptions:
-    """The ``RunOptions`` of ``config`` (``staleness``, ``old_logprobs``), no progress bar,
-    with ``loop`` (checkpoint, resume, tracker) added."""
-    return RunOptions(
-        progress=False, staleness=config.staleness, old_logprobs=config.old_logprobs, **loop
+    """The ``RunOptions`` of ``config`` (``staleness``, ``old_logprobs``, ``correction`` by
+    its name in `CORRECTIONS`), no progress bar, with ``loop`` (checkpoint, resume, tracker,
+    on_step) added."""
+    old_logprobs = config.old_logprobs
+    if config.get("correction") is not None:  # a named correction: its pi_old and its block
+        chosen = CORRECTIONS[config.correction]
+        if old_logprobs == "auto":
+            old_logprobs = chosen.old_logprobs
+        loop = {"correction": chosen.correction, **loop}
+    return RunOptions(progress=False, staleness=config.staleness, old_logprobs=old_logprobs, **loop)
+
+
+def step_line(step: int, record: Mapping[str, Any]) -> str:
+    """One line of a step's record for the console: the signal (the mean reward, or the
+    reverse KL to a teacher), the response length, the KL term when there is one, and the
+    step's seconds by phase."""
+    kl = f"kl {record['kl/token']:.4f}  " if "kl/token" in record else ""
+    if "distill/reverse_kl" in record:  # distillation: the KL to the teacher is the signal
+        signal = f"reverse KL to the teacher {record['distill/reverse_kl']:.3f}"
+    else:
+        signal = f"reward {record.get('reward/mean', float('nan')):.3f}"
+    times = ", ".join(
+        f"{phase} {record.get(f'time/{phase}', 0.0):.{2 if phase == 'sync' else 1}f}"
+        for phase in ("rollout", "logprobs", "update", "sync")
     )
+    length = record.get("response_length", float("nan"))
+    return f"step {step:3d}  {signal}  length {length:.1f}  {kl}{record['step_seconds']:.1f}s ({times})"
 
 
 def cli() -> None:

@@ -284,6 +284,41 @@ def test_an_eval_section_scores_before_and_after_and_a_resume_keeps_before(tmp_p
     }
 
 
+def test_a_named_correction_two_steps_off_and_a_held_out_curve(tmp_path, config_file):
+    # correction: tis is RunOptions(correction=TruncatedIS(cap=2)): its metrics are in every
+    # step's record; eval_every: 2 scores the weights kept after step 2 once training ended.
+    config_file.write_text(CONFIG + EVAL)
+    out = tmp_path / "run"
+    args = [str(config_file), "--out", str(out), "--steps", "4", "--staleness", "2"]
+    history = train.main([*args, "--correction", "tis", "--eval_every", "2"])
+    assert [h["async/staleness"] for h in history] == [0.0, 1.0, 2.0, 2.0]
+    assert all("tis/capped_frac" in h and "mis/masked_frac" not in h for h in history)
+    summary = json.loads((out / "summary.json").read_text())
+    records = read_metrics(out / "metrics.jsonl")
+    seconds = [sum(r["step_seconds"] for r in records[:s]) for s in (0, 2, 4)]
+    curve = summary["curve"]
+    assert [(c["step"], c["seconds"]) for c in curve] == list(zip((0, 2, 4), seconds))
+    assert curve[0]["accuracy"] == summary["before"] and curve[-1]["accuracy"] == summary["after"]
+    assert 0.0 <= curve[1]["accuracy"] <= 1.0
+    assert "correction: tis" in (out / "config.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--correction", "tis"], "correction: tis corrects for stale rollouts; pass staleness"),
+        (
+            ["--staleness", "1", "--correction", "rollout", "--old_logprobs", "recompute"],
+            "old_logprobs: recompute, but correction rollout takes pi_old from rollout",
+        ),
+        (["--eval_every", "2"], "eval_every: 2 needs an eval section"),
+    ],
+)
+def test_settings_that_cannot_go_together_are_refused_at_parse_time(config_file, extra, message):
+    with pytest.raises(SystemExit, match=message):
+        train.parse([str(config_file), *extra])
+
+
 def test_held_out_problems_that_are_training_prompts_are_counted(tmp_path, config_file):
     # The eval section drawn from the training split: each problem that is also one of the
     # run's 16 training prompts is counted (found here by comparing the two draws).

@@ -85,17 +85,28 @@ class CriticTrainer:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device | None = None,
         init_std: float = 0.0,
+        attn_implementation: str | None = None,
+        rope_scaling: Mapping[str, Any] | None = None,
+        model_config: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> CriticTrainer:
         """A critic on the backbone of a checkpoint loaded by ``rlblocks.models.load``.
 
         ``device``: None is CUDA when torch sees a GPU, else the CPU; a device torch does not
-        see is refused, naming ``CriticTrainer.from_pretrained``, before any weight is read."""
+        see is refused, naming ``CriticTrainer.from_pretrained``, before any weight is read.
+        ``attn_implementation``, ``rope_scaling``, ``model_config``: ``load``'s overrides of
+        the checkpoint's configuration."""
         from rlblocks.models import resolve_device
 
         device = resolve_device(device, owner=f"{cls.__name__}.from_pretrained")
         model = ValueModel.from_pretrained(
-            name_or_path, dtype=dtype, device=device, init_std=init_std
+            name_or_path,
+            dtype=dtype,
+            device=device,
+            init_std=init_std,
+            attn_implementation=attn_implementation,
+            rope_scaling=rope_scaling,
+            model_config=model_config,
         )
         return cls(model, **kwargs)
 

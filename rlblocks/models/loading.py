@@ -12,12 +12,21 @@ asked for that torch does not see is refused before anything is read
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+)
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from rlblocks.models.builtin import BUILTINS, builtin_path
@@ -39,6 +48,9 @@ def load(
     dtype: torch.dtype = torch.float32,
     device: Device = None,
     trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+    rope_scaling: Mapping[str, Any] | None = None,
+    model_config: Mapping[str, Any] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Return ``(model, tokenizer)`` ready for generation and training.
 
@@ -46,14 +58,37 @@ def load(
     EOS token when the checkpoint defines none). The model is in eval mode on ``device``: by
     default CUDA when torch sees a GPU, else the CPU; a device torch does not see is refused
     before anything is read (``rlblocks.models.device.resolve_device``).
+
+    Overrides of the checkpoint's configuration, each refused with the key and the model named
+    when it cannot apply (never ignored): ``attn_implementation`` (``"eager"``, ``"sdpa"``,
+    ``"flash_attention_2"`` ...: one that is not installed or not supported by the model is
+    refused), ``rope_scaling`` (merged into the config's ``rope_parameters``, e.g.
+    ``{"rope_type": "linear", "factor": 2.0}``; refused for a model without rotary position
+    embeddings, an unknown ``rope_type`` or missing keys) and ``model_config`` (any attribute of
+    the model's config, e.g. ``{"max_position_embeddings": 4096}``; a key the config does not
+    have is refused, with the closest names).
     """
     device = resolve_device(device, owner="rlblocks.models.load")
     path = resolve(name_or_path)
     local = Path(path).is_dir()
     kwargs = {"trust_remote_code": trust_remote_code, "local_files_only": local or _offline()}
+    extra: dict[str, Any] = {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+        if rope_scaling is not None or model_config is not None:
+            config = AutoConfig.from_pretrained(path, **kwargs)
+            extra["config"] = overridden(config, name_or_path, rope_scaling, model_config)
+        if attn_implementation is not None:
+            extra["attn_implementation"] = attn_implementation
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs, **extra)
+        except (ImportError, ValueError) as error:
+            if attn_implementation is None:
+                raise
+            raise ValueError(
+                f"rlblocks.models.load: attn_implementation={attn_implementation!r} cannot "
+                f"load {str(name_or_path)!r}: {error}"
+            ) from error
     except OSError as error:
         raise OSError(_explain_missing(name_or_path, error)) from error
     prepare_tokenizer(tokenizer)
@@ -68,6 +103,9 @@ def from_pretrained(
     *,
     dtype: torch.dtype = torch.float32,
     device: Device = None,
+    attn_implementation: str | None = None,
+    rope_scaling: Mapping[str, Any] | None = None,
+    model_config: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> T:
     """``cls(model, tokenizer=tokenizer, **kwargs)`` on what :func:`load` returns (built-in
@@ -78,11 +116,71 @@ def from_pretrained(
 
     ``device``: None (default) is CUDA when torch sees a GPU, else the CPU; an explicit device
     wins, and one torch does not see is refused, naming ``cls.from_pretrained``, before any
-    weight is read.
+    weight is read. ``attn_implementation``, ``rope_scaling``, ``model_config``: overrides of
+    the checkpoint's configuration (:func:`load`); they pass through ``placement.build`` like
+    any keyword (``placement.build("actor", PolicyTrainer.from_pretrained, name,
+    attn_implementation="sdpa")``).
     """
     device = resolve_device(device, owner=f"{cls.__name__}.from_pretrained")
-    model, tokenizer = load(name_or_path, dtype=dtype, device=device)
+    model, tokenizer = load(
+        name_or_path,
+        dtype=dtype,
+        device=device,
+        attn_implementation=attn_implementation,
+        rope_scaling=rope_scaling,
+        model_config=model_config,
+    )
     return cls(model, tokenizer=tokenizer, **kwargs)
+
+
+def overridden(
+    config: PretrainedConfig,
+    name: str | Path,
+    rope_scaling: Mapping[str, Any] | None,
+    model_config: Mapping[str, Any] | None,
+) -> PretrainedConfig:
+    """``config`` with :func:`load`'s ``model_config`` and ``rope_scaling`` applied, in place;
+    a key or value that cannot apply raises ``ValueError`` naming it and the model."""
+    kind = type(config).__name__
+    for key, value in (model_config or {}).items():
+        if key in ("rope_parameters", "rope_scaling"):
+            raise ValueError(
+                f"model_config: set {key} of {str(name)!r} with rope_scaling=, which checks it"
+            )
+        if not hasattr(config, key):
+            close = difflib.get_close_matches(key, list(config.to_dict()), n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ValueError(
+                f"model_config: {key!r} is not a setting of {str(name)!r} ({kind}){hint}"
+            )
+        setattr(config, key, value)
+    if rope_scaling is None:
+        return config
+    current = getattr(config, "rope_parameters", None)
+    rotary = isinstance(current, Mapping)  # a model without RoPE has none (GPT-2)
+    if not rotary:
+        raise ValueError(
+            f"rope_scaling: {str(name)!r} ({kind}) has no rotary position embeddings to scale"
+        )
+    merged = {**current, **rope_scaling}  # type: ignore[dict-item]  # a Mapping, checked above
+    rope_type = merged.get("rope_type", "default")
+    if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(
+            f"rope_scaling: rope_type {rope_type!r} is unknown to transformers (for "
+            f"{str(name)!r}); one of default, {', '.join(sorted(ROPE_INIT_FUNCTIONS))}"
+        )
+    factor = merged.get("factor", 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or factor < 1:
+        raise ValueError(f"rope_scaling: factor must be a number >= 1, got {factor!r}")
+    config.rope_parameters = merged
+    try:
+        config.validate_rope()
+    except (KeyError, ValueError, TypeError) as error:
+        message = error.args[0] if error.args else error
+        raise ValueError(
+            f"rope_scaling {dict(rope_scaling)} for {str(name)!r}: {message}"
+        ) from error
+    return config
 
 
 def load_tokenizer(

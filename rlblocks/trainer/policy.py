@@ -106,6 +106,10 @@ class PolicyTrainer:
     copy of the initial model otherwise; ``"copy"`` always makes the frozen copy; a module is
     used as given (frozen here); ``None`` means no reference (losses that need
     ``ref_logprobs`` then fail unless ``rollouts.ref_logprobs`` holds them).
+    ``reference_dtype``: the reference model's dtype (None: as built), e.g. ``torch.bfloat16``
+    beside a float32 policy: half the reference's memory, its log-probs computed in that
+    precision; refused when there is no reference module (None, or LoRA's adapter-disabled
+    model, which is the policy's own weights).
     ``lora``: a ``peft.LoraConfig``; only the adapters are trained. ``config_overrides``
     replace fields of ``config`` (``PolicyTrainer(model, lr=1e-5)``).
     """
@@ -116,6 +120,7 @@ class PolicyTrainer:
         *,
         config: TrainConfig | None = None,
         reference: Reference = "auto",
+        reference_dtype: torch.dtype | None = None,
         lora: LoraConfig | None = None,
         tokenizer: Any = None,
         **config_overrides: Any,
@@ -130,6 +135,19 @@ class PolicyTrainer:
         if reference == "auto":
             reference = None if adapter else "copy"
         self.reference = frozen_reference(model, reference)
+        if reference_dtype is not None:
+            if self.reference is None:
+                raise ValueError(
+                    f"PolicyTrainer: reference_dtype={reference_dtype} needs a reference module, "
+                    f"and this trainer has none (reference={reference!r}"
+                    + (
+                        ", LoRA: its reference is the policy's own base weights)"
+                        if adapter
+                        else ")"
+                    )
+                    + "; pass reference='copy', or drop reference_dtype"
+                )
+            self.reference.to(reference_dtype)
         if self.config.gradient_checkpointing:
             model.gradient_checkpointing_enable(  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
                 gradient_checkpointing_kwargs={"use_reentrant": False}
