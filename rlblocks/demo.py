@@ -11,9 +11,12 @@
     python -m rlblocks.demo --sft-steps 30       # SFT warm start, then GRPO on the same trainer
     python -m rlblocks.demo --teacher DIR        # on-policy distillation from DIR instead of GRPO
 
-It measures held-out accuracy (greedy) before training, runs GRPO, measures it again, and
-writes ``metrics.jsonl``, ``samples.jsonl``, ``config.json``, ``curves.png`` and
-``summary.json`` into ``--out``, with a checkpoint after every step in ``--out/checkpoints``
+It is ``rlblocks-train`` (`rlblocks.train`) with every key given by these flags
+(`train_argv`; each flag's key is in `FLAG_KEYS` and docs/index.md's table): with the defaults,
+``rlblocks-train examples/grpo_arithmetic.yaml`` runs the same job. It measures held-out
+accuracy (greedy) before training, runs GRPO, measures it again, and writes
+``metrics.jsonl``, ``samples.jsonl``, ``config.yaml`` (the keys, relaunchable by
+``rlblocks-train``), ``curves.png`` and ``summary.json`` into ``--out``, with a checkpoint after every step in ``--out/checkpoints``
 (the newest is kept). The held-out problems (`problems`) are ``--eval-size`` distinct
 expressions that no training prompt contains, the same whatever ``--seed`` is; beside the
 accuracy it prints the share of answers cut off at ``--max-new-tokens`` and the accuracy of
@@ -40,22 +43,21 @@ run that stopped before its first checkpoint is started over.
 from __future__ import annotations
 
 import argparse
-import copy
+import dataclasses
 import json
 import os
-import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 import rlblocks as rb
-from rlblocks.data import Difficulty, PromptBatches, PromptDataset, arithmetic_prompts
-from rlblocks.extras import is_installed
+from rlblocks import train
+from rlblocks.data import Difficulty, PromptDataset, arithmetic_prompts
 from rlblocks.interfaces import RewardFn
-from rlblocks.train import CORRECTIONS, DEFAULT_CORRECTION, HeldOut, step_line
+from rlblocks.train import CORRECTIONS, DEFAULT_CORRECTION
 from rlblocks.trainer.allocator import ENV
 
 
@@ -249,10 +251,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser().parse_args(argv)
 
 
+#: The ``rlblocks-train`` keys each flag sets (:func:`train_argv`; tests/test_demo.py checks
+#: it by changing each flag alone and reading which keys change).
+FLAG_KEYS = {
+    "--model": "model.name",
+    "--task": "data.difficulty, eval.difficulty",
+    "--steps": "steps",
+    "--sft-steps": "sft_steps",
+    "--sft-target": "sft_target",
+    "--teacher": "recipe: distill, teacher",
+    "--prompts-per-step": "prompts_per_step",
+    "--group-size": "group_size",
+    "--max-new-tokens": "sampling.max_new_tokens",
+    "--lr": "trainer.lr",
+    "--kl-coef": "kl_coef",
+    "--eval-size": "eval.n",
+    "--seed": "seed, data.seed",
+    "--out": "out",
+    "--resume": "--resume",
+    "--checkpoint-every": "checkpoint_every",
+    "--report-to": "tracking",
+    "--engine": "rollout",
+    "--staleness": "staleness",
+    "--async": "staleness: 1",
+    "--correction": "correction",
+    "--eval-every": "eval_every",
+    "--workers": "workers",
+    "--tp": "trainer.tp",
+    "--device": "model.device",
+}
+
+
 def flag_table() -> str:
-    """The main job's flags as a markdown table (flag, default, meaning), from :func:`parser`:
-    docs/index.md holds it (tests/test_demo.py compares them)."""
-    rows = ["| flag | default | meaning |", "|---|---|---|"]
+    """The main job's flags as a markdown table (flag, default, the ``rlblocks-train`` key it
+    sets, meaning), from :func:`parser` and `FLAG_KEYS`: docs/index.md holds it
+    (tests/test_demo.py compares them)."""
+    rows = ["| flag | default | rlblocks-train key | meaning |", "|---|---|---|---|"]
     for action in parser()._actions:
         if not action.option_strings or action.dest == "help":
             continue
@@ -269,19 +303,20 @@ def flag_table() -> str:
         meaning = (action.help or "").replace("|", "\\|")
         if action.choices and action.dest not in ("task",):
             meaning = f"one of {', '.join(f'`{c}`' for c in action.choices)}: {meaning}"
-        rows.append(f"| `{action.option_strings[0]}` | {default} | {meaning} |")
+        flag = action.option_strings[0]
+        rows.append(f"| `{flag}` | {default} | `{FLAG_KEYS[flag]}` | {meaning} |")
     return "\n".join(rows) + "\n"
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Run the main job: evaluate, train with GRPO, evaluate again; returns the summary written to
-    ``summary.json``."""
+    ``summary.json``. The job is ``rlblocks-train`` with the keys :func:`train_argv` gives for
+    these flags (one parser, one run loop: `rlblocks.train.main`)."""
     args = parse_args(argv)
-    torch.manual_seed(args.seed)
     task = TASKS[args.task]
-    # Arguments that cannot run are refused before --out is looked at or made.
+    # Arguments that cannot run are refused, by their flags here, before --out is made.
     try:  # the one rule of every from_pretrained (rlblocks.models.device)
-        gpu = rb.models.resolve_device(args.device, owner="--device").type == "cuda"
+        rb.models.resolve_device(args.device, owner="--device")
     except (ValueError, RuntimeError) as error:
         raise SystemExit(str(error)) from error
     if args.staleness < 0:
@@ -303,286 +338,79 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         )
     if args.engine == "vllm" and args.workers:
         raise SystemExit("--engine vllm runs in this process; it does not combine with --workers")
-    _check_out(args.out, resume=args.resume)
-    args.out.mkdir(parents=True, exist_ok=True)
-
-    # The blocks, one line each. With --workers the placement is the only thing that changes.
-    trainer = partial(
-        rb.trainer.PolicyTrainer.from_pretrained,
-        args.model,
-        device=args.device,
-        lr=args.lr,
-        micro_batch_size=8,
-        # The reference is only needed for a KL term: at --kl-coef 0 nothing is kept or scored.
-        reference="copy" if args.kl_coef else None,
-        max_grad_norm=1.0,
-        tp=args.tp,
-    )
-    print(_memory_plan(args, gpu), flush=True)  # before any weights are read
-    placement = _placement(args.workers, gpu)
-    with placement:  # Ray: the workers stop when the job ends, also on an error
-        if args.workers:
-            policy = placement.build("actor", trainer)
-            engine = placement.build(
-                "rollout",
-                rb.rollout.HFEngine.from_pretrained,
-                args.model,
-                device=args.device,
-                chat=True,
-            )
-        elif args.engine == "vllm":
-            policy = trainer()
-            engine = rb.rollout.VLLMEngine(args.model, chat=True)  # its own copy, synced
-        elif args.staleness:  # the engine samples while the trainer updates: two copies
-            policy = trainer()
-            engine = rb.rollout.HFEngine(copy.deepcopy(policy.model), policy.tokenizer, chat=True)
-            if not gpu:  # one half of the cores each (torch's thread count is process-wide)
-                torch.set_num_threads(max(1, torch.get_num_threads() // 2))
-        else:
-            policy = trainer()  # the engine shares the trainer's model: no copy, no sync
-            engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)
-        return _run(args, task, policy, engine)
-
-
-PROMPT_TOKENS = 64
-"""What the memory plan takes a prompt to be at most (the arithmetic chat prompts are shorter)."""
-
-
-def _memory_plan(args: argparse.Namespace, gpu: bool) -> str:
-    """``rb.plan`` of this job (a policy trainer in float32, micro-batches of 8 rows, the
-    engine's sampling), printed before the model loads; a model it cannot size is said so and
-    the job goes on."""
-    length = PROMPT_TOKENS + args.max_new_tokens
-    try:
-        planned = rb.plan(
-            args.model,
-            dtype=torch.float32,
-            tokens=8 * length,
-            reference=bool(args.kl_coef),
-            world=args.workers or 1,
-            tp=args.tp,
-            engine="vllm" if args.engine == "vllm" else "hf",
-            engine_copy=bool(args.staleness) or bool(args.workers),
-            colocated=not args.workers,
-            rollout_rows=args.prompts_per_step * args.group_size,
-            rollout_tokens=length,
-        )
-    except (ValueError, OSError) as error:
-        return f"memory plan: not made ({error})"
-    device = "per GPU" if gpu else "in this machine's RAM"
-    text = f"{planned}\n(the plan of this job's tensors {device}; docs/memory.md)"
-    copies = (args.steps - 1) // args.eval_every if args.eval_every else 0
-    if copies:  # the weights kept for --eval-every's curve: the job's own, not a block's
-        each = planned.trainer["weights"]
-        text += (
-            f"\n+ {copies} copies of the weights for --eval-every ({copies * each / 2**30:.2f} GiB)"
-        )
-    return text
-
-
-def sft_completion(row: rb.data.PromptRow, target: str) -> str:
-    """The SFT target of a problem: ``"worked"``, its expression and value (``"42 + 41 = 83"``:
-    the computation written out, the answer last, where `rb.rewards.math_answer` reads it), or
-    ``"answer"``, the number alone."""
-    assert row.ground_truth is not None  # every arithmetic problem has its answer
-    if target == "answer":
-        return row.ground_truth
-    return f"{row.metadata['expression']} = {row.ground_truth}"
-
-
-def _sft_stage(args, policy, train, held_out, evaluation, summary_file: Path) -> None:
-    """SFT on the training problems' answers (the completion is the number, then EOS), with
-    the held-out problems' answers as held-out loss; the greedy accuracy after it. A resumed
-    run restores it from ``checkpoints-sft`` (skipped once the RL stage has a checkpoint)."""
-    recorded = json.loads(summary_file.read_text())
-    if args.resume and rb.checkpoint.Checkpointer(args.out / "checkpoints").latest() is not None:
-        return  # the RL stage had begun: its checkpoint holds the weights SFT left
-    tokenizer = rb.models.load_tokenizer(args.model)
-    data, held = (
-        rb.data.sft_data(
-            [{"prompt": r.prompt, "completion": sft_completion(r, args.sft_target)} for r in rows],
-            tokenizer,
-        )
-        for rows in (train, held_out)
-    )
-    print(f"SFT: {args.sft_steps} steps of {args.prompts_per_step * args.group_size} examples")
-    history = rb.recipes.sft(
-        policy,
-        rb.data.SFTBatches(
-            data, batch_size=args.prompts_per_step * args.group_size, seed=args.seed
-        ),
-        steps=args.sft_steps,
-        held_out=held.rollouts(),
-        eval_every=max(1, args.sft_steps // 4),
-        run=rb.run.RunOptions(
-            on_step=lambda step, m, _: tqdm.write(
-                f"sft step {step:3d}  loss {m['loss']:.3f}"
-                + (f"  held-out loss {m['eval/nll']:.3f}" if "eval/nll" in m else "")
-            ),
-            checkpoint=rb.checkpoint.Checkpointer(
-                args.out / "checkpoints-sft", every=args.sft_steps, keep_last=1
-            ),
-            resume="auto" if args.resume else False,
-        ),
-    )
-    with (args.out / "sft-metrics.jsonl").open("w") as f:
-        f.writelines(json.dumps({"step": i, **m}) + "\n" for i, m in enumerate(history))
-    if "after_sft" in recorded:  # resumed after SFT had ended: restored, not re-measured
-        print(f"held-out accuracy after SFT (from summary.json): {recorded['after_sft']:.3f}")
-        return
-    print(f"held-out accuracy after {args.sft_steps} SFT steps:")
-    scores = evaluation("after_sft")
-    summary_file.write_text(json.dumps({**recorded, **scores}, indent=2) + "\n")
-
-
-def _teacher_score(args, teacher, held_out, greedy, reward) -> None:
-    """The teacher's greedy held-out accuracy (an engine around its model; recorded once)."""
-    recorded = json.loads((args.out / "summary.json").read_text())
-    if "teacher" in recorded:
-        return
-    engine = rb.rollout.HFEngine(teacher.model, teacher.tokenizer, chat=True)
-    result = rb.recipes.evaluate(
-        engine, held_out.prompts, reward, metadata=held_out.metadata, sampling=greedy
-    )
-    print(f"held-out accuracy of the teacher {args.teacher}: {result.score:.3f}")
-    recorded["teacher"] = result.score
-    (args.out / "summary.json").write_text(json.dumps(recorded, indent=2) + "\n")
-
-
-def _check_out(out: Path, *, resume: bool) -> None:
-    """Refuse to mix two runs in ``out``: a new run needs a folder without checkpoints,
-    --resume a checkpoint to go on from. A run that stopped before its first checkpoint is
-    started over (the run floor drops its records: `rlblocks.run.resume.start_over`)."""
-    checkpoints = rb.checkpoint.Checkpointer(out / "checkpoints").latest()
-    if checkpoints is None:  # a run killed during its SFT stage resumes from there
-        checkpoints = rb.checkpoint.Checkpointer(out / "checkpoints-sft").latest()
-    if not resume and checkpoints:  # the initial checkpoint alone (step 0): started over
-        raise SystemExit(
-            f"{out} holds a run already: pass --resume to continue it, or choose another --out"
-        )
-    if resume and checkpoints is None:
-        raise SystemExit(
-            f"--resume: {out / 'checkpoints'} holds no complete checkpoint, nothing to resume; "
-            "run again without --resume to start over"
-        )
-
-
-def _placement(workers: int, gpu: bool) -> rb.placement.Local | rb.placement.Ray:
-    """This process, or one pool of ``workers`` Ray workers (a GPU each with ``gpu``)."""
-    if not workers:
-        return rb.placement.Local()
-    pool = rb.placement.Pool(workers_per_node=workers, gpus_per_worker=1.0 if gpu else 0.0)
-    return rb.placement.Ray(pools={"default": pool})
-
-
-def _run(args: argparse.Namespace, task: Task, policy, engine) -> dict:
-    reward = task.reward
-    advantage = rb.advantage.grpo
-    if args.kl_coef:
-        loss = partial(grpo_loss, kl_coef=args.kl_coef)
-    else:  # no reference log-probs to score: one forward pass less per step
-        loss = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))
-    correction = CORRECTIONS[args.correction or DEFAULT_CORRECTION]
-    train, held_out = problems(task, eval_size=args.eval_size, seed=args.seed)
-    teacher = None
-    if args.teacher is not None:  # loaded first: a wrong folder fails before any work
-        student_tokenizer = rb.models.load_tokenizer(args.model)
-        try:
-            teacher = rb.trainer.Teacher.from_pretrained(
-                args.teacher, device=args.device, student_tokenizer=student_tokenizer
-            )
-        except (OSError, ValueError) as error:  # no folder, no model in it, another vocabulary
-            raise SystemExit(f"--teacher {args.teacher}: {error}") from error
-    greedy = rb.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
-
-    held = HeldOut(
-        held_out,
-        engine,
-        reward,
-        args.max_new_tokens,
-        every=args.eval_every,
-        engine_kwargs={"chat": True},
-    )
-
-    def evaluation(when: str, scorer=None) -> dict[str, float | None]:
-        """``when``, ``when_cut``, ``when_ended``: `rlblocks.train.held_out_score` of the
-        held-out problems; ``scorer``: the engine that answers (the run's own by default)."""
-        return held.score(when, scorer)
-
-    summary_file = args.out / "summary.json"
-    if args.resume:  # measured by the run that started: the untrained policy is gone
-        before = json.loads(summary_file.read_text())
-        print(f"held-out accuracy before training (from summary.json): {before['before']:.3f}")
-    else:
-        print(f"held-out accuracy before training ({len(held_out)} distinct problems, greedy):")
-        before = evaluation("before")
-        summary_file.write_text(json.dumps(before, indent=2) + "\n")
-
-    def on_step(step: int, record: dict, rollouts: rb.Rollouts | None) -> None:
-        held.snapshot(step, policy, args.steps)  # --eval-every: the weights after step s
-        tqdm.write(step_line(step, record))
-
-    if args.sft_steps:  # a supervised warm start; the same trainer object goes on to RL
-        _sft_stage(args, policy, train, held_out, evaluation, summary_file)
-    if args.teacher is not None:
-        _teacher_score(args, teacher, held_out, greedy, reward)
-    start = time.perf_counter()
-    with rb.tracking.Tracker(args.out, report_to=args.report_to) as tracker:
-        common = {
-            "batches": PromptBatches(train, prompts_per_step=args.prompts_per_step, seed=args.seed),
-            "steps": args.steps,
-            "group_size": args.group_size,
-            "sampling": rb.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0),
-            "loss_fn": loss,
-            "run": rb.run.RunOptions(
-                on_step=on_step,
-                # One kept (1.6 GB for SmolLM2-135M with its AdamW state): the older one is
-                # deleted only once the newer one is complete.
-                checkpoint=rb.checkpoint.Checkpointer(
-                    args.out / "checkpoints", every=args.checkpoint_every, keep_last=1
-                ),
-                resume="auto" if args.resume else False,  # none yet: killed during SFT
-                tracker=tracker,
-                # With a shared model the engine's log-probs are π_old exactly ("auto" takes
-                # them, one forward pass less). k steps off, --correction says (CORRECTIONS).
-                staleness=args.staleness,
-                old_logprobs=correction.old_logprobs if args.staleness else "auto",
-                correction=correction.correction if args.staleness else "auto",
-            ),
-        }
-        if not args.steps:  # no RL stage (the SFT warm start alone): recipes refuse 0 steps
-            history = []
-        elif teacher is not None:  # --teacher: the reverse KL to it is the only signal
-            history = rb.recipes.distill(policy, engine, teacher, **common)
-        else:
-            history = rb.recipes.grpo(policy, engine, reward, advantage=advantage, **common)
-    minutes = (time.perf_counter() - start) / 60
-    print(f"held-out accuracy after {args.steps} steps ({minutes:.1f} min of training):")
-    after = evaluation("after")
-    print(f"  before training: {before['before']:.3f}")
-    recorded = json.loads(summary_file.read_text())
-    for stage, label in (("after_sft", "after SFT"), ("teacher", "the teacher")):
-        if stage in recorded:
-            print(f"  {label}: {recorded[stage]:.3f}")
-
-    summary = {
-        **json.loads(summary_file.read_text()),  # before, and after_sft / teacher when run
-        **after,
-        "steps": args.steps,
-        "held_out": len(held_out),  # distinct expressions, none in training
-        "train_minutes": minutes,
-    }
-    if args.eval_every and history:
-        summary["curve"] = held.curve(policy, args.out / "metrics.jsonl", summary, args.steps)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    wrote = ["metrics.jsonl", "summary.json", "checkpoints/"]
-    if history and is_installed("matplotlib"):
-        rb.plot(args.out / "metrics.jsonl", args.out / "curves.png")  # the whole run, resumed too
-        wrote.insert(1, "curves.png")
-    elif history:
-        print('  no curves.png: matplotlib is not installed (pip install "rlblocks[plot]")')
-    print(f"wrote {args.out}/" + ", ".join(wrote))
+    if args.teacher is not None and args.kl_coef:
+        raise SystemExit("--kl-coef is GRPO's KL term; distillation (--teacher) has its own")
+    if args.steps < 0 or (args.steps == 0 and not args.sft_steps):
+        raise SystemExit(f"--steps {args.steps}: pass >= 1 (0 only with --sft-steps)")
+    named = next((k for k, fn in rb.rewards.REWARDS.items() if fn is task.reward), None)
+    train.main(train_argv(args, reward=named), reward_fn=None if named else task.reward)
+    summary: dict[str, float] = json.loads((args.out / "summary.json").read_text())
     return summary
+
+
+def train_argv(args: argparse.Namespace, *, reward: str | None = "math_answer") -> list[str]:
+    """The ``rlblocks-train`` arguments of the demo's flags (no file: every key given), so
+    that ``rlblocks-train `` + these runs the same job; ``reward``: the task's reward by its
+    name in `rlblocks.rewards.REWARDS` (None: given in Python). The table of which flag sets
+    which key is in docs/configs.md."""
+    task = TASKS[args.task]
+    problems = {
+        "name": "arithmetic",
+        "difficulty": task.difficulty,
+        "instruction": task.instruction,
+        "chat": True,
+    }
+    keys: dict[str, Any] = {
+        "recipe": "distill" if args.teacher is not None else "grpo",
+        "steps": args.steps,
+        "group_size": args.group_size,
+        "prompts_per_step": args.prompts_per_step,
+        "seed": args.seed,
+        "out": str(args.out),
+        "checkpoint_every": args.checkpoint_every,
+        "tracking": list(args.report_to),
+        "staleness": args.staleness,
+        "eval_every": args.eval_every,
+        "workers": args.workers,
+        "rollout": args.engine,
+        "sft_steps": args.sft_steps,
+        "sft_target": args.sft_target,
+        "model.name": args.model,
+        "model.device": args.device,
+        "trainer.lr": args.lr,
+        "trainer.micro_batch_size": 8,
+        "trainer.max_grad_norm": 1.0,
+        "trainer.tp": args.tp,
+        "sampling.max_new_tokens": args.max_new_tokens,
+        "sampling.temperature": 1.0,
+        "engine.chat": True,
+        "reward": reward,
+        "advantage.name": "grpo",
+        "loss.name": "clipped_surrogate",
+        "loss.clip": [0.2, 0.28],
+    }
+    keys |= {f"data.{k}": v for k, v in problems.items()}
+    keys |= {"data.n": 2000, "data.seed": args.seed, "data.split": "train"}
+    keys |= {f"eval.{k}": v for k, v in problems.items()}
+    keys |= {"eval.n": args.eval_size, "eval.seed": HELD_OUT_SEED, "eval.split": "test"}
+    keys["eval.distinct"] = True
+    if args.teacher is not None:
+        keys["teacher"] = str(args.teacher)
+    else:  # GRPO's KL term (distillation has its own kl_coef)
+        keys["kl_coef"] = args.kl_coef
+    if args.correction is not None:
+        keys["correction"] = args.correction
+    argv = [f"--{key}={_value(value)}" for key, value in keys.items()]
+    return [*argv, *(["--resume"] if args.resume else [])]
+
+
+def _value(value: Any) -> str:
+    """A value as the config parser reads it (YAML): strings as they are, the rest as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Difficulty):
+        return json.dumps(dataclasses.asdict(value))
+    return json.dumps(value)
 
 
 if __name__ == "__main__":

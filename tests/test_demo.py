@@ -11,6 +11,7 @@ from toy_tasks import digit_fraction
 
 import rlblocks as rb
 from rlblocks import demo
+from rlblocks.job import sft_completion
 from rlblocks.runlog import read_metrics
 
 
@@ -23,8 +24,9 @@ def test_demo_smoke_run_writes_its_outputs(tmp_path, monkeypatch, capsys):
     )
     assert set(summary) == {
         *("before", "before_cut", "before_ended", "after", "after_cut", "after_ended"),
-        *("steps", "held_out", "train_minutes"),
+        *("steps", "held_out", "held_out_in_training", "train_minutes"),
     }
+    assert summary["held_out_in_training"] == 0
     assert summary["held_out"] == 4 and summary["steps"] == 2
     # The tiny model's greedy answers run to the 4-token budget: all cut off, none ended.
     assert summary["before_cut"] == summary["after_cut"] == 1.0
@@ -104,7 +106,7 @@ def test_demo_resumes_and_never_mixes_two_runs(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="holds no complete checkpoint"):
         demo.main([*argv, "--steps", "2", "--resume"])
     first = demo.main([*argv, "--steps", "2"])
-    with pytest.raises(SystemExit, match="holds a run already: pass --resume"):
+    with pytest.raises(SystemExit, match="holds a run already .*: pass --resume"):
         demo.main([*argv, "--steps", "2"])
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1]  # untouched
     summary = demo.main([*argv, "--steps", "3", "--resume"])  # one more step
@@ -297,7 +299,7 @@ def test_demo_distills_from_a_teacher_folder(tmp_path, monkeypatch):
 def test_demo_refuses_a_teacher_it_cannot_load_before_any_work(tmp_path, monkeypatch):
     out = tmp_path / "run"
     argv = sft_digits_argv(tmp_path, monkeypatch, "--out", str(out), "--steps", "1")
-    with pytest.raises(SystemExit, match="--teacher .*missing"):
+    with pytest.raises(SystemExit, match="teacher .*missing"):
         demo.main([*argv, "--teacher", str(tmp_path / "missing")])
     assert not (out / "summary.json").exists()  # nothing evaluated, nothing written
 
@@ -306,8 +308,8 @@ def test_demo_sft_targets_are_the_worked_answer_or_the_number():
     row = demo.problems(demo.TASKS["arithmetic"], eval_size=1, seed=0)[0][0]
     expression, answer = row.metadata["expression"], row.ground_truth
     assert eval(expression) == int(answer)
-    assert demo.sft_completion(row, "worked") == f"{expression} = {answer}"
-    assert demo.sft_completion(row, "answer") == answer
+    assert sft_completion(row, "worked") == f"{expression} = {answer}"
+    assert sft_completion(row, "answer") == answer
 
 
 class FailsInSecondStep:
@@ -351,6 +353,57 @@ def test_the_docs_flag_table_is_the_parser():
     listed = set(re.findall(r"^\| `(--[\w-]+)` \|", docs, flags=re.MULTILINE))
     assert listed == flags - {"-h"}
     assert "(default: 12)" in " ".join(demo.parser().format_help().split())
+
+
+# A value for each flag other than its default (a flag whose key is a switch: set).
+CHANGED = {
+    "--model": "tiny",
+    "--task": "arithmetic-hard",
+    "--steps": "3",
+    "--sft-steps": "2",
+    "--sft-target": "answer",
+    "--teacher": "/teacher",
+    "--prompts-per-step": "3",
+    "--group-size": "3",
+    "--max-new-tokens": "9",
+    "--lr": "0.5",
+    "--kl-coef": "0.5",
+    "--eval-size": "9",
+    "--seed": "9",
+    "--out": "/elsewhere",
+    "--checkpoint-every": "9",
+    "--report-to": "tensorboard",
+    "--engine": "vllm",
+    "--staleness": "2",
+    "--correction": "tis",
+    "--eval-every": "3",
+    "--workers": "2",
+    "--tp": "2",
+    "--device": "cuda",
+}
+
+
+def test_each_flag_sets_the_train_keys_the_table_names():
+    # Change one flag alone and read which rlblocks-train keys change: exactly those of
+    # FLAG_KEYS, which the docs' table shows (a new flag without its key fails here).
+    def keys(argv):
+        found = {}
+        for arg in demo.train_argv(demo.parse_args(["--device", "cpu", *argv])):
+            key, _, value = arg.removeprefix("--").partition("=")
+            found[key] = value
+        return found
+
+    base = keys([])
+    flags = {f for a in demo.parser()._actions for f in a.option_strings} - {"-h", "--help"}
+    assert set(demo.FLAG_KEYS) == flags
+    for flag in sorted(flags):
+        changed = keys([flag] if flag in ("--resume", "--async") else [flag, CHANGED[flag]])
+        moved = {k for k in base.keys() | changed.keys() if base.get(k) != changed.get(k)}
+        named = {k.split(":")[0].strip() for k in demo.FLAG_KEYS[flag].split(",")}
+        named = {k.removeprefix("--") for k in named}
+        if flag == "--teacher":  # distillation has its own kl_coef: GRPO's is not given
+            moved.discard("kl_coef")
+        assert moved == named, (flag, moved, named)
 
 
 def test_every_flag_of_the_main_job_in_the_docs_exists():

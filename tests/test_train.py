@@ -222,36 +222,37 @@ def test_examples_parse(tmp_path):
         assert config.recipe in train.RECIPES, path
 
 
-def test_the_main_job_is_the_yaml_config_of_rlblocks_train(tmp_path):
-    # examples/grpo_arithmetic.yaml is python -m rlblocks.demo: the same held-out problems
-    # (all 256, compared as prompts), and on the tiny model the same run, step by step, and
-    # the same summary.json.
+def flat(section: dict, prefix: str = "") -> dict:
+    """A parsed config as ``{"trainer.lr": ..., ...}``."""
+    keys = {}
+    for key, value in section.items():
+        if isinstance(value, dict):
+            keys |= flat(value, f"{prefix}{key}.")
+        else:
+            keys[prefix + key] = value
+    return keys
+
+
+def test_the_main_job_is_the_yaml_config_of_rlblocks_train():
+    # python -m rlblocks.demo runs rlblocks-train with the keys of its flags (demo.train_argv):
+    # with the defaults they are examples/grpo_arithmetic.yaml's, key for key, but the output
+    # folder; and its held-out problems are the demo's 256 (compared as prompts).
     main_job = ROOT / "examples" / "grpo_arithmetic.yaml"
-    config, _, _ = train.parse([str(main_job), "--model.name", "tiny"])
+    from_file, _, _ = train.parse([str(main_job), "--model.device", "cpu"])
+    from_flags, _, _ = train.parse(demo.train_argv(demo.parse_args(["--device", "cpu"])))
+    keys = [flat(config.as_dict()) for config in (from_file, from_flags)]
+    differ = {k for k in keys[0].keys() | keys[1].keys() if keys[0].get(k) != keys[1].get(k)}
+    assert differ == {"config", "out"}, {k: (keys[0].get(k), keys[1].get(k)) for k in differ}
+    assert len(keys[0]) > 60  # every key of the run, not a handful
     _, demo_held_out = demo.problems(demo.TASKS["arithmetic"], eval_size=256, seed=0)
-    eval_kwargs = {k: v for k, v in vars(config.eval).items() if k != "name"}
+    eval_kwargs = {k: v for k, v in vars(from_file.eval).items() if k != "name"}
     assert rb.data.arithmetic_prompts(**eval_kwargs).prompts == demo_held_out.prompts
-
-    quick = {"steps": "2", "prompts-per-step": "2", "group-size": "2", "max-new-tokens": "6"}
-    demo.main(
-        ["--model", "tiny", "--device", "cpu", "--eval-size", "4", "--out", str(tmp_path / "d")]
-        + [arg for key, value in quick.items() for arg in (f"--{key}", value)]
-    )
-    overrides = ["--model.name", "tiny", "--model.device", "cpu", "--eval.n", "4"]
-    overrides += ["--steps", "2", "--prompts_per_step", "2", "--group_size", "2"]
-    overrides += ["--sampling.max_new_tokens", "6", "--out", str(tmp_path / "t")]
-    history = train.main([str(main_job), *overrides])
-
-    assert len(history) == 2
-    runs = [measured(read_metrics(tmp_path / run / "metrics.jsonl")) for run in ("d", "t")]
-    assert runs[0] == runs[1]
-    samples = [(tmp_path / run / "samples.jsonl").read_text() for run in ("d", "t")]
-    assert samples[0] == samples[1] and samples[0]
-    summaries = [json.loads((tmp_path / run / "summary.json").read_text()) for run in "dt"]
-    for summary in summaries:
-        summary.pop("train_minutes")
-    assert summaries[1].pop("held_out_in_training") == 0
-    assert summaries[0] == summaries[1] and summaries[0]["held_out"] == 4
+    # A flag sets its key: --lr is trainer.lr, --eval-size eval.n, --async staleness 1.
+    flags = ["--lr", "1e-4", "--eval-size", "8", "--async", "--teacher", "/t", "--tp", "2"]
+    argv = demo.train_argv(demo.parse_args(flags))
+    for key in ("--trainer.lr=0.0001", "--eval.n=8", "--staleness=1", "--recipe=distill"):
+        assert key in argv, key
+    assert "--teacher=/t" in argv and "--trainer.tp=2" in argv
 
 
 EVAL = """\
@@ -331,7 +332,7 @@ def test_held_out_problems_that_are_training_prompts_are_counted(tmp_path, confi
     expected = sum(p in training.prompts for p in held_out.prompts)
     assert expected >= 1  # the two draws share problems: the count is not vacuous
     _, arguments = train.build(config)
-    assert train.HeldOut.of(config, arguments).in_training == expected
+    assert train.held_out_of(config, arguments).in_training == expected
 
 
 def test_a_yaml_run_goes_one_step_off_with_its_own_engine_copy(tmp_path, config_file):
