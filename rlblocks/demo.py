@@ -384,6 +384,7 @@ def train_argv(args: argparse.Namespace, *, reward: str | None = "math_answer") 
         "sampling.max_new_tokens": args.max_new_tokens,
         "sampling.temperature": 1.0,
         "engine.chat": True,
+        "engine.progress": True,  # a bar for each generate call: the held-out scoring too
         "reward": reward,
         "advantage.name": "grpo",
         "loss.name": "clipped_surrogate",
