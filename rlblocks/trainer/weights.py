@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from rlblocks.interfaces import TensorSpec
 from rlblocks.trainer.fsdp import gathered
-from rlblocks.trainer.lora import base_weights, merged_weights
+from rlblocks.trainer.lora import base_weights, check_mergeable, merged_weights
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 
 
@@ -49,6 +49,7 @@ def full_weight_spec(model: nn.Module, *, adapter: bool) -> dict[str, TensorSpec
     """Name -> (shape, dtype) of what :func:`full_weights` yields, in its order."""
     tensors: Iterable[tuple[str, Tensor]]
     if adapter:
+        check_mergeable(model)  # refused before a sync starts, not half-way into the first
         tensors = base_weights(model, keep_vars=True)
     else:
         tensors = model.state_dict(keep_vars=True).items()
