@@ -299,6 +299,36 @@ def critic_checkpoint(rank: int) -> dict:
     return checkpoint_round_trip(sharded_critic, rank)
 
 
+def lora_config():
+    """The LoRA of the sharded-LoRA case: every attention projection, r 4."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+def lora_sharded(rank: int) -> dict:
+    """A LoRA policy sharded over the world: two epochs of two mini-batches (SCHEDULE), then
+    what a resharder sends (the merged weights) and the adapters' own tensors, whole."""
+    from torch.distributed.tensor import DTensor
+
+    torch.manual_seed(0)  # peft draws the adapters' A from the global generator
+    trainer = sharded(lora=lora_config(), **SCHEDULE)
+    ro, advantages = make_batch()
+    metrics = trainer.step(ro, advantages, loss_fn=LOSS)
+    weights = dict(trainer.named_weights())
+    adapters = {
+        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        for name, p in trainer.model.named_parameters()
+        if p.requires_grad
+    }
+    folder = Path(os.environ["RLBLOCKS_CHECKPOINT_DIR"]) / f"adapter-{rank}"
+    trainer.save_adapter(folder)  # every rank gathers, and writes its own folder
+    from safetensors.torch import load_file
+
+    saved = load_file(folder / "adapter_model.safetensors")
+    return {"metrics": metrics, "weights": weights, "adapters": adapters, "saved": saved}
+
+
 CASES = {
     "export_sharded": export_sharded,
     "fsdp_world_one": fsdp_world_one,
@@ -312,6 +342,7 @@ CASES = {
     "policy_checkpoint": policy_checkpoint,
     "critic_checkpoint": critic_checkpoint,
     "strict_sync_sharded": strict_sync_sharded,
+    "lora_sharded": lora_sharded,
 }
 
 

@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
 from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, dispatch
@@ -204,8 +203,10 @@ class PolicyTrainer:
 
         The model (and a separate reference) become FSDP2 units unless the group has one
         process and ``config.fsdp`` is None (``rlblocks.trainer.fsdp.shard_modules``); the
-        optimizer is rebuilt on the shards. A LoRA policy alone in its group trains unsharded;
-        in a larger group it is refused (FSDP does not take peft models here yet).
+        optimizer is rebuilt on the shards. A LoRA policy is sharded the same way: its frozen
+        base weights and its adapters alike (FSDP2 units mix frozen and trained parameters);
+        only the adapters' gradients are reduced, and a sync merges the gathered base weights
+        with the adapters' delta (`rlblocks.trainer.weights.merged_sharded`).
         """
         if self.optimizer_steps:
             raise RuntimeError(
@@ -216,20 +217,13 @@ class PolicyTrainer:
             raise RuntimeError(
                 "PolicyTrainer.shard: the trainer is already sharded; call shard once"
             )
-        if self.has_adapter:
-            if self.config.tp > 1:
-                raise NotImplementedError(
-                    f"PolicyTrainer.shard: a LoRA policy cannot be tensor parallel (tp = "
-                    f"{self.config.tp}): peft's adapter layers wrap the projections the plan "
-                    "splits; train LoRA with tp=1, or fine-tune all weights under tensor "
-                    "parallelism"
-                )
-            if dist.get_world_size(group) == 1:
-                return
+        if self.has_adapter and (self.config.tp > 1 or self.config.sp > 1):
+            kind = "tensor" if self.config.tp > 1 else "sequence"
             raise NotImplementedError(
-                "PolicyTrainer.shard: LoRA policies are not sharded with FSDP yet; give a LoRA "
-                "policy a pool of one "
-                "worker (it then trains unsharded), or fine-tune all weights with several workers"
+                f"PolicyTrainer.shard: a LoRA policy cannot be {kind} parallel (tp = "
+                f"{self.config.tp}, sp = {self.config.sp}): peft's adapter layers wrap the "
+                "projections the plan splits; train LoRA data parallel (tp=1, sp=1), or "
+                "fine-tune all weights"
             )
         self.dp = shard_modules(
             group,
@@ -465,13 +459,24 @@ class PolicyTrainer:
 
     def save_adapter(self, folder: str | Path) -> None:
         """Write the LoRA adapter (peft's ``save_pretrained``: adapter weights and config, no
-        base weights) into ``folder``, for an engine that serves adapters itself."""
+        base weights) into ``folder``, for an engine that serves adapters itself. A sharded
+        trainer gathers the adapters first: every rank of its group must call (each writes its
+        own ``folder``, for the engine beside it)."""
         if not self.has_adapter:
             raise ValueError(
                 "PolicyTrainer.save_adapter: the policy has no LoRA adapter; build it with "
                 "lora=LoraConfig(...), or save the full model with save_pretrained"
             )
-        self.model.save_pretrained(folder)  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
+        state = None
+        if self.dp.sharded:  # the adapters' shards made whole: every rank of the group calls
+            from torch.distributed.tensor import DTensor
+
+            state = {
+                name: (value.full_tensor() if isinstance(value, DTensor) else value).detach()
+                for name, value in self.model.state_dict().items()
+                if ".lora_" in name
+            }
+        self.model.save_pretrained(folder, state_dict=state)  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
 
     @dispatch(Dispatch.ALL)
     def save_pretrained(

@@ -36,13 +36,44 @@ def full_weights(
     """``(name, whole tensor)`` pairs; sharded tensors are all-gathered in collectives of about
     ``bucket_bytes`` (None: 64 MiB, ``rlblocks.trainer.fsdp.gathered``), so every rank of the
     group must iterate to the end."""
-    if adapter:
+    if adapter and dp.sharded:
+        yield from merged_sharded(model, dp, bucket_bytes=bucket_bytes or 64 * 2**20)
+    elif adapter:
         yield from merged_weights(model)
     elif not dp.sharded:
         yield from model.state_dict().items()
     else:
         tensors = model.state_dict(keep_vars=True).items()
         yield from gathered(tensors, dp, bucket_bytes=bucket_bytes or 64 * 2**20)
+
+
+def merged_sharded(
+    model: nn.Module, dp: DataParallel, *, bucket_bytes: int
+) -> Iterator[tuple[str, Tensor]]:
+    """:func:`rlblocks.trainer.lora.merged_weights` of an FSDP-sharded LoRA policy: the base
+    weights all-gathered in buckets (`gathered`), each adapted one plus its adapters' delta
+    (peft's own ``get_delta_weight`` on the sharded A and B, made whole). Every rank must
+    iterate to the end, in the same order: the deltas are collectives too."""
+    from peft.tuners.lora import LoraLayer
+    from torch.distributed.tensor import DTensor
+
+    check_mergeable(model)
+    base = model.get_base_model()  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
+    adapted = {
+        f"{name}.weight": module
+        for name, module in base.named_modules()
+        if isinstance(module, LoraLayer) and not module.merged
+    }
+    for key, whole in gathered(base_weights(model, keep_vars=True), dp, bucket_bytes=bucket_bytes):
+        module = adapted.get(key)
+        if module is not None:
+            for name in module.active_adapters:
+                if name in module.lora_A or name in module.lora_embedding_A:
+                    delta = module.get_delta_weight(name)  # type: ignore[attr-defined]  # peft's layer classes define it
+                    if isinstance(delta, DTensor):
+                        delta = delta.full_tensor()
+                    whole = whole + delta.to(whole.dtype)
+        yield key, whole
 
 
 def full_weight_spec(model: nn.Module, *, adapter: bool) -> dict[str, TensorSpec]:

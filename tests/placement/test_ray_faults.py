@@ -42,12 +42,15 @@ def test_a_killed_worker_fails_fast_and_shutdown_leaves_no_process():
     assert not any(psutil.pid_exists(p) for p in rebuilt.pids() + pids)
 
 
-def test_a_lora_policy_in_a_one_worker_pool_trains_unsharded():
-    # FSDP does not take peft models yet; alone in its pool a LoRA policy needs no sharding.
+def test_a_lora_policy_trains_sharded_over_two_workers():
+    # FSDP2 over the pool's two workers, base weights frozen in the same units as the adapters
+    # (before, a LoRA policy in a pool of more than one raised NotImplementedError); the merged
+    # weights come back whole through the handle (tests/trainer/test_parallel.py compares the
+    # update with one process's).
     from peft import LoraConfig
 
     lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
-    with rb.placement.Ray(workers=1) as placement:
+    with rb.placement.Ray(workers=2) as placement:
         policy = placement.build("actor", policy_factory(torch.float32), lora=lora)
         ro, advantages = grpo_batch(rb.rollout.HFEngine.from_pretrained("tiny", progress=False), 0)
         before = dict(policy.named_weights())

@@ -7,7 +7,7 @@ the trainer splits by tokens: the three rows {0, 2, 5} go 2 + 1 over two ranks.
 
 import pytest
 import torch
-from dp_cases import LOSS, SCHEDULE, UNEVEN, make_batch, make_trainer, run
+from dp_cases import LOSS, SCHEDULE, UNEVEN, lora_config, make_batch, make_trainer, run
 
 import rlblocks as rb
 
@@ -100,3 +100,38 @@ def test_fsdp_at_world_size_one_shards_and_gives_the_one_process_update(tmp_path
     metrics = trainer.step(ro, advantages, loss_fn=LOSS)
     assert_same_update(result, metrics, dict(trainer.named_weights()))
     assert result["resumed"]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_lora_policy_sharded_over_the_world_gives_the_one_process_update(
+    tmp_path, monkeypatch, world
+):
+    # FSDP2 over 2 and 3 ranks, each unit holding frozen base weights and trained adapters:
+    # after 4 AdamW steps (2 epochs x 2 mini-batches, padding micro-batches at 3) the adapters
+    # and the merged weights a resharder sends are those of one process. Same float64 reasoning
+    # as above: only the order of additions differs. Before, shard() refused a LoRA policy in
+    # a group of more than one.
+    monkeypatch.setenv("RLBLOCKS_CHECKPOINT_DIR", str(tmp_path))
+    result = run("lora_sharded", str(tmp_path / "out.pt"), world=world)
+    torch.manual_seed(0)  # the adapters' initial A, as every rank drew it
+    trainer = make_trainer(lora=lora_config(), **SCHEDULE)
+    ro, advantages = make_batch()
+    metrics = trainer.step(ro, advantages, loss_fn=LOSS)
+    assert result["metrics"]["optimizer_steps"] == metrics["optimizer_steps"] == 4
+    assert_same_update(result, metrics, dict(trainer.named_weights()))
+    adapters = {n: p.detach() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert set(result["adapters"]) == set(adapters) and len(adapters) == 16  # 2 layers x 4 x A, B
+    for name, value in adapters.items():
+        torch.testing.assert_close(result["adapters"][name], value, rtol=1e-9, atol=1e-9)
+    torch.manual_seed(0)
+    initial = dict(make_trainer(lora=lora_config()).named_weights())
+    moved = [k for k in initial if not torch.equal(initial[k], result["weights"][k])]
+    assert moved and all("_proj" in k for k in moved)  # the update reached the merged weights
+    # The adapter an adapter-serving engine loads (adapter-only sync): the same tensors.
+    trainer.save_adapter(tmp_path / "one")
+    from safetensors.torch import load_file
+
+    one = load_file(tmp_path / "one" / "adapter_model.safetensors")
+    assert set(result["saved"]) == set(one) and len(one) == 16
+    for name, value in one.items():
+        torch.testing.assert_close(result["saved"][name], value, rtol=1e-9, atol=1e-9)
