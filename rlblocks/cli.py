@@ -311,7 +311,9 @@ def pick(registry: Mapping[str, Callable[..., Any]], name: str, key: str) -> Cal
             found: Callable[..., Any] = getattr(__import__(module, fromlist=[attr]), attr)
             return found
         except (ImportError, AttributeError) as error:
-            raise ValueError(f"{key}: cannot import {name!r} ({error})") from error
+            raise ValueError(
+                f"{key}: cannot import {name!r} ({error}); check the module path and the name"
+            ) from error
     raise ValueError(f"{key}: unknown name {name!r}; one of {sorted(registry)} or mod:function")
 
 

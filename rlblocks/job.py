@@ -212,7 +212,10 @@ def sft_completion(row: PromptRow, target: str) -> str:
     rows of `rlblocks.data.arithmetic_prompts`, which carry the expression), or ``"answer"``,
     the reference answer alone."""
     if row.ground_truth is None:
-        raise ValueError(f"sft_target: the row {row.prompt!r} has no reference answer to learn")
+        raise ValueError(
+            f"sft_target: the row {row.prompt!r} has no reference answer to learn; give every "
+            "training row a ground_truth, or run without sft_steps"
+        )
     if target == "answer":
         return row.ground_truth
     expression = row.metadata.get("expression")
@@ -280,7 +283,7 @@ def memory_plan(
     model: str,
     *,
     dtype: torch.dtype,
-    micro_batch_size: int,
+    micro_batch_size: int | None,
     max_new_tokens: int,
     rollout_rows: int,
     reference: bool,
@@ -292,7 +295,8 @@ def memory_plan(
     weight_copies: int = 0,
     gpu: bool = False,
 ) -> str:
-    """``rb.plan`` of a run (micro-batches of ``micro_batch_size`` rows of at most
+    """``rb.plan`` of a run (micro-batches of ``micro_batch_size`` rows, None: all the
+    rollout's, of at most
     `PROMPT_TOKENS` + ``max_new_tokens`` tokens), as printed before the model loads;
     ``weight_copies``: copies of the weights kept for a held-out curve. A model the planner
     cannot size is said so, and the run goes on."""
@@ -304,7 +308,7 @@ def memory_plan(
             model,
             dtype=dtype,
             lora=lora,
-            tokens=micro_batch_size * length,
+            tokens=(micro_batch_size or rollout_rows) * length,
             reference=reference,
             world=workers or 1,
             tp=tp,

@@ -87,7 +87,8 @@ def load(
                 raise
             raise ValueError(
                 f"rlblocks.models.load: attn_implementation={attn_implementation!r} cannot "
-                f"load {str(name_or_path)!r}: {error}"
+                f"load {str(name_or_path)!r}: {error}; install that kernel, or pass one that "
+                "is (eager, sdpa)"
             ) from error
     except OSError as error:
         raise OSError(_explain_missing(name_or_path, error)) from error
@@ -145,13 +146,15 @@ def overridden(
     for key, value in (model_config or {}).items():
         if key in ("rope_parameters", "rope_scaling"):
             raise ValueError(
-                f"model_config: set {key} of {str(name)!r} with rope_scaling=, which checks it"
+                f"rlblocks.models.load: model_config sets {key} of {str(name)!r}; pass it as "
+                "rope_scaling=, which checks it"
             )
         if not hasattr(config, key):
             close = difflib.get_close_matches(key, list(config.to_dict()), n=3)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise ValueError(
-                f"model_config: {key!r} is not a setting of {str(name)!r} ({kind}){hint}"
+                f"rlblocks.models.load: model_config key {key!r} is not a setting of "
+                f"{str(name)!r} ({kind}){hint}; name an attribute of its config"
             )
         setattr(config, key, value)
     if rope_scaling is None:
@@ -160,7 +163,8 @@ def overridden(
     rotary = isinstance(current, Mapping)  # a model without RoPE has none (GPT-2)
     if not rotary:
         raise ValueError(
-            f"rope_scaling: {str(name)!r} ({kind}) has no rotary position embeddings to scale"
+            f"rlblocks.models.load: rope_scaling given, but {str(name)!r} ({kind}) has no "
+            "rotary position embeddings to scale; drop rope_scaling for this model"
         )
     merged = {**current, **rope_scaling}  # type: ignore[dict-item]  # a Mapping, checked above
     rope_type = merged.get("rope_type", "default")
@@ -171,14 +175,18 @@ def overridden(
         )
     factor = merged.get("factor", 1.0)
     if isinstance(factor, bool) or not isinstance(factor, int | float) or factor < 1:
-        raise ValueError(f"rope_scaling: factor must be a number >= 1, got {factor!r}")
+        raise ValueError(
+            f"rlblocks.models.load: rope_scaling's factor must be a number >= 1, got {factor!r}; "
+            "pass the context's scale, e.g. 2.0"
+        )
     config.rope_parameters = merged
     try:
         config.validate_rope()
     except (KeyError, ValueError, TypeError) as error:
         message = error.args[0] if error.args else error
         raise ValueError(
-            f"rope_scaling {dict(rope_scaling)} for {str(name)!r}: {message}"
+            f"rlblocks.models.load: rope_scaling {dict(rope_scaling)} for {str(name)!r}: "
+            f"{message}; give the keys its rope_type needs"
         ) from error
     return config
 

@@ -71,7 +71,6 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     from peft.tuners.lora import LoraLayer
 
     base = model.get_base_model()  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
-    check_mergeable(model)
     merged: dict[str, Tensor] = {}
     for name, module in base.named_modules():
         if not isinstance(module, LoraLayer):

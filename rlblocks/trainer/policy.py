@@ -136,15 +136,11 @@ class PolicyTrainer:
         self.reference = frozen_reference(model, reference)
         if reference_dtype is not None:
             if self.reference is None:
+                why = ", LoRA: its reference is the policy's own base weights" if adapter else ""
                 raise ValueError(
                     f"PolicyTrainer: reference_dtype={reference_dtype} needs a reference module, "
-                    f"and this trainer has none (reference={reference!r}"
-                    + (
-                        ", LoRA: its reference is the policy's own base weights)"
-                        if adapter
-                        else ")"
-                    )
-                    + "; pass reference='copy', or drop reference_dtype"
+                    f"and this trainer has none (reference={reference!r}{why}); pass "
+                    "reference='copy', or drop reference_dtype"
                 )
             self.reference.to(reference_dtype)
         if self.config.gradient_checkpointing:

@@ -57,7 +57,6 @@ def merged_sharded(
     from peft.tuners.lora import LoraLayer
     from torch.distributed.tensor import DTensor
 
-    check_mergeable(model)
     base = model.get_base_model()  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
     adapted = {
         f"{name}.weight": module

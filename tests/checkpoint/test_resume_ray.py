@@ -33,7 +33,9 @@ from safetensors.torch import load_file
 
 import rlblocks as rb
 
-pytestmark = pytest.mark.ray
+# Slow (a minute or more together on 2 cores): .ci/run runs them in a step of their own, keeping
+# the default run under 15 minutes.
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 JOB = Path(__file__).with_name("ray_resume_job.py")
 STEPS = 4

@@ -78,7 +78,7 @@ def test_any_config_key_is_set_and_an_unknown_one_is_refused_with_the_closest_na
         r"mean max_position_embeddings",
     ):
         load("tiny", model_config={"max_position_embedding": 1024})
-    with pytest.raises(ValueError, match="with rope_scaling=, which checks it"):
+    with pytest.raises(ValueError, match="pass it as rope_scaling=, which checks it"):
         load("tiny", model_config={"rope_parameters": {"rope_type": "linear"}})
 
 

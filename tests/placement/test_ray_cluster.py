@@ -13,7 +13,9 @@ from ray_helpers import LOSS, PROMPTS, grpo_batch, local_blocks, policy_factory
 import rlblocks as rb
 from rlblocks.placement import Pool
 
-pytestmark = pytest.mark.ray
+# Slow (a minute or more together on 2 cores): .ci/run runs them in a step of their own, keeping
+# the default run under 15 minutes.
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

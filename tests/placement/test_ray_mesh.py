@@ -12,7 +12,9 @@ from ray_helpers import LOSS, grpo_batch, kill_mid_step, policy_factory
 
 import rlblocks as rb
 
-pytestmark = pytest.mark.ray
+# Slow (a minute or more together on 2 cores): .ci/run runs them in a step of their own, keeping
+# the default run under 15 minutes.
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 MODEL = {"num_key_value_heads": 2}  # every size of the tiny model splits two ways
 
