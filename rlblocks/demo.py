@@ -47,11 +47,8 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
-
-import torch
 
 import rlblocks as rb
 from rlblocks import train
@@ -87,37 +84,25 @@ HELD_OUT_SEED = 0
 different seeds are scored on the same problems."""
 
 
-def problems(task: Task, *, eval_size: int, seed: int) -> tuple[PromptDataset, PromptDataset]:
-    """The training prompts (2,000, drawn with ``seed``) and ``eval_size`` held-out ones.
+def problem_keys(task: Task, *, eval_size: int, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The arguments of `rlblocks.data.arithmetic_prompts` for the training prompts (2,000,
+    drawn with ``seed``) and for ``eval_size`` held-out ones: the ``data`` and ``eval`` keys of
+    :func:`train_argv`, which :func:`problems` draws.
 
     The held-out problems are distinct expressions (not phrasings of one sum) from the test
     split, drawn with `HELD_OUT_SEED`; the split is decided by a hash of the expression, so no
     held-out expression is ever among the training prompts, whatever the seeds.
     """
-    data = partial(
-        arithmetic_prompts, difficulty=task.difficulty, chat=True, instruction=task.instruction
-    )
-    train = data(n=2000, seed=seed, split="train")
-    held_out = data(n=eval_size, seed=HELD_OUT_SEED, split="test", distinct=True)
+    common = {"difficulty": task.difficulty, "instruction": task.instruction, "chat": True}
+    train = {**common, "n": 2000, "seed": seed, "split": "train"}
+    held_out = {**common, "n": eval_size, "seed": HELD_OUT_SEED, "split": "test", "distinct": True}
     return train, held_out
 
 
-def grpo_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    /,
-    *,
-    ref_logprobs: torch.Tensor,
-    kl_coef: float = 0.0,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """DAPO's clip-higher surrogate plus β·k3 KL to the initial policy (used when β > 0)."""
-    pg, metrics = rb.losses.clipped_surrogate(
-        logprobs, old_logprobs, advantages, mask, clip=(0.2, 0.28)
-    )
-    kl, kl_metrics = rb.losses.kl_loss(logprobs, ref_logprobs, mask, estimator=rb.losses.k3)
-    return pg + kl_coef * kl, {**metrics, **kl_metrics}
+def problems(task: Task, *, eval_size: int, seed: int) -> tuple[PromptDataset, PromptDataset]:
+    """The training prompts and the held-out ones of :func:`problem_keys`, drawn."""
+    train, held_out = problem_keys(task, eval_size=eval_size, seed=seed)
+    return arithmetic_prompts(**train), arithmetic_prompts(**held_out)
 
 
 DEVICE_DEFAULT = "cuda when torch sees a GPU, else cpu"
@@ -353,13 +338,6 @@ def train_argv(args: argparse.Namespace, *, reward: str | None = "math_answer") 
     that ``rlblocks-train `` + these runs the same job; ``reward``: the task's reward by its
     name in `rlblocks.rewards.REWARDS` (None: given in Python). The table of which flag sets
     which key is in docs/configs.md."""
-    task = TASKS[args.task]
-    problems = {
-        "name": "arithmetic",
-        "difficulty": task.difficulty,
-        "instruction": task.instruction,
-        "chat": True,
-    }
     keys: dict[str, Any] = {
         "recipe": "distill" if args.teacher is not None else "grpo",
         "steps": args.steps,
@@ -390,11 +368,9 @@ def train_argv(args: argparse.Namespace, *, reward: str | None = "math_answer") 
         "loss.name": "clipped_surrogate",
         "loss.clip": [0.2, 0.28],
     }
-    keys |= {f"data.{k}": v for k, v in problems.items()}
-    keys |= {"data.n": 2000, "data.seed": args.seed, "data.split": "train"}
-    keys |= {f"eval.{k}": v for k, v in problems.items()}
-    keys |= {"eval.n": args.eval_size, "eval.seed": HELD_OUT_SEED, "eval.split": "test"}
-    keys["eval.distinct"] = True
+    data, held_out = problem_keys(TASKS[args.task], eval_size=args.eval_size, seed=args.seed)
+    for section, kwargs in (("data", data), ("eval", held_out)):
+        keys |= {f"{section}.name": "arithmetic"} | {f"{section}.{k}": v for k, v in kwargs.items()}
     if args.teacher is not None:
         keys["teacher"] = str(args.teacher)
     else:  # GRPO's KL term (distillation has its own kl_coef)
