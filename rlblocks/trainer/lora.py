@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
+
+from rlblocks.trainer.fsdp import full_tensor
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -80,14 +82,22 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
                 f"merged_weights: {name} is a DoRA adapter, which cannot be merged here; use plain LoRA"
             )
         weight: Tensor = module.get_base_layer().weight  # type: ignore[assignment]  # Module.__getattr__ is typed Tensor | Module
-        if not module.merged:
-            for adapter in module.active_adapters:
-                if adapter in module.lora_A or adapter in module.lora_embedding_A:
-                    delta = module.get_delta_weight(adapter)  # type: ignore[attr-defined]  # peft's layer classes define it
-                    weight = weight + delta.to(weight.dtype)
-        merged[f"{name}.weight"] = weight
+        merged[f"{name}.weight"] = with_adapters(module, weight)
     for key, tensor in base_weights(model):
         yield key, merged.get(key, tensor)
+
+
+def with_adapters(module: Any, weight: Tensor) -> Tensor:
+    """``weight``, the whole base weight of the LoRA layer ``module``, plus scaling · B·A of
+    each of its active adapters (peft's ``get_delta_weight``; made whole when the adapters are
+    FSDP shards, a collective then); as it is when the adapters are merged into it already."""
+    if module.merged:
+        return weight
+    for adapter in module.active_adapters:
+        if adapter in module.lora_A or adapter in module.lora_embedding_A:
+            delta = full_tensor(module.get_delta_weight(adapter))
+            weight = weight + delta.to(weight.dtype)
+    return weight
 
 
 def check_mergeable(model: nn.Module) -> None:

@@ -64,7 +64,7 @@ from rlblocks.trainer.checkpoint import load_trainer, load_weights, save_trainer
 from rlblocks.trainer.config import TrainConfig, apply_config
 from rlblocks.trainer.export import DEFAULT_COMMIT_MESSAGE, push_to_hub, save_pretrained
 from rlblocks.trainer.forward import score_responses
-from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
+from rlblocks.trainer.fsdp import full_state, full_tensor, load_full_state, shard_modules
 from rlblocks.trainer.lora import is_peft_model, wrap_lora
 from rlblocks.trainer.packing import check_isolation
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
@@ -465,10 +465,8 @@ class PolicyTrainer:
             )
         state = None
         if self.dp.sharded:  # the adapters' shards made whole: every rank of the group calls
-            from torch.distributed.tensor import DTensor
-
             state = {
-                name: (value.full_tensor() if isinstance(value, DTensor) else value).detach()
+                name: full_tensor(value).detach()
                 for name, value in self.model.state_dict().items()
                 if ".lora_" in name
             }

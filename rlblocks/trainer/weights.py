@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from rlblocks.interfaces import TensorSpec
 from rlblocks.trainer.fsdp import gathered
-from rlblocks.trainer.lora import base_weights, check_mergeable, merged_weights
+from rlblocks.trainer.lora import base_weights, check_mergeable, merged_weights, with_adapters
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 
 
@@ -52,27 +52,19 @@ def merged_sharded(
 ) -> Iterator[tuple[str, Tensor]]:
     """:func:`rlblocks.trainer.lora.merged_weights` of an FSDP-sharded LoRA policy: the base
     weights all-gathered in buckets (`gathered`), each adapted one plus its adapters' delta
-    (peft's own ``get_delta_weight`` on the sharded A and B, made whole). Every rank must
+    (`rlblocks.trainer.lora.with_adapters`, the single-process merge's own step). Every rank must
     iterate to the end, in the same order: the deltas are collectives too."""
     from peft.tuners.lora import LoraLayer
-    from torch.distributed.tensor import DTensor
 
     base = model.get_base_model()  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
     adapted = {
         f"{name}.weight": module
         for name, module in base.named_modules()
-        if isinstance(module, LoraLayer) and not module.merged
+        if isinstance(module, LoraLayer)
     }
     for key, whole in gathered(base_weights(model, keep_vars=True), dp, bucket_bytes=bucket_bytes):
         module = adapted.get(key)
-        if module is not None:
-            for name in module.active_adapters:
-                if name in module.lora_A or name in module.lora_embedding_A:
-                    delta = module.get_delta_weight(name)  # type: ignore[attr-defined]  # peft's layer classes define it
-                    if isinstance(delta, DTensor):
-                        delta = delta.full_tensor()
-                    whole = whole + delta.to(whole.dtype)
-        yield key, whole
+        yield key, whole if module is None else with_adapters(module, whole)
 
 
 def full_weight_spec(model: nn.Module, *, adapter: bool) -> dict[str, TensorSpec]:
