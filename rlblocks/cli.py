@@ -356,83 +356,35 @@ def parse(argv: Sequence[str]) -> tuple[Namespace, ArgumentParser, bool]:
 def _conflicts(config: Namespace) -> list[tuple[str, str]]:
     """Settings that cannot run together, as (the key at fault, why): refused at parse time,
     before any model is loaded and before ``out`` is made."""
-    found = []
-    if config.steps < 0 or (config.steps == 0 and not config.sft_steps):
-        # every recipe refuses it too, but only after the model is loaded
-        found.append(
-            (
-                "steps",
-                (
-                    f"steps: {config.steps} runs no step, so nothing would be "
-                    "trained; pass >= 1 (0 only with sft_steps, the SFT stage alone)"
-                ),
-            )
-        )
-    if config.sft_steps < 0:
-        found.append(("sft_steps", f"sft_steps: {config.sft_steps}; pass 0 (none) or N >= 1"))
-    if config.staleness < 0:
-        found.append(
-            ("staleness", f"staleness: {config.staleness}; pass 0 (synchronous) or k >= 1")
-        )
-    if config.correction is not None and not config.staleness:
-        found.append(
-            (
-                "correction",
-                (
-                    f"correction: {config.correction} corrects for stale "
-                    "rollouts; pass staleness k >= 1"
-                ),
-            )
-        )
-    chosen = CORRECTIONS[config.correction].old_logprobs if config.correction else "auto"
-    if "auto" not in (chosen, config.old_logprobs) and chosen != config.old_logprobs:
-        found.append(
-            (
-                "old_logprobs",
-                (
-                    f"old_logprobs: {config.old_logprobs}, but correction "
-                    f"{config.correction} takes pi_old from {chosen}; leave old_logprobs at auto"
-                ),
-            )
-        )
-    if config.eval_every < 0 or (config.eval_every and "eval" not in config):
-        found.append(
-            (
-                "eval_every",
-                f"eval_every: {config.eval_every} needs an eval section and N >= 1 (0: off)",
-            )
-        )
-    if config.staleness and (config.workers or config.rollout != "hf"):
-        found.append(
-            (
-                "staleness",
-                "staleness k >= 1 runs with the in-process HF engine (workers 0, rollout hf)",
-            )
-        )
-    if config.eval_every and config.workers:
-        found.append(("eval_every", "eval_every keeps weight copies in this process (workers 0)"))
+    steps, staleness, workers = config.steps, config.staleness, config.workers
     tp = config.trainer.tp
-    if tp > 1 and (not config.workers or config.workers % tp):
-        message = (
-            f"trainer.tp: {tp} splits the policy over Ray workers: pass workers, a multiple of "
-            f"{tp} (got {config.workers})"
-        )
-        found.append(("trainer.tp", message))
-    if config.rollout == "vllm" and config.workers:
-        found.append(
-            ("rollout", "rollout: vllm runs in this process; it does not combine with workers")
-        )
-    if (config.recipe == "distill") != (config.teacher is not None):
-        found.append(
-            (
-                "teacher",
-                (
-                    "recipe distill takes a teacher (a model folder), and a "
-                    "teacher takes recipe distill"
-                ),
-            )
-        )
-    return found
+    every, correction, old = config.eval_every, config.correction, config.old_logprobs
+    chosen = CORRECTIONS[correction].old_logprobs if correction else "auto"
+    rules = [  # (broken, key, why); steps: every recipe refuses it too, but after loading
+        (steps < 0 or (steps == 0 and not config.sft_steps), "steps", (f"steps: {steps} runs no "
+         "step, so nothing would be trained; pass >= 1 (0 only with sft_steps, the SFT stage "
+         "alone)")),
+        (config.sft_steps < 0, "sft_steps", (f"sft_steps: {config.sft_steps}; pass 0 (none) or "
+         "N >= 1")),
+        (staleness < 0, "staleness", f"staleness: {staleness}; pass 0 (synchronous) or k >= 1"),
+        (correction is not None and not staleness, "correction", (f"correction: {correction} "
+         "corrects for stale rollouts; pass staleness k >= 1")),
+        ("auto" not in (chosen, old) and chosen != old, "old_logprobs", (f"old_logprobs: {old}, "
+         f"but correction {correction} takes pi_old from {chosen}; leave old_logprobs at auto")),
+        (every < 0 or (every and "eval" not in config), "eval_every", (f"eval_every: {every} "
+         "needs an eval section and N >= 1 (0: off)")),
+        (staleness and (workers or config.rollout != "hf"), "staleness", ("staleness k >= 1 "
+         "runs with the in-process HF engine (workers 0, rollout hf)")),
+        (every and workers, "eval_every", ("eval_every keeps weight copies in this process "
+         "(workers 0)")),
+        (tp > 1 and (not workers or workers % tp), "trainer.tp", (f"trainer.tp: {tp} splits the "
+         f"policy over Ray workers: pass workers, a multiple of {tp} (got {workers})")),
+        (config.rollout == "vllm" and workers, "rollout", ("rollout: vllm runs in this process; "
+         "it does not combine with workers")),
+        ((config.recipe == "distill") != (config.teacher is not None), "teacher", ("recipe "
+         "distill takes a teacher (a model folder), and a teacher takes recipe distill")),
+    ]  # fmt: skip
+    return [(key, why) for broken, key, why in rules if broken]
 
 
 def _read(file: Path) -> dict[str, Any]:

@@ -108,11 +108,6 @@ def build(
     dtype = getattr(torch, model.dtype)
     placement = placement if placement is not None else Local()
     kl_coef = config.get("kl_coef", 0.0)  # PPO's own, or β of a KL loss term (GRPO family)
-    lora = None
-    if model.lora is not None:
-        from peft import LoraConfig
-
-        lora = LoraConfig(**model.lora)
     preference = (
         bound(PREFERENCES, config.preference, "preference") if "preference" in params else None
     )
@@ -128,7 +123,7 @@ def build(
             device=device,
             config=train_config(config.trainer),
             reference="auto" if kl_coef or "critic" in params or anchored else None,
-            lora=lora,
+            lora=_lora(config),
         ),
     )
     engine = _engine(config, policy, placement, device)
@@ -170,6 +165,15 @@ def build(
     own = set(params) - BUILT - NOT_CONFIGURABLE
     arguments |= {k: config[k] for k in own if k in config}
     return fn, arguments
+
+
+def _lora(config: Namespace) -> Any:
+    """``peft.LoraConfig`` of ``model.lora`` (None: all weights train)."""
+    if config.model.lora is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(**config.model.lora)
 
 
 def _reward(config: Namespace) -> RewardFn:
@@ -339,11 +343,6 @@ def held_out_of(
 
 def _plan(config: Namespace, gpu: bool) -> str:
     """:func:`rlblocks.job.memory_plan` of this run."""
-    lora = None
-    if config.model.lora is not None:
-        from peft import LoraConfig
-
-        lora = LoraConfig(**config.model.lora)
     copies = (config.steps - 1) // config.eval_every if config.eval_every else 0
     return memory_plan(
         config.model.name,
@@ -356,7 +355,7 @@ def _plan(config: Namespace, gpu: bool) -> str:
         tp=config.trainer.tp,
         engine=config.rollout,
         engine_copy=bool(config.staleness) or bool(config.workers),
-        lora=lora,
+        lora=_lora(config),
         weight_copies=max(0, copies),
         gpu=gpu,
     )
