@@ -193,6 +193,7 @@ def test_demo_rejects_unknown_task():
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # about 20 s each: .ci/run runs them in its Ray step
 @pytest.mark.parametrize("layout", [[], ["--tp", "2"]], ids=["fsdp", "tp2"])
 def test_demo_runs_on_two_ray_workers(tmp_path, layout):
     out = tmp_path / "run"

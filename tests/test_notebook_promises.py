@@ -147,6 +147,7 @@ LOADED_GAP = """max((v - state["model"][k]).abs().max().item()
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # about 20 s: .ci/run runs it in its Ray step
 def test_live_swap_from_this_kernel_to_ray_workers(tmp_path, monkeypatch):
     with kernel("05_scale_with_ray", tmp_path, monkeypatch) as nb:
         try:

@@ -8,7 +8,8 @@ from ray_helpers import LOSS, grpo_batch, kill_mid_step, policy_factory
 import rlblocks as rb
 from rlblocks.placement import PoolBroken, WorkerDied
 
-pytestmark = pytest.mark.ray
+# Slow (about 35 s together): .ci/run runs them in its Ray step.
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def test_a_killed_worker_fails_fast_and_shutdown_leaves_no_process():
