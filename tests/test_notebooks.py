@@ -141,3 +141,28 @@ def test_the_tutorial_times_in_the_docs_are_the_rendered_runs():
     for path in RENDERED:
         info = nbformat.read(path, as_version=4).metadata["rlblocks_render"]
         assert rows[path.stem] == (info["date"], f"{info['wall_seconds'] / 60:.1f}"), path.name
+
+
+# The tutorials that rerun a published finding print their verdict in the cell that holds this
+# phrase; docs/findings.md quotes that output of the rendered run.
+VERDICT = "at this scale"
+
+
+def test_the_findings_page_quotes_the_rendered_runs():
+    page = (ROOT / "docs" / "findings.md").read_text()
+    quoted = 0
+    for path in RENDERED:
+        nb = nbformat.read(path, as_version=4)
+        cells = [c for c in nb.cells if c.cell_type == "code" and VERDICT in c.source]
+        if not cells:
+            continue
+        (cell,) = cells
+        printed = "".join(
+            o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stdout"
+        )
+        lines = [line.rstrip() for line in printed.splitlines() if line.strip()]
+        assert any(VERDICT in line for line in lines), f"{path.name}: the verdict cell printed none"
+        missing = [line for line in lines if line not in page]
+        assert not missing, f"docs/findings.md does not quote {path.name}'s run: {missing}"
+        quoted += 1
+    assert quoted == 2, f"{quoted} rendered tutorials print a verdict; 08 and 09 should"
