@@ -4,6 +4,7 @@
     python scripts/render_notebooks.py --only 01,04    # some of them, by number
     python scripts/render_notebooks.py --smoke         # tiny model, 2 steps: a quick check
     python scripts/render_notebooks.py --no-execute    # plain copies without outputs
+    python scripts/render_notebooks.py --prose-only --only 08   # a rendered copy's text cells
 
 notebooks/NN_name.ipynb is executed into docs/notebooks/NN_name.ipynb, which mkdocs-jupyter
 renders as it is (``execute: false``). Each notebook runs in a fresh kernel of this Python, in a
@@ -16,6 +17,11 @@ cell and checks that every other cell is the tutorial's, so the copies cannot dr
 tutorials. Per-cell timing metadata is not recorded, and the temporary folder and this
 checkout's path are replaced in the outputs (by ``.`` and ``<repo>``). A ``--smoke`` run goes to
 build/notebooks-smoke unless ``--out`` says otherwise, so it never lands in docs/ by accident.
+
+``--prose-only`` takes a tutorial's Markdown cells into its existing rendered copy without
+running anything (a typo, a link, a paragraph), and refuses when a code cell differs from the
+one that ran: outputs only ever come from the code beside them. The copy's header then says
+when its text was updated.
 """
 
 from __future__ import annotations
@@ -115,6 +121,8 @@ def header(path: Path, info: dict[str, Any]) -> Any:
         f"in {info['wall_seconds'] / 60:.1f} minutes. The outputs are that one run's: yours will "
         "differ in the details."
     )
+    if "prose_updated" in info:
+        text += f" Its text cells were updated on {info['prose_updated']}, no code cell changed."
     cell = nbformat.v4.new_markdown_cell(text)
     cell.metadata["tags"] = [HEADER_TAG]
     return cell
@@ -158,6 +166,37 @@ def render(path: Path, out: Path, *, smoke: bool, timeout: float) -> float:
     return wall
 
 
+def update_prose(path: Path, copy: Path) -> int:
+    """Take the Markdown cells of tutorial ``path`` into its rendered ``copy``, in place; return
+    how many changed. Raises ValueError, naming the first cell that differs, when the copy's
+    cells are not the tutorial's in type and order or a code cell's source differs."""
+    if not copy.exists():
+        raise ValueError(f"{copy} does not exist: render it first")
+    tutorial = nbformat.read(path, as_version=4)
+    rendered = nbformat.read(copy, as_version=4)
+    headed = bool(rendered.cells) and HEADER_TAG in rendered.cells[0].metadata.get("tags", [])
+    cells = rendered.cells[1:] if headed else rendered.cells
+    if [c.cell_type for c in cells] != [c.cell_type for c in tutorial.cells]:
+        raise ValueError(
+            f"{copy.name}: its cells are not the tutorial's (added or removed): re-render it"
+        )
+    changed = 0
+    for k, (old, new) in enumerate(zip(cells, tutorial.cells)):
+        if new.cell_type == "code" and old.source != new.source:
+            raise ValueError(
+                f"{copy.name}: code cell {k} differs from the one that ran: re-render it"
+            )
+        if new.cell_type == "markdown" and old.source != new.source:
+            old.source = new.source
+            changed += 1
+    if changed and headed:
+        info = rendered.metadata["rlblocks_render"]
+        info["prose_updated"] = datetime.date.today().isoformat()
+        rendered.cells[0] = header(path, info)
+    nbformat.write(rendered, copy)
+    return changed
+
+
 def main(argv: list[str]) -> int:
     """Command line: render (or copy) the chosen tutorials; 1 if any of them failed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -166,12 +205,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per notebook")
     parser.add_argument("--out", type=Path, help="folder (default docs/notebooks)")
     parser.add_argument("--no-execute", action="store_true", help="plain copies, no outputs")
+    parser.add_argument(
+        "--prose-only", action="store_true", help="take the text cells into the rendered copies"
+    )
     args = parser.parse_args(argv)
     default = "build/notebooks-smoke" if args.smoke else "docs/notebooks"
     out_dir = args.out or ROOT / default
     out_dir.mkdir(parents=True, exist_ok=True)
     failed = []
     for path in tutorials(args.only):
+        if args.prose_only:
+            try:
+                changed = update_prose(path, out_dir / path.name)
+            except ValueError as error:
+                print(f"FAILED {error}")
+                failed.append(path.name)
+                continue
+            print(f"{out_dir / path.name}: {changed} text cells updated")
+            continue
         if args.no_execute:
             nbformat.write(nbformat.read(path, as_version=4), out_dir / path.name)
             print("copied", path.name, "->", out_dir / path.name)

@@ -115,6 +115,50 @@ def test_render_script_copies_and_scrubs(tmp_path):
     assert (error.evalue, error.traceback) == ("in <repo>/b", ["./c"])
 
 
+def test_prose_only_takes_the_text_cells_and_refuses_a_changed_code_cell(tmp_path):
+    render = load_render_script()
+    code = nbformat.v4.new_code_cell("print(1)")
+    tutorial = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("old text"), code])
+    nbformat.write(tutorial, tmp_path / "t.ipynb")
+    info = {
+        "date": "2026-01-01",
+        "smoke": False,
+        "parameters": {},
+        "machine": "m",
+        "python": "3",
+        "wall_seconds": 60.0,
+    }
+    ran = nbformat.v4.new_code_cell("print(1)")
+    ran.outputs = [nbformat.v4.new_output("stream", text="1\n")]
+    copy = nbformat.v4.new_notebook(
+        cells=[
+            render.header(tmp_path / "t.ipynb", info),
+            nbformat.v4.new_markdown_cell("old text"),
+            ran,
+        ]
+    )
+    copy.metadata["rlblocks_render"] = info
+    nbformat.write(copy, tmp_path / "copy.ipynb")
+
+    tutorial.cells[0].source = "new text"
+    nbformat.write(tutorial, tmp_path / "t.ipynb")
+    assert render.update_prose(tmp_path / "t.ipynb", tmp_path / "copy.ipynb") == 1
+    updated = nbformat.read(tmp_path / "copy.ipynb", as_version=4)
+    assert updated.cells[1].source == "new text"
+    assert updated.cells[2].outputs[0].text == "1\n"  # the run's outputs kept
+    assert "text cells were updated on" in updated.cells[0].source
+    assert updated.metadata["rlblocks_render"]["wall_seconds"] == 60.0
+
+    tutorial.cells[1].source = "print(2)"
+    nbformat.write(tutorial, tmp_path / "t.ipynb")
+    with pytest.raises(ValueError, match="code cell 1 differs"):
+        render.update_prose(tmp_path / "t.ipynb", tmp_path / "copy.ipynb")
+    tutorial.cells.append(nbformat.v4.new_markdown_cell("more"))
+    nbformat.write(tutorial, tmp_path / "t.ipynb")
+    with pytest.raises(ValueError, match="added or removed"):
+        render.update_prose(tmp_path / "t.ipynb", tmp_path / "copy.ipynb")
+
+
 def test_tutorial_prose_names_only_what_exists():
     # The exercises and explanations name blocks and files that are never executed: check them.
     unknown = {}

@@ -152,9 +152,10 @@ print(f"clip-higher ends with the higher entropy in {above} of {len(SEEDS)} seed
       + ("reproduced at this scale" if above == len(SEEDS) else "not reproduced at this scale"))
 
 # %% [markdown]
-# The rendered copy of this notebook on the documentation site holds one full run's outputs;
-# [Published findings](../findings.md) puts them beside the paper's and discusses the gap in
-# scale (135M parameters and 10 steps here, 32B and thousands of steps there).
+# The rendered copy of this notebook on the documentation site holds one full run's outputs
+# (seeds 0 and 1, 10 steps: not reproduced). `docs/findings.md` (*Published findings* on the
+# site) puts them beside the paper's and discusses the gap in scale: 135M parameters and 10
+# steps here, 32B and thousands of steps there.
 #
 # ## Exercises
 #
