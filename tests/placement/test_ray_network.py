@@ -20,7 +20,8 @@ import ray
 import rlblocks as rb
 from rlblocks.placement import PoolBroken
 
-pytestmark = pytest.mark.ray
+# Slow (about 35 s together): .ci/run runs them in its Ray step.
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 class Summer:

@@ -64,7 +64,8 @@ def test_a_nan_on_one_rank_skips_the_step_on_every_rank(tmp_path):
     assert result["unchanged"]  # rank 0's shard is untouched although its own loss was finite
 
 
-@pytest.mark.parametrize("world", [1, 2, 3])
+# World 3 (about 20 s) is marked slow: .ci/run runs it in its step for the parallel layouts.
+@pytest.mark.parametrize("world", [1, 2, pytest.param(3, marks=pytest.mark.slow)])
 def test_every_aggregation_gives_the_one_process_update_at_any_world_size(tmp_path, world):
     # Two epochs × two shuffled mini-batches of 4 rows, one row per micro-batch, for each of the
     # four aggregation modes. At world size 1 the trainer is sharded too (FSDP2 over a group of
@@ -102,7 +103,7 @@ def test_fsdp_at_world_size_one_shards_and_gives_the_one_process_update(tmp_path
     assert result["resumed"]
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: as above
 def test_a_lora_policy_sharded_over_the_world_gives_the_one_process_update(
     tmp_path, monkeypatch, world
 ):
