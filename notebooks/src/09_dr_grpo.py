@@ -127,8 +127,9 @@ histories = {(name, seed): train(*blocks, seed) for seed in SEEDS for name, bloc
 # %% [markdown]
 # ## Response length by outcome, and reward, per step
 #
-# Thin lines are single seeds, thick lines their mean. The responses are capped at
-# `MAX_NEW_TOKENS` (32): a response that reaches the cap is cut there and scored as it is.
+# Thin lines are single seeds, thick lines their mean (a gap: no seed had a right answer at that
+# step). The responses are capped at `MAX_NEW_TOKENS` (32): a response that reaches the cap is
+# cut there and scored as it is.
 
 # %%
 def curve(name, key):
@@ -144,7 +145,7 @@ for ax, (key, title) in zip(axes, [("length/wrong", "length of wrong responses (
         runs = curve(name, key)
         for run in runs:
             ax.plot(run, color=color, alpha=0.35, linewidth=1)
-        ax.plot(np.nanmean(runs, axis=0), color=color, linewidth=2.5, label=name)
+        ax.plot(np.ma.masked_invalid(runs).mean(axis=0), color=color, linewidth=2.5, label=name)
     ax.set_title(title)
     ax.set_xlabel("step")
 axes[0].legend()
@@ -176,10 +177,10 @@ print(f"GRPO's wrong responses are the longer ones in {longer} of {len(SEEDS)} s
       + ("reproduced at this scale" if longer == len(SEEDS) else "not reproduced at this scale"))
 
 # %% [markdown]
-# The rendered copy of this notebook on the documentation site holds one full run's outputs;
-# [Published findings](../findings.md) puts them beside the paper's and discusses the gap in
-# scale (135M parameters, 10 steps and a 32-token budget here; 1.5B, hundreds of steps and
-# long chains of thought there).
+# The rendered copy of this notebook on the documentation site holds one full run's outputs
+# (seeds 0 and 1, 10 steps: not reproduced). `docs/findings.md` (*Published findings* on the
+# site) puts them beside the paper's and discusses the gap in scale: 135M parameters, 10 steps
+# and a 32-token budget here; 1.5B, hundreds of steps and long chains of thought there.
 #
 # ## Exercises
 #
