@@ -189,7 +189,9 @@ def update_prose(path: Path, copy: Path) -> int:
         if new.cell_type == "markdown" and old.source != new.source:
             old.source = new.source
             changed += 1
-    if changed and headed:
+    if not changed:  # the copy is left as it is, byte for byte
+        return 0
+    if headed:
         info = rendered.metadata["rlblocks_render"]
         info["prose_updated"] = datetime.date.today().isoformat()
         rendered.cells[0] = header(path, info)

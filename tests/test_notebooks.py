@@ -3,6 +3,7 @@ rendered copy for the site (docs/notebooks) holds the same cells."""
 
 import base64
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -148,6 +149,13 @@ def test_prose_only_takes_the_text_cells_and_refuses_a_changed_code_cell(tmp_pat
     assert updated.cells[2].outputs[0].text == "1\n"  # the run's outputs kept
     assert "text cells were updated on" in updated.cells[0].source
     assert updated.metadata["rlblocks_render"]["wall_seconds"] == 60.0
+    # Saved by another tool (its own JSON layout): a call with nothing to take leaves it alone.
+    (tmp_path / "copy.ipynb").write_text(
+        json.dumps(json.loads((tmp_path / "copy.ipynb").read_text()), indent=2)
+    )
+    before = (tmp_path / "copy.ipynb").read_bytes()
+    assert render.update_prose(tmp_path / "t.ipynb", tmp_path / "copy.ipynb") == 0
+    assert (tmp_path / "copy.ipynb").read_bytes() == before  # nothing to take: not rewritten
 
     tutorial.cells[1].source = "print(2)"
     nbformat.write(tutorial, tmp_path / "t.ipynb")
