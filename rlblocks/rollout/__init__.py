@@ -1,11 +1,14 @@
 """Rollout engines: sample responses to prompts and return a ``Rollouts`` batch.
 
-``HFEngine`` runs Hugging Face ``model.generate`` in the calling process;
+``HFEngine`` runs Hugging Face ``model.generate`` in the calling process; ``CompiledEngine``
+decodes with a static KV cache and one compiled graph per step (CUDA graphs on a GPU), in the
+calling process;
 ``ContinuousBatchingEngine`` runs transformers' continuous batching (paged KV cache) in the calling
 process; ``VLLMEngine`` runs vLLM in the calling process (vLLM is imported only when one is built). Every engine follows
 the ``RolloutEngine`` protocol of :mod:`rlblocks.interfaces`.
 """
 
+from rlblocks.rollout.compiled import CompiledEngine
 from rlblocks.rollout.continuous import ContinuousBatchingEngine
 from rlblocks.rollout.hf import HFEngine, sampled_logprobs
 from rlblocks.rollout.prompts import left_pad, render_prompts
@@ -13,6 +16,7 @@ from rlblocks.rollout.stopping import ResponseEnds, valid_tokens
 from rlblocks.rollout.vllm import VLLMEngine
 
 __all__ = [
+    "CompiledEngine",
     "ContinuousBatchingEngine",
     "HFEngine",
     "ResponseEnds",

@@ -196,7 +196,7 @@ class HFEngine(LocalWeights):
                 prompt_ids = [ids[i] for i in chunk]
                 batch = self._generate_rows(prompt_ids, params, pad, eos, on_step=bar.update)
                 bar.update((k + 1) * params.max_new_tokens - bar.n)  # a chunk may end early
-                parts.append(self._rollouts(chunk, batch, texts, meta, pad))
+                parts.append(batch_rollouts(self.tokenizer, chunk, batch, texts, meta, pad))
         return parts[0] if len(parts) == 1 else Rollouts.concat(parts)
 
     # ------------------------------------------------------------------ one model.generate
@@ -244,35 +244,38 @@ class HFEngine(LocalWeights):
             **({"sampler": sampler_record(params, len(ids))} if params.replay else {}),
         }
 
-    def _rollouts(
-        self,
-        rows: Tensor,
-        batch: dict[str, Tensor],
-        texts: list[str],
-        meta: list[Mapping],
-        pad: int,
-    ) -> Rollouts:
-        """Rows ``rows`` (prompt index of each) of the batch as a CPU ``Rollouts``."""
-        batch = {k: v.cpu() for k, v in batch.items()}
-        lengths = batch["valid"].sum(-1).tolist()
-        responses = [r[:n] for r, n in zip(batch["response_ids"].tolist(), lengths, strict=True)]
-        index = rows.tolist()
-        return Rollouts(
-            prompt_ids=batch["prompt_ids"],
-            response_ids=batch["response_ids"],
-            attention_mask=torch.cat([batch["prompt_mask"], batch["valid"]], dim=1),
-            response_mask=batch["valid"],
-            group_ids=rows.clone(),
-            rollout_logprobs=batch["logprobs"],
-            sampler=batch.get("sampler"),
-            prompts=[texts[i] for i in index],
-            completions=self.tokenizer.batch_decode(responses, skip_special_tokens=True),
-            metadata=[dict(meta[i]) for i in index],
-            pad_token_id=pad,
-        )
-
 
 # ---------------------------------------------------------------------- helpers
+def batch_rollouts(
+    tokenizer: Any,
+    rows: Tensor,
+    batch: dict[str, Tensor],
+    texts: list[str],
+    meta: list[Mapping],
+    pad: int,
+) -> Rollouts:
+    """Rows ``rows`` (prompt index of each) of a decoded batch as a CPU ``Rollouts``: ``batch``
+    holds ``prompt_ids``, ``prompt_mask`` (left-padded), ``response_ids``, ``valid``,
+    ``logprobs`` and, with replay, ``sampler`` (what `HFEngine` and `CompiledEngine` decode)."""
+    batch = {k: v.cpu() for k, v in batch.items()}
+    lengths = batch["valid"].sum(-1).tolist()
+    responses = [r[:n] for r, n in zip(batch["response_ids"].tolist(), lengths, strict=True)]
+    index = rows.tolist()
+    return Rollouts(
+        prompt_ids=batch["prompt_ids"],
+        response_ids=batch["response_ids"],
+        attention_mask=torch.cat([batch["prompt_mask"], batch["valid"]], dim=1),
+        response_mask=batch["valid"],
+        group_ids=rows.clone(),
+        rollout_logprobs=batch["logprobs"],
+        sampler=batch.get("sampler"),
+        prompts=[texts[i] for i in index],
+        completions=tokenizer.batch_decode(responses, skip_special_tokens=True),
+        metadata=[dict(meta[i]) for i in index],
+        pad_token_id=pad,
+    )
+
+
 def _special_ids(model: nn.Module, tokenizer: Any) -> tuple[int, list[int]]:
     """``(pad_token_id, eos_token_ids)``: EOS ids from the tokenizer and the model's generation
     config (chat models often list several); padding falls back to the first EOS."""
