@@ -35,8 +35,14 @@ Choices made here:
   was killed for, measured here). ``max_concurrent`` sequences (default: every row, at most
   1024), each given the pages its prompt plus ``max_new_tokens`` needs; ``cache_tokens`` caps it.
   A row that could not fit in the cache alone is refused before any compute.
-* ``group_size`` samples share their prompt's prefill: the request is forked after the prompt
-  (``num_return_sequences``), each copy samples its own tokens.
+* ``group_size`` samples share their prompt's prefill where transformers returns the forks
+  (5.18 on): the request is forked after the prompt (``num_return_sequences``), each copy
+  samples its own tokens. transformers 5.16 and 5.17 decode the forks too but leave them out of
+  what ``generate_batch`` returns (its re-ordering keeps each input's own request only: 192 of
+  256 rows of 64 prompts × 4 came back, on a GPU with 5.17), so there each row is a request of
+  its own and a prompt is prefilled ``g`` times (the cost of it, measured on this project's CPU
+  with two small random models, 64 prompts of 50–102 tokens × 4 samples × 32 new tokens: 1.6×
+  to 1.9× the time of forks).
 * **Seeds** as `HFEngine`: with ``sampling.seed`` the call runs in a forked RNG seeded with it
   (continuous batching seeds torch's global generator itself, so the fork also keeps the
   caller's generator as it was); without, the global RNG advances.
@@ -57,7 +63,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+import transformers
 from torch import Tensor, nn
+from torch.torch_version import TorchVersion
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, dispatch
@@ -76,6 +84,12 @@ PAGE_FIELD = (
 )
 """The paged cache's tokens-per-page field: ``page_size`` in transformers 5.19, ``block_size``
 in 5.17 (which refuses ``page_size``: found on the GPU machine's image)."""
+FORKS_RETURNED = TorchVersion(transformers.__version__) >= "5.18"
+"""Whether ``generate_batch`` returns the forks of a request (``num_return_sequences > 1``,
+``req_i__child#k``). transformers 5.16 and 5.17 wait for them, then re-order their results by
+the ids of the inputs alone and drop them (``generate_batch``'s "Re-order requests" loop); 5.18
+returns them after their parent. Without it each of a prompt's ``g`` rows is its own request.
+(``TorchVersion`` compares any PEP 440 version string; a 5.18 pre-release counts as 5.17.)"""
 
 DEFAULT_SAMPLING = SamplingParams()
 #: Tokens of one page of the paged cache (transformers' default). Every sequence holds whole
@@ -179,16 +193,20 @@ class ContinuousBatchingEngine(LocalWeights):
         cache = self._cache_config(lengths, group_size, params)
         pad, eos = _special_ids(self.model, self.tokenizer)
         config = generation_config(params, pad_token_id=pad, eos_token_ids=eos)
-        config.num_return_sequences = group_size
+        # One request per prompt, forked g times after its prefill, where transformers returns
+        # the forks; else one request per row (FORKS_RETURNED says why).
+        forked = FORKS_RETURNED
+        config.num_return_sequences = group_size if forked else 1
+        inputs = ids if forked else [p for p in ids for _ in range(group_size)]
         with _generating(self.model), seeded(params.seed, _device(self.model)):
             cache.seed = params.seed
             outputs = self.model.generate_batch(  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
-                ids,
+                inputs,
                 generation_config=config,
                 continuous_batching_config=cache,
                 progress_bar=self.progress,
             )
-        rows = _ordered(outputs, len(ids), group_size)
+        rows = _ordered(outputs, len(ids), group_size, forked=forked)
         return self._rollouts(ids, rows, group_size, params, texts, meta, pad, eos)
 
     # ------------------------------------------------------------------ helpers
@@ -315,13 +333,20 @@ def check_sampling(params: SamplingParams) -> None:
 
 
 # ---------------------------------------------------------------------- results
-def _ordered(outputs: Mapping[str, Any], prompts: int, group_size: int) -> list[Any]:
-    """The finished requests in row order (prompt ``i``'s request, then its forks), or an error
-    naming the rows that failed: ``generate_batch`` logs a failure and returns what it has."""
+def _ordered(
+    outputs: Mapping[str, Any], prompts: int, group_size: int, *, forked: bool
+) -> list[Any]:
+    """The finished requests in row order, or an error naming the rows that failed:
+    ``generate_batch`` logs a failure and returns what it has. Its ids count the inputs from
+    ``req_0``: ``forked``, row ``i·g`` is prompt ``i``'s request ``req_i`` and rows
+    ``i·g+1 … i·g+g−1`` its forks ``req_i__child#0 …``; else row ``k`` is ``req_k``."""
     rows, failed = [], []
     for i in range(prompts):
-        parent = f"req_{i}"
-        for request in [parent] + [f"{parent}__child#{k}" for k in range(group_size - 1)]:
+        if forked:
+            requests = [f"req_{i}"] + [f"req_{i}__child#{k}" for k in range(group_size - 1)]
+        else:
+            requests = [f"req_{i * group_size + k}" for k in range(group_size)]
+        for request in requests:
             out = outputs.get(request)
             if (
                 out is None

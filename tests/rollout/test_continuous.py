@@ -10,14 +10,14 @@ import copy
 
 import pytest
 import torch
-from builders import tiny_trainer
+from builders import VOCAB, tiny_trainer
 from torch import nn
 from transformers import BloomConfig, BloomForCausalLM
 
 from rlblocks.interfaces import RolloutEngine, SamplingParams
 from rlblocks.models import tiny
 from rlblocks.resharder import Resharder
-from rlblocks.rollout import ContinuousBatchingEngine, HFEngine
+from rlblocks.rollout import ContinuousBatchingEngine, HFEngine, continuous
 
 PROMPTS = ["What is 2+2?", "Hello there, how are you today?", "x", "a b c d e f g"]
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
@@ -217,6 +217,56 @@ def test_a_small_cache_queues_rows_and_gives_the_same_tokens():
     whole = engine((model, tokenizer)).generate(PROMPTS, sampling=GREEDY)
     one = engine((model, tokenizer), max_concurrent=1, cache_tokens=256)
     same_rollouts(whole, one.generate(PROMPTS, sampling=GREEDY))
+
+
+forks = pytest.param(
+    True,
+    marks=pytest.mark.skipif(
+        not continuous.FORKS_RETURNED,
+        reason="transformers < 5.18 leaves the forks out of generate_batch's result",
+    ),
+)
+
+
+@pytest.mark.parametrize("forked", [forks, False], ids=["forks", "one-request-per-row"])
+def test_every_row_comes_back_from_a_small_cache(eos_biased, forward_logprobs, monkeypatch, forked):
+    # On a GPU with transformers 5.17, 64 prompts × 4 samples came back as 64 rows of 256
+    # (generate_batch dropped the forks of each prompt's request). Here 64 prompts of 1–259
+    # tokens × g = 4, EOS sampled often (bias 3: p ≈ 20 / (383 + 20) ≈ 0.05 a step) so rows end
+    # at many different steps, and a cache of 3 pages of 256 tokens (max_concurrent 16, but each
+    # row holds a page of its own): rows queue for a page, and a row whose prompt + response
+    # crosses 256 tokens needs a second one, which transformers frees by offloading another row
+    # (7 to 9 times a run, counted with transformers 5.17 and 5.19). Both ways of asking for g
+    # samples (forks, one request per row) must give every row, in order.
+    monkeypatch.setattr(continuous, "FORKS_RETURNED", forked)
+    model, tokenizer = eos_biased(3.0)
+    model = model.double()  # float64: the log-prob bound below holds (logprob_bound)
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 260, (64,), generator=gen).tolist()
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+    eng = engine((model, tokenizer), max_concurrent=16, cache_tokens=3 * 256)
+    new = 40
+    ro = eng.generate(prompts, group_size=4, sampling=SamplingParams(max_new_tokens=new, seed=0))
+    assert ro.batch_size == 256
+    assert ro.group_ids.tolist() == [i for i in range(64) for _ in range(4)]
+    for k in range(256):  # row k holds prompt k // 4, left-padded
+        assert ro.prompt_ids[k][ro.prompt_mask[k]].tolist() == prompts[k // 4]
+    # Each row ends at its first EOS (kept) or at max_new_tokens: one EOS at most, the last token.
+    n = ro.response_mask.sum(-1)
+    last = ro.response_ids[torch.arange(256), n - 1]
+    eos = ro.response_ids.eq(tokenizer.eos_token_id) & ro.response_mask
+    assert (last.eq(tokenizer.eos_token_id) | n.eq(new)).all()
+    assert eos.sum(-1).le(1).all() and last.eq(tokenizer.eos_token_id).sum() > 200
+    assert len(set(n.tolist())) > 20  # rows of many lengths ...
+    assert (torch.tensor(lengths).repeat_interleave(4) + n > 256).sum() >= 5  # ... some on 2 pages
+    # The samples of a prompt are its own: no group of 4 identical rows.
+    groups = ro.response_ids.view(64, 4, -1).tolist()
+    assert all(len({tuple(r) for r in group}) > 1 for group in groups)
+    # Each row's log-probs are those of its own prompt and response: a row attached to another
+    # prompt (or another row's tokens) would be off by far more than the float32 softmax.
+    ref = forward_logprobs(model, ro, 1.0)
+    bound = logprob_bound(model, ro, 1.0)
+    torch.testing.assert_close(ro.rollout_logprobs, ref, atol=bound, rtol=0)
 
 
 # ---------------------------------------------------------------------- model state, weights
