@@ -18,14 +18,17 @@ at each step index and the same sampling settings:
   ratio is 1, so π_old is the detached current log-prob: no extra forward.
 - **rlblocks**: what a user writes: ``PolicyTrainer.from_pretrained(model, lr=...,
   reference=None)`` with TrainConfig's defaults (padding-free packing where TrainConfig has
-  ``packing``), an ``HFEngine`` sharing its model, ``rb.recipes.grpo(...,
+  ``packing``), a ``CompiledEngine`` sharing its model, ``rb.recipes.grpo(...,
   loss_fn=partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28)))``: the engine samples with
   the trainer's own module, so its log-probs are π_old and nothing is scored before the update
-  (``rlblocks-recompute`` scores π_old anyway, one forward more).
+  (``rlblocks-recompute`` scores π_old anyway, one forward more). Its engine is the fastest
+  rlblocks has, ``rb.rollout.CompiledEngine`` (its decode step compiled whole, CUDA graphs on
+  a GPU; the same step eagerly on a CPU, where that measured faster: ``benchmarks/rollout.py``);
+  **rlblocks-hf** is the same with an ``HFEngine`` (``model.generate``).
 - **rlblocks-padded**: the same with ``packing=False`` (right-padded rows, as before issue 27);
   skipped where TrainConfig has no ``packing``.
 - **rlblocks-cb**: the same with ``rb.rollout.ContinuousBatchingEngine`` (transformers'
-  continuous batching) in place of the ``HFEngine``; skipped where rlblocks has none.
+  continuous batching) in place of the ``CompiledEngine``; skipped where rlblocks has none.
 - **rlblocks-async**: the same recipe one step off (``run=rb.run.RunOptions(staleness=1,
   old_logprobs="rollout")``): the engine, on its own copy of the weights, samples the next
   batch in a thread while the trainer updates; π_old is the engine's log-probs
@@ -590,10 +593,11 @@ def run_floor(setup: Setup) -> list[StepTime]:
 
 # ---------------------------------------------------------------------- rlblocks
 def run_rlblocks(
-    setup: Setup, *, engine: str = "hf", train: dict[str, Any] | None = None, **run_options
+    setup: Setup, *, engine: str = "fastest", train: dict[str, Any] | None = None, **run_options
 ) -> list[StepTime]:
-    """``rb.recipes.grpo`` as a user calls it. ``engine``: "hf" (``HFEngine``) or "cb"
-    (``ContinuousBatchingEngine``); ``train``: TrainConfig overrides (``packing``);
+    """``rb.recipes.grpo`` as a user calls it. ``engine``: "fastest" (``CompiledEngine``),
+    "hf" (``HFEngine``) or "cb" (``ContinuousBatchingEngine``); ``train``: TrainConfig
+    overrides (``packing``);
     ``run_options`` (`rlblocks.run.RunOptions` keywords: ``staleness``, ``old_logprobs``) make
     variants of it.
 
@@ -647,12 +651,15 @@ def run_rlblocks(
 
 
 def engine_class_for(engine: str) -> type:
-    """The rollout engine class of a system: "hf" or "cb" (skipped where rlblocks has none)."""
+    """The rollout engine class of a system: "fastest" (``CompiledEngine``: compiled on CUDA,
+    its eager step elsewhere, benchmarks/rollout.py measures both against the others), "hf"
+    or "cb"; skipped where rlblocks has none."""
     if engine == "hf":
         return rb.rollout.HFEngine
-    found = getattr(rb.rollout, "ContinuousBatchingEngine", None)
+    name = "CompiledEngine" if engine == "fastest" else "ContinuousBatchingEngine"
+    found = getattr(rb.rollout, name, None)
     if found is None:
-        raise Skipped("rb.rollout has no ContinuousBatchingEngine in this rlblocks")
+        raise Skipped(f"rb.rollout has no {name} in this rlblocks")
     return found
 
 
@@ -820,6 +827,7 @@ SYSTEMS: dict[str, System] = {
     "floor": run_floor,
     "rlblocks": run_rlblocks,
     "rlblocks-padded": partial(run_rlblocks, train={"packing": False}),
+    "rlblocks-hf": partial(run_rlblocks, engine="hf"),
     "rlblocks-cb": partial(run_rlblocks, engine="cb"),
     "trl": run_trl,
     "rlblocks-async": partial(run_rlblocks, staleness=1, old_logprobs="rollout"),
@@ -973,9 +981,10 @@ def ratios(summaries: dict[str, dict[str, Any]]) -> list[str]:
         if name.startswith("rlblocks-async") and "trl" in seconds:
             lines.append(f"trl / {name}: {seconds['trl'] / value:.2f}")
     speeds = {n: s["generation_tokens_per_s"] for n, s in summaries.items()}
-    if speeds.get("rlblocks-cb") and speeds.get("rlblocks"):
-        lines.append(f"generation tokens/s, rlblocks-cb / rlblocks (HF generate): "
-                     f"{speeds['rlblocks-cb'] / speeds['rlblocks']:.2f}")  # fmt: skip
+    for name in ("rlblocks", "rlblocks-cb"):
+        if speeds.get(name) and speeds.get("rlblocks-hf"):
+            lines.append(f"generation tokens/s, {name} / rlblocks-hf (HF generate): "
+                         f"{speeds[name] / speeds['rlblocks-hf']:.2f}")  # fmt: skip
     return lines
 
 

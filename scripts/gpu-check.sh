@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The GPU check of docs/gpu.md, in one go, in at most 8 minutes on one H100: install from .whl/
 # what the machine's image lacks (TRL, datasets, ...: scripts/gpu_wheels.py), run the GPU tests
-# (pytest -m gpu), then benchmarks/grpo_step.py on a random-init Qwen2.5-0.5B-shaped model in
-# bf16 with EOS-terminated responses: the floor, rlblocks padded and packed, TRL, the HF engine
-# and the continuous-batching engine. Everything lands in one folder.
+# (pytest -m gpu), then on a random-init Qwen2.5-0.5B-shaped model in bf16 with EOS-terminated
+# responses: benchmarks/rollout.py (every engine's tokens/s at 256 and 64 rows) and
+# benchmarks/grpo_step.py (the floor, rlblocks with its fastest engine, rlblocks with HF
+# generate, TRL, and the continuous-batching engine). Everything lands in one folder.
 #
 #   bash scripts/gpu-check.sh [--dry-run] [--out DIR]
 #
 # --dry-run: check that the wheels are there and complete, print every command, run none of
 #            them (works on a machine without a GPU).
-# --out DIR: where the logs and results go (default $OUT, which the device tool sets, else
-#            runs/gpu-check).
+# --out DIR: where the logs and results go (default runs/gpu-check).
 # Environment: GPU_WHEELS (the wheel folder, default .whl), PYTHON (default .venv/bin/python
 # where it exists, else python3: the GPU machine's), GPU_SITE
 # (where the wheels are installed, default /tmp/gpu-check-site).
@@ -18,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 dry=0
-out=${OUT:-runs/gpu-check}
+out=runs/gpu-check
 while [ $# -gt 0 ]; do
     case $1 in
         --dry-run) dry=1 ;;
@@ -32,14 +32,18 @@ wheels=${GPU_WHEELS:-.whl}
 py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 site=${GPU_SITE:-/tmp/gpu-check-site}
 
-# Each timed step has a deadline: tests 150 s, benchmark 300 s; with the install, the checks
-# and the model written once, the whole check stays under 8 minutes.
-TESTS_S=150
-BENCH_S=300
+# Each timed step has a deadline: tests 90 s, rollout 150 s, GRPO step 200 s; with the
+# install, the checks and the models written, the whole check stays under 8 minutes.
+TESTS_S=90
+ROLLOUT_S=150
+BENCH_S=200
+ROLLOUT=(benchmarks/rollout.py --model qwen2-0.5b-random --dtype bfloat16 --device cuda
+    --responses eos --n 4 --max-new-tokens 256 --repeats 2 --threads 4
+    --engines hf compiled cb)
 BENCH=(benchmarks/grpo_step.py --model qwen2-0.5b-random --dtype bf16 --device cuda
     --responses eos --prompts 64 --group-size 4 --max-new-tokens 256 --micro-batch 32
     --steps 3 --repeats 1 --threads 4 --keep-going
-    --systems floor rlblocks-padded rlblocks trl rlblocks-cb)
+    --systems floor rlblocks rlblocks-hf trl rlblocks-cb)
 
 show() { printf '+'; printf ' %q' "$@"; printf '\n'; }
 
@@ -70,7 +74,7 @@ run mkdir -p "$out" || exit 1
 run "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$site" "$wheels"/*.whl || exit 1
 export PYTHONPATH="$site:$PWD" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-export RLBLOCKS_CACHE=${RLBLOCKS_CACHE:-/tmp/gpu-check-cache}
+export RLBLOCKS_CACHE=${RLBLOCKS_CACHE:-/tmp/gpu-check-cache} OUT_DIR=$out
 # On the machine: the wheels' requirements against what is really installed (a mismatch is
 # reported and the check goes on: whatever it breaks shows below, with its own error).
 logged "$out/environment.txt" "$py" scripts/gpu_wheels.py check --wheels "$wheels" --installed
@@ -90,6 +94,11 @@ logged "$out/pytest.txt" timeout "$TESTS_S" "$py" -m pytest -m gpu -q -p no:cach
     "${tests[@]}"
 tests_rc=$?
 
+# Generation alone, every engine side by side: 256 rows (64 prompts x 4), then 64 (16 x 4).
+logged "$out/rollout.txt" timeout "$ROLLOUT_S" bash -c '"$0" "$@" --prompts 64 --out "$OUT_DIR/rollout-256" &&
+    "$0" "$@" --prompts 16 --out "$OUT_DIR/rollout-64"' "$py" "${ROLLOUT[@]}"
+rollout_rc=$?
+
 logged "$out/benchmark.txt" timeout "$BENCH_S" "$py" "${BENCH[@]}" --out "$out"
 bench_rc=$?
 
@@ -97,6 +106,6 @@ if [ "$dry" = 1 ]; then
     echo "gpu-check: dry run: the wheels are complete; nothing above was run"
     exit 0
 fi
-echo "gpu-check: GPU tests exit $tests_rc, benchmark exit $bench_rc (124: past its deadline);" \
-    "results in $out"
-[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]
+echo "gpu-check: GPU tests exit $tests_rc, rollout exit $rollout_rc, GRPO step exit $bench_rc" \
+    "(124: past its deadline); results in $out"
+[ "$tests_rc" = 0 ] && [ "$rollout_rc" = 0 ] && [ "$bench_rc" = 0 ]

@@ -4,19 +4,26 @@
 # benchmarks/memory_plan.py --device cuda: a random-init Qwen2.5-0.5B-shaped model in bf16,
 # five configurations, predicted against torch.cuda.max_memory_allocated, bound ±10%.
 #
-#   bash scripts/gpu-memory-plan.sh [--dry-run]
+#   bash scripts/gpu-memory-plan.sh [--dry-run] [--out DIR]
 #
 # --dry-run: check the wheels, print the configurations and their plans, install and measure
 #            nothing (any machine).
-# Results: $OUT (the device tool sets it), else runs/memory-plan-gpu: memory_plan.txt,
+# Results: --out DIR, else runs/memory-plan-gpu: memory_plan.txt,
 # results.json, results.md. About 3 minutes on an H100; the benchmark's deadline is 420 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 site=${GPU_SITE:-/tmp/gpu-memory-plan-site}
-out=${OUT:-runs/memory-plan-gpu}
+out=runs/memory-plan-gpu
 dry=()
-[ "${1:-}" = --dry-run ] && dry=(--dry-run)
+while [ $# -gt 0 ]; do
+    case $1 in
+        --dry-run) dry=(--dry-run) ;;
+        --out) out=${2:?gpu-memory-plan: --out needs a folder; pass --out DIR}; shift ;;
+        *) echo "gpu-memory-plan: unknown argument '$1'; pass --dry-run and/or --out DIR" >&2; exit 2 ;;
+    esac
+    shift
+done
 mkdir -p "$out"
 "$py" scripts/gpu_wheels.py check --wheels .whl || {
     echo "gpu-memory-plan: the wheels in .whl are not complete; run scripts/fetch-gpu-wheels.sh" >&2

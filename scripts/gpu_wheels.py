@@ -15,7 +15,7 @@ image (``IMAGE``: the package list of /work/.library/device/KINDS.md as read on 
 ``IMAGE_VERSIONS``: the versions a session's ``pip list`` showed there). It also refuses two
 versions of one package (pip would stop), a wheel that cannot install on that machine, a wheel
 whose version a requirement excludes, and a folder that would take the working tree past the
-device tool's 64 MiB. ``--installed`` checks against this interpreter's own distributions
+64 MiB that travel to the GPU machine with the working tree. ``--installed`` checks against this interpreter's own distributions
 instead: on the GPU machine, after the install, that is the real check.
 """
 
@@ -38,7 +38,7 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 64 * 2**20
-"""What the device tool carries in one call: the working tree and the carried paths together."""
+"""What travels to the GPU machine in one go: the working tree and the wheels together."""
 
 PINS = (
     "trl==1.16.0",  # rlblocks[bench]: benchmarks/grpo_step.py's trl system
@@ -210,7 +210,7 @@ def problems(folder: Path, *, installed: bool = False) -> tuple[list[Wheel], lis
 
 
 def tree_bytes() -> int:
-    """Bytes of the files the device tool carries besides ``carry``: tracked files and
+    """Bytes of the files that travel besides ``carry``: tracked files and
     untracked ones git does not ignore (0 outside a git checkout)."""
     try:
         listed = subprocess.run(
@@ -230,10 +230,10 @@ def check(folder: Path, installed: bool) -> int:
     listing = ", ".join(f"{w.name} {w.version}" for w in wheels) or "none"
     print(f"gpu_wheels: {len(wheels)} wheels in {folder} ({carried / 2**20:.1f} MiB): {listing}")
     print(f"gpu_wheels: with the working tree ({tree / 2**20:.1f} MiB) "
-          f"{(carried + tree) / 2**20:.1f} MiB of the device tool's {LIMIT / 2**20:.0f} MiB")  # fmt: skip
+          f"{(carried + tree) / 2**20:.1f} MiB of the {LIMIT / 2**20:.0f} MiB that travel")  # fmt: skip
     if carried + tree > LIMIT:
         found.append(f"the wheels and the working tree take {(carried + tree) / 2**20:.1f} MiB, "
-                     f"over the device tool's {LIMIT / 2**20:.1f} MiB; carry fewer wheels")  # fmt: skip
+                     f"over the {LIMIT / 2**20:.1f} MiB that travel to the GPU machine; carry fewer wheels")  # fmt: skip
     for line in found:
         print(f"gpu_wheels: {line}")
     if found:

@@ -414,3 +414,29 @@ def test_packed_attention_benchmark_on_the_tiny_model(capsys, monkeypatch, tmp_p
     assert "packed-rows / packed-batched:" in out
     saved = json.loads((tmp_path / "packed_attention.json").read_text())
     assert saved["ratios"] == result["ratios"]
+
+
+def test_rollout_benchmark_measures_every_engine_on_the_tiny_model(tmp_path, capsys):
+    # Timings on the tiny model mean nothing; what is checked: every engine samples the same
+    # prompts, in fixed mode every row has max_new_tokens tokens (equal work), in eos mode the
+    # lengths are mixed, continuous batching is skipped where it cannot hold EOS back, the ops
+    # per step are counted, and the table and files are written.
+    bench = load_benchmark("rollout")
+    args = ["--model", "tiny", "--prompts", "3", "--n", "2", "--max-new-tokens", "6",
+            "--repeats", "1", "--threads", "1", "--engines", "hf", "static", "cb",
+            "--out", str(tmp_path)]  # fmt: skip
+    rows = bench.main(args)
+    out = capsys.readouterr().out
+    assert [(r.engine, r.responses) for r in rows] == [
+        ("hf", "fixed"), ("static", "fixed"), ("hf", "eos"), ("static", "eos"), ("cb", "eos"),
+    ]  # fmt: skip
+    fixed = [r for r in rows if r.responses == "fixed"]
+    assert all(r.tokens == [6 * 6] and r.steps == 6 for r in fixed)  # 3 prompts x 2, 6 tokens
+    assert all(r.mean_length < 6 for r in rows if r.responses == "eos")  # the EOS hazard
+    assert all(r.ops_per_step and r.ops_per_step > 0 for r in rows)
+    assert "skipped cb (fixed): continuous batching cannot hold EOS back" in out
+    table = table_rows(out)
+    assert set(table) == {"hf", "static", "cb"} and "of bound" in table["hf"]
+    saved = json.loads((tmp_path / "rollout.json").read_text())
+    assert len(saved["rows"]) == 5 and saved["setup"]["bandwidth"] > 0
+    assert (tmp_path / "rollout.md").read_text().startswith("| engine |")

@@ -320,6 +320,9 @@ class _Loop:
         self.min_new = torch.tensor(params.min_new_tokens, device=device)
         self.eos = torch.tensor(eos_ids or [-1], dtype=torch.long, device=device)
         self.steps = params.max_new_tokens
+        # step k's index and column as device scalars made once: a Python int turned into a
+        # device tensor at every step would be a copy from the host each time
+        self.step_index = torch.arange(self.steps, device=device)
         self.slots = slots
         self.row_of_slot = torch.cat([torch.arange(rows), torch.full((slots - rows,), -1)])
         self.tokens_out = torch.zeros((rows, self.steps), dtype=torch.long, device=device)
@@ -338,7 +341,8 @@ class _Loop:
                                           sampler=self.sampler)  # fmt: skip
         filler = (self.row_of_slot < 0).to(device)
         self.end = torch.where(torch.isin(tokens, self.eos) | filler, 0, -1)
-        self.tokens, self.pad, self.width = tokens, pad, width
+        self.tokens, self.pad = tokens, pad
+        self.columns = self.step_index + (width - 1)  # step k feeds column width + k − 1
         self.broken = broken.any()
         self._record(tokens, logprobs)
 
@@ -352,18 +356,16 @@ class _Loop:
                 if live == 0:
                     break
                 self._compact(live)
-            column = torch.tensor(self.width + k - 1, device=self.tokens.device)
             if self.engine.compiled and self.cache.device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
             with _compiling(self.engine.compiled):
                 tokens, logprobs, end, broken = self.engine._step(
                     self.engine.model, self.cache.view(self.slots), self.tokens, self.pad,
-                    column, torch.tensor(k, device=column.device), self.end, self.temperature,
-                    self.min_new, self.eos, self.sampler,
+                    self.columns[k], self.step_index[k], self.end, self.broken,
+                    self.temperature, self.min_new, self.eos, self.sampler,
                 )  # fmt: skip
             # a CUDA graph's outputs are overwritten by its next replay: keep copies
-            self.tokens, self.end = tokens.clone(), end.clone()
-            self.broken = self.broken | broken.any()
+            self.tokens, self.end, self.broken = tokens.clone(), end.clone(), broken.clone()
             self._record(self.tokens, logprobs.clone())
             self.on_step()
         if bool(self.broken):

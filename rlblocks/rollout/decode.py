@@ -150,6 +150,7 @@ def decode_step(
     column: Tensor,
     step: Tensor,
     end: Tensor,
+    broken: Tensor,
     temperature: Tensor,
     min_new_tokens: Tensor,
     eos: Tensor,
@@ -159,8 +160,9 @@ def decode_step(
 
     ``pad`` (r) int64: the left padding of each row (its first real column); ``step`` () int64:
     the index in the response of the token picked now; ``end`` (r) int64: each row's end step
-    so far (−1: not ended). Returns ``(tokens (r), logprobs (r) float32, end (r), broken (r))``:
-    a row ends at the first EOS it picks (kept), so ``end`` becomes ``step`` there.
+    so far (−1: not ended); ``broken`` () bool: whether a step so far had non-finite scores.
+    Returns ``(tokens (r), logprobs (r) float32, end (r), broken ())``: a row ends at the first
+    EOS it picks (kept), so ``end`` becomes ``step`` there.
     """
     cache.column.copy_(column.view(1))
     length = cache.keys[0].shape[2]
@@ -174,12 +176,12 @@ def decode_step(
         past_key_values=cache,
         use_cache=True,
     )
-    picked, logprobs, broken = choose(
+    picked, logprobs, bad = choose(
         out.logits[:, -1], temperature=temperature, step=step,
         min_new_tokens=min_new_tokens, eos=eos, sampler=sampler,
     )  # fmt: skip
     ended = torch.isin(picked, eos) & (end < 0)
-    return picked, logprobs, torch.where(ended, step, end), broken
+    return picked, logprobs, torch.where(ended, step, end), broken | bad.any()
 
 
 __all__ = ["Sampler", "StaticKV", "additive_mask", "choose", "decode_step", "kept_set"]

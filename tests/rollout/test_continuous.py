@@ -11,6 +11,14 @@ import copy
 import pytest
 import torch
 from builders import VOCAB, tiny_trainer
+from engine_cases import (
+    PROMPTS,
+    U32,
+    count_forwards,
+    logprob_bound,
+    peaky_eos,
+    same_rollouts,
+)
 from torch import nn
 from transformers import BloomConfig, BloomForCausalLM
 
@@ -19,58 +27,12 @@ from rlblocks.models import tiny
 from rlblocks.resharder import Resharder
 from rlblocks.rollout import ContinuousBatchingEngine, HFEngine, continuous
 
-PROMPTS = ["What is 2+2?", "Hello there, how are you today?", "x", "a b c d e f g"]
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
-U32 = torch.finfo(torch.float32).eps / 2  # unit roundoff of float32, 2^-24
 
 
 def engine(model_and_tokenizer, **kwargs) -> ContinuousBatchingEngine:
     model, tokenizer = model_and_tokenizer
     return ContinuousBatchingEngine(model, tokenizer, progress=False, **kwargs)
-
-
-def peaky_eos(bias: float = 2.0, dtype: torch.dtype = torch.float64):
-    """The peaky tiny model (std 0.3: peaked next-token distributions) with an untied head and a
-    bias on the EOS logit: under greedy decoding PROMPTS end after 3, 12, 6 and 5 tokens (some
-    at EOS, one at the length limit), so the comparison covers rows finishing at different
-    steps, which continuous batching replaces and padded ``generate`` keeps computing."""
-    model, tokenizer = tiny(initializer_range=0.3, tie_word_embeddings=False)
-    head = nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
-    with torch.no_grad():
-        head.weight.copy_(model.lm_head.weight)
-        head.bias.zero_()
-        head.bias[tokenizer.eos_token_id] = bias
-    model.lm_head = head
-    return model.to(dtype), tokenizer
-
-
-def logprob_bound(model: nn.Module, ro, temperature: float) -> float:
-    """How far two float32 evaluations of log softmax(s)[y] can be apart when the scores s (=
-    logits / T) agree before their cast to float32 (a float64 model: cached, paged and padded
-    passes differ by ~1e-13 there). The engine computes log(softmax(s)[y]), the reference
-    s_y − max − log Σ exp(s − max): the float32 sum of V positive terms has relative error at
-    most V·u (u = 2^-24), which the log turns into an absolute error of V·u; each side rounds
-    s and its result once more, at most u·max|s| and u·|log p| each. The bound is the sum, for
-    both sides: 2·u·(V + max|s| + max|log p|)."""
-    mask = ro.attention_mask.long()
-    with torch.no_grad():
-        logits = model(ro.input_ids, attention_mask=mask).logits
-    scores = logits.abs().max().item() / temperature
-    worst = ro.rollout_logprobs.abs().max().item()
-    return 2 * U32 * (model.config.vocab_size + scores + worst)
-
-
-def same_rollouts(a, b) -> None:
-    for name in ("prompt_ids", "response_ids", "attention_mask", "response_mask", "group_ids"):
-        assert torch.equal(getattr(a, name), getattr(b, name)), name
-    assert a.prompts == b.prompts and a.completions == b.completions and a.metadata == b.metadata
-
-
-def count_forwards(model: nn.Module) -> list[int]:
-    """A forward pre-hook that counts the model's forward passes (the real module's calls)."""
-    calls = [0]
-    model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-    return calls
 
 
 # ---------------------------------------------------------------------- contract
