@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI's second job: rlblocks at the lowest supported versions of its core dependencies
 # (constraints-lowest.txt), in an environment of its own, through a cheap part of the tests:
-# the math, the trainer, the HF engine, data, rewards and one recipe on the tiny model.
+# the math, the trainer, the HF and compiled engines, data, rewards and one recipe on the tiny
+# model.
 #
 #   bash scripts/check-lowest.sh [VENV]        # default VENV: .venv-lowest
 set -euo pipefail
@@ -17,5 +18,5 @@ py="$venv/bin/python"
 OMP_NUM_THREADS=1 "$py" -m pytest -q -p no:cacheprovider \
     tests/losses tests/advantage tests/test_rollouts.py tests/test_imports.py \
     tests/trainer/test_policy.py tests/trainer/test_lora.py tests/trainer/test_checkpoint.py \
-    tests/rollout/test_hf.py tests/models tests/data tests/rewards/test_math.py \
-    tests/recipes/test_grpo.py tests/test_train.py
+    tests/rollout/test_hf.py tests/rollout/test_compiled.py tests/models tests/data \
+    tests/rewards/test_math.py tests/recipes/test_grpo.py tests/test_train.py
