@@ -75,10 +75,13 @@ class Sampler:
 
 
 def additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
-    """0 where ``allowed``, the dtype's lowest finite value elsewhere (a row with nothing
-    allowed, a padding query, then gets a uniform average instead of NaN)."""
+    """0 where ``allowed``, a large negative finite value elsewhere: the dtype's lowest, or
+    float32's for float64 (eager attention takes its softmax in float32, where float64's lowest
+    would be −inf), so that a row with nothing allowed (a padding query) gets a uniform average
+    instead of NaN."""
     zero = torch.zeros((), dtype=dtype, device=allowed.device)
-    return torch.where(allowed, zero, torch.finfo(dtype).min)
+    lowest = torch.finfo(torch.float32 if dtype == torch.float64 else dtype).min
+    return torch.where(allowed, zero, lowest)
 
 
 def kept_set(z: Tensor, *, top_k: int, top_p: float) -> Tensor:

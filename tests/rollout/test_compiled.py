@@ -107,6 +107,24 @@ def test_greedy_equals_hf_generate(dtype):
         torch.testing.assert_close(ours.rollout_logprobs, hf.rollout_logprobs, atol=bound, rtol=0)
 
 
+def test_eager_attention_takes_the_mask_too():
+    # Eager attention adds the engine's mask to its scores and takes the softmax in float32: in
+    # float32 the tokens are HFEngine's (the premise of the greedy test holds for this model);
+    # in float64 the masked value must stay finite in float32 (float64's lowest would be -inf
+    # there, and a padding query with every key masked would give NaN), and the tokens are
+    # those of sdpa.
+    model, tokenizer = peaky_eos(dtype=torch.float32)
+    model.config._attn_implementation = "eager"
+    ours = engine((model, tokenizer)).generate(PROMPTS, sampling=GREEDY)
+    same_rollouts(
+        ours, HFEngine(model, tokenizer, progress=False).generate(PROMPTS, sampling=GREEDY)
+    )
+    model, tokenizer = peaky_eos()
+    sdpa = engine((model, tokenizer)).generate(PROMPTS, sampling=GREEDY)
+    model.config._attn_implementation = "eager"
+    same_rollouts(engine((model, tokenizer)).generate(PROMPTS, sampling=GREEDY), sdpa)
+
+
 def test_rows_that_end_stop_costing():
     # 4 prompts x 2 greedy samples end after 3, 3, 12, 12, 6, 6, 5, 5 tokens (at steps 2, 2,
     # 11, 11, 5, 5, 4, 4). The engine reads the rows still going every 4 steps and moves them to
