@@ -50,15 +50,13 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, dispatch
 from rlblocks.models import loading
-from rlblocks.models.context import check_lengths, context_length
 from rlblocks.rollout.decode import Sampler, StaticKV, additive_mask, choose, decode_step
-from rlblocks.rollout.hf import LocalWeights, _device, _generating, _special_ids, batch_rollouts
-from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
-from rlblocks.rollout.sampling import sampler_record, seeded
+from rlblocks.rollout.hf import LocalWeights, _device, generate_in_chunks
+from rlblocks.rollout.prompts import left_pad
+from rlblocks.rollout.sampling import sampler_record
 from rlblocks.rollout.stopping import ResponseEnds, valid_tokens
 from rlblocks.rollouts import Rollouts
 
@@ -154,28 +152,12 @@ class CompiledEngine(LocalWeights):
         with group id ``i`` and a fresh copy of ``metadata[i]``; ``rollout_logprobs`` (b t)
         float32 = log softmax(z_t / T)[y_t] (T = 1 when greedy), 0 after a row's end, or with
         ``sampling.replay`` those of the truncated distribution (and ``sampler`` per row)."""
-        params = sampling or self.sampling
-        if group_size < 1:
-            raise ValueError(
-                f"CompiledEngine.generate: group_size={group_size}; use group_size >= 1"
-            )
-        texts, ids = render_prompts(prompts, self.tokenizer, chat=self.chat)
-        meta = check_metadata(metadata, len(ids), owner="CompiledEngine")
-        check_lengths([len(p) for p in ids], new_tokens=params.max_new_tokens,
-                      limit=context_length(self.model), owner="CompiledEngine.generate")  # fmt: skip
-        rows = torch.arange(len(ids)).repeat_interleave(group_size)  # (b) prompt of each row
-        size = self.max_batch_size or len(rows)
-        chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
-        pad, eos = _special_ids(self.model, self.tokenizer)
-        bar = tqdm(total=len(chunks) * params.max_new_tokens, desc=f"generate {len(rows)} rows",
-                   unit="step", delay=1.0, leave=False, disable=not self.progress)  # fmt: skip
-        with bar, _generating(self.model), seeded(params.seed, _device(self.model)):
-            parts = []
-            for k, chunk in enumerate(chunks):
-                batch = self._decode([ids[i] for i in chunk], chunk, params, pad, eos, bar.update)
-                bar.update((k + 1) * params.max_new_tokens - bar.n)
-                parts.append(batch_rollouts(self.tokenizer, chunk, batch, texts, meta, pad))
-        return parts[0] if len(parts) == 1 else Rollouts.concat(parts)
+        return generate_in_chunks(
+            self, prompts, group_size, sampling or self.sampling, metadata,
+            lambda ids, rows, params, pad, eos, bar: self._decode(
+                ids, rows, params, pad, eos, bar.update
+            ),
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ one batch of rows
     def _decode(

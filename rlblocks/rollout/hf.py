@@ -27,8 +27,8 @@ Choices made here:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -170,34 +170,12 @@ class HFEngine(LocalWeights):
         records (T, top_k, top_p) per row. Nothing carries grad.
         With ``sampling.seed`` set the result is reproducible and the global RNG untouched.
         """
-        params = sampling or self.sampling
-        if group_size < 1:
-            raise ValueError(f"HFEngine.generate: group_size={group_size}; use group_size >= 1")
-        texts, ids = render_prompts(prompts, self.tokenizer, chat=self.chat)
-        meta = check_metadata(metadata, len(ids), owner="HFEngine")
-        limit = context_length(self.model)  # before any compute: a row past it is an error
-        check_lengths([len(p) for p in ids], new_tokens=params.max_new_tokens, limit=limit,
-                      owner="HFEngine.generate")  # fmt: skip
-        rows = torch.arange(len(ids)).repeat_interleave(group_size)  # (b) prompt index of each row
-        size = self.max_batch_size or len(rows)
-        chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
-        pad, eos = _special_ids(self.model, self.tokenizer)  # before generation_config is swapped
-        bar = tqdm(
-            total=len(chunks) * params.max_new_tokens,
-            desc=f"generate {len(rows)} rows",
-            unit="step",
-            delay=1.0,
-            leave=False,
-            disable=not self.progress,
-        )
-        with bar, _generating(self.model), seeded(params.seed, _device(self.model)):
-            parts = []
-            for k, chunk in enumerate(chunks):
-                prompt_ids = [ids[i] for i in chunk]
-                batch = self._generate_rows(prompt_ids, params, pad, eos, on_step=bar.update)
-                bar.update((k + 1) * params.max_new_tokens - bar.n)  # a chunk may end early
-                parts.append(batch_rollouts(self.tokenizer, chunk, batch, texts, meta, pad))
-        return parts[0] if len(parts) == 1 else Rollouts.concat(parts)
+        return generate_in_chunks(
+            self, prompts, group_size, sampling or self.sampling, metadata,
+            lambda ids, rows, params, pad, eos, bar: self._generate_rows(
+                ids, params, pad, eos, on_step=bar.update
+            ),
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ one model.generate
     def _generate_rows(
@@ -246,6 +224,54 @@ class HFEngine(LocalWeights):
 
 
 # ---------------------------------------------------------------------- helpers
+class _Engine(Protocol):
+    model: nn.Module
+    tokenizer: Any
+    chat: bool | None
+    max_batch_size: int | None
+    progress: bool
+
+
+#: ``(ids of each row, prompt index of each row, params, pad id, EOS ids, progress bar)`` to
+#: one chunk's decoded batch (what `batch_rollouts` takes).
+DecodeChunk = Callable[[list[list[int]], Tensor, SamplingParams, int, list[int], Any], dict]
+
+
+def generate_in_chunks(
+    engine: _Engine,
+    prompts: Sequence[Prompt],
+    group_size: int,
+    params: SamplingParams,
+    metadata: Sequence[Mapping[str, Any]] | None,
+    decode: DecodeChunk,
+) -> Rollouts:
+    """What `HFEngine.generate` and `CompiledEngine.generate` share: the checks made before any
+    compute (errors name the engine's class), prompts to ids, rows ``i·g … i·g+g−1`` for prompt
+    ``i`` cut in chunks of ``engine.max_batch_size``, each decoded by ``decode`` in eval mode,
+    without grad, under ``params.seed``, with a progress bar over decoding steps."""
+    name = type(engine).__name__
+    if group_size < 1:
+        raise ValueError(f"{name}.generate: group_size={group_size}; use group_size >= 1")
+    texts, ids = render_prompts(prompts, engine.tokenizer, chat=engine.chat)
+    meta = check_metadata(metadata, len(ids), owner=name)
+    limit = context_length(engine.model)  # before any compute: a row past it is an error
+    check_lengths([len(p) for p in ids], new_tokens=params.max_new_tokens, limit=limit,
+                  owner=f"{name}.generate")  # fmt: skip
+    rows = torch.arange(len(ids)).repeat_interleave(group_size)  # (b) prompt index of each row
+    size = engine.max_batch_size or len(rows)
+    chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
+    pad, eos = _special_ids(engine.model, engine.tokenizer)  # before generation_config is swapped
+    bar = tqdm(total=len(chunks) * params.max_new_tokens, desc=f"generate {len(rows)} rows",
+               unit="step", delay=1.0, leave=False, disable=not engine.progress)  # fmt: skip
+    with bar, _generating(engine.model), seeded(params.seed, _device(engine.model)):
+        parts = []
+        for k, chunk in enumerate(chunks):
+            batch = decode([ids[i] for i in chunk], chunk, params, pad, eos, bar)
+            bar.update((k + 1) * params.max_new_tokens - bar.n)  # a chunk may end early
+            parts.append(batch_rollouts(engine.tokenizer, chunk, batch, texts, meta, pad))
+    return parts[0] if len(parts) == 1 else Rollouts.concat(parts)
+
+
 def batch_rollouts(
     tokenizer: Any,
     rows: Tensor,
