@@ -28,7 +28,7 @@ from rlblocks.models import tiny
 from rlblocks.resharder import Resharder
 from rlblocks.rollout import CompiledEngine, HFEngine
 from rlblocks.rollout.compiled import row_bucket
-from rlblocks.rollout.decode import kept_set
+from rlblocks.rollout.decode import Sampler, choose, kept_set
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
 
@@ -177,6 +177,30 @@ def test_replay_logprobs_equal_the_trainers_truncated_scoring():
     assert ro.sampler is not None and ro.sampler[0].tolist() == [1.0, 20.0, 0.9]
     bound = logprob_bound(policy.model, ro, 1.0)
     torch.testing.assert_close(ro.rollout_logprobs, policy.logprobs(ro), atol=bound, rtol=0)
+
+
+def test_sampling_picks_each_token_with_its_probability():
+    # Logits (0, 1, 2, -1, -inf) in n = 200,000 rows, one draw each: every token's frequency is
+    # within 5 binomial standard deviations sqrt(p(1-p)/n) of its probability (a false alarm
+    # about once in 2 million per token); the -inf token is never drawn. With top_k=2 only the
+    # two best are drawn, renormalized; with EOS held back (token 2 as EOS here) it never is.
+    n = 200_000
+    z = torch.tensor([0.0, 1.0, 2.0, -1.0, -float("inf")]).expand(n, 5)
+    args = {"temperature": torch.tensor(1.0), "step": torch.tensor(0),
+            "min_new_tokens": torch.tensor(3), "eos": torch.tensor([2])}  # fmt: skip
+    for sampler, p in [
+        (Sampler(greedy=False), torch.softmax(z[0], -1)),
+        (Sampler(greedy=False, top_k=2), torch.softmax(torch.tensor([-9e9, 1, 2, -9e9, -9e9]), -1)),
+        (Sampler(greedy=False, holds_eos=True),
+         torch.softmax(torch.tensor([0.0, 1.0, -float("inf"), -1.0, -float("inf")]), -1)),
+    ]:  # fmt: skip
+        torch.manual_seed(0)
+        tokens, logprobs, broken = choose(z, sampler=sampler, **args)
+        freq = torch.bincount(tokens, minlength=5) / n
+        assert ((freq - p).abs() <= 5 * (p * (1 - p) / n).sqrt()).all(), (sampler, freq, p)
+        assert (freq[p == 0] == 0).all() and not broken.any()
+        # the log-probs are those of the untruncated distribution (no replay)
+        torch.testing.assert_close(logprobs, torch.log_softmax(z[0], -1)[tokens])
 
 
 def test_kept_set_is_the_truncation_rule():
