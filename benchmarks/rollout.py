@@ -122,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="random models: P(EOS) per position (default 4 / max-new-tokens)")  # fmt: skip
     p.add_argument("--engines", nargs="+", choices=ENGINES, default=None,
                    help="default: hf static compiled cb vllm (compiled left out on a CPU: "
-                        "a minute of inductor per shape for no gain there, docs/speed.md)")  # fmt: skip
+                        "a minute of inductor at its first call, not won back there, docs/speed.md)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per engine (median shown)")
     cores = len(os.sched_getaffinity(0))

@@ -21,13 +21,13 @@ by the chip. This engine decodes with the pieces that remove that bound
   front and decodes only those. Buckets are powers of two and their halves between (2, 3, 4, 6,
   8, 12, ...), so a rollout visits a handful of shapes.
 * **A prompt is prefilled once per group**: the ``group_size`` samples of a prompt copy its
-  cache rows instead of each running the prompt through the model (on a CPU, where the prefill
-  of 48 chat rows took 7.4 s of HF ``generate``'s 17 s, this is most of the gain).
+  cache rows instead of each running the prompt through the model (on a CPU this is most of
+  the gain over HF ``generate``, docs/speed.md).
 
 ``compile``: None (default) compiles on CUDA and runs the same step eagerly elsewhere: on a
-2-core CPU inductor's compile of SmolLM2-135M's step took about a minute and the compiled step
-was no faster than the eager one (docs/speed.md); True compiles anywhere (inductor's default
-mode off CUDA); False never compiles.
+2-core CPU inductor's first call took about a minute for SmolLM2-135M's step, which a short run
+does not win back (docs/speed.md has the measurement); True compiles anywhere (inductor's
+default mode off CUDA); False never compiles.
 
 What it returns is what `HFEngine` returns (token ids in and out, left-padded prompts,
 responses ending at their first EOS (kept) or at the token completing a stop string (kept),
