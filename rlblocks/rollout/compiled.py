@@ -334,7 +334,7 @@ class _Loop:
             if k % SYNC_EVERY == 0:
                 live, broken = torch.stack([(self.end < 0).sum(), self.broken.long()]).tolist()
                 if broken:
-                    raise_broken(k)
+                    _raise_broken(k)
                 if live == 0:
                     break
                 self._compact(live)
@@ -351,7 +351,7 @@ class _Loop:
             self._record(self.tokens, logprobs.clone())
             self.on_step()
         if bool(self.broken):
-            raise_broken(self.done)
+            _raise_broken(self.done)
 
     def result(self) -> tuple[Tensor, Tensor, Tensor]:
         """``(response (b t), logprobs (b t), end (b))``, t the steps decoded."""
@@ -415,7 +415,8 @@ def stop_ends(
     return torch.where(stop < 0, end, torch.where(end < 0, stop, torch.minimum(stop, end)))
 
 
-def raise_broken(step: int) -> None:
+def _raise_broken(step: int) -> None:
+    """The error of a decode whose scores turned non-finite (`HFEngine`'s, with the step)."""
     raise FloatingPointError(
         f"CompiledEngine.generate: the model's next-token scores are not finite (by decoding "
         f"step {step}): its weights are broken, usually by an update too large for them (a "

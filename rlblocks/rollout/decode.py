@@ -49,6 +49,9 @@ class StaticKV:
     def update(
         self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[Tensor, Tensor]:
+        """Write a layer's new keys and values (rows heads q d) at ``column`` and the ``q − 1``
+        columns after it; return the layer's keys and values (all columns, or the first
+        ``visible``) for the attention."""
         columns = self.column + torch.arange(key_states.shape[2], device=self.column.device)
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         keys.index_copy_(2, columns, key_states.to(keys.dtype))
@@ -58,6 +61,7 @@ class StaticKV:
         return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
+        """0: the engine passes position ids, so a model never needs the cached length."""
         return 0  # never asked for: position ids are always given
 
 
