@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/memory_plan.py                 # every configuration
     python benchmarks/memory_plan.py --only tiny --out runs/memory-plan  # names containing "tiny"
-    python benchmarks/memory_plan.py --device cuda --out $OUT             # the GPU set, ±10%
+    python benchmarks/memory_plan.py --device cuda --out DIR              # the GPU set, ±10%
 
 Each configuration trains a random-init model of a given shape with ``PolicyTrainer`` for two
 steps (the first creates the optimizer's moments, so the second holds everything a steady

@@ -66,7 +66,7 @@ import rlblocks as rb
 from rlblocks.interfaces import Prompt, RolloutEngine, SamplingParams
 
 sys.path.insert(0, str(Path(__file__).parent))
-from grpo_step import RANDOM_MODELS, build_random_model
+from grpo_step import RANDOM_MODELS, build_random_model, eos_hazard, sync
 
 INSTRUCTION = "Answer with just the number."  # the main job's (examples/grpo_arithmetic.yaml)
 ENGINES = ("hf", "static", "compiled", "cb", "vllm")
@@ -155,11 +155,6 @@ def bandwidth(device: str) -> float:
         best = min(best, time.perf_counter() - start)
     del src, dst
     return 2 * size / best
-
-
-def sync(device: str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
 
 
 def build_engine(name: str, path: str, args: argparse.Namespace) -> RolloutEngine:
@@ -271,7 +266,7 @@ def model_path(args: argparse.Namespace, folder: Path) -> str:
     if args.model not in RANDOM_MODELS:
         return args.model
     eos = args.responses in ("eos", "both")
-    hazard = (args.eos_hazard or min(0.5, 4 / args.max_new_tokens)) if eos else None
+    hazard = eos_hazard(args) if eos else None
     return build_random_model(args.model, folder, seed=args.seed, dtype=getattr(torch, args.dtype),
                               device=args.device, hazard=hazard)  # fmt: skip
 

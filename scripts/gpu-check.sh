@@ -74,7 +74,7 @@ run mkdir -p "$out" || exit 1
 run "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$site" "$wheels"/*.whl || exit 1
 export PYTHONPATH="$site:$PWD" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-export RLBLOCKS_CACHE=${RLBLOCKS_CACHE:-/tmp/gpu-check-cache} OUT_DIR=$out
+export RLBLOCKS_CACHE=${RLBLOCKS_CACHE:-/tmp/gpu-check-cache}
 # On the machine: the wheels' requirements against what is really installed (a mismatch is
 # reported and the check goes on: whatever it breaks shows below, with its own error).
 logged "$out/environment.txt" "$py" scripts/gpu_wheels.py check --wheels "$wheels" --installed
@@ -95,8 +95,9 @@ logged "$out/pytest.txt" timeout "$TESTS_S" "$py" -m pytest -m gpu -q -p no:cach
 tests_rc=$?
 
 # Generation alone, every engine side by side: 256 rows (64 prompts x 4), then 64 (16 x 4).
-logged "$out/rollout.txt" timeout "$ROLLOUT_S" bash -c '"$0" "$@" --prompts 64 --out "$OUT_DIR/rollout-256" &&
-    "$0" "$@" --prompts 16 --out "$OUT_DIR/rollout-64"' "$py" "${ROLLOUT[@]}"
+logged "$out/rollout.txt" timeout "$ROLLOUT_S" bash -c 'py=$1 dir=$2; shift 2
+    "$py" "$@" --prompts 64 --out "$dir/rollout-256" && "$py" "$@" --prompts 16 --out "$dir/rollout-64"' \
+    rollout "$py" "$out" "${ROLLOUT[@]}"
 rollout_rc=$?
 
 logged "$out/benchmark.txt" timeout "$BENCH_S" "$py" "${BENCH[@]}" --out "$out"

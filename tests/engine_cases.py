@@ -15,19 +15,25 @@ PROMPTS = ["What is 2+2?", "Hello there, how are you today?", "x", "a b c d e f 
 U32 = torch.finfo(torch.float32).eps / 2  # unit roundoff of float32, 2^-24
 
 
-def peaky_eos(bias: float = 2.0, dtype: torch.dtype = torch.float64):
-    """The peaky tiny model (std 0.3: peaked next-token distributions) with an untied head and a
-    bias on the EOS logit: under greedy decoding PROMPTS end after 3, 12, 6 and 5 tokens (some
-    at EOS, one at the length limit), so a comparison covers rows finishing at different
-    steps."""
-    model, tokenizer = tiny(initializer_range=0.3, tie_word_embeddings=False)
+def with_eos_bias(model: nn.Module, tokenizer, bias: float) -> nn.Module:
+    """``model`` (a tiny model with untied embeddings) with its head turned into an
+    ``nn.Linear`` with a bias of ``bias`` on the EOS logit and 0 elsewhere."""
     head = nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
     with torch.no_grad():
         head.weight.copy_(model.lm_head.weight)
         head.bias.zero_()
         head.bias[tokenizer.eos_token_id] = bias
     model.lm_head = head
-    return model.to(dtype), tokenizer
+    return model
+
+
+def peaky_eos(bias: float = 2.0, dtype: torch.dtype = torch.float64):
+    """The peaky tiny model (std 0.3: peaked next-token distributions) with an untied head and a
+    bias on the EOS logit: under greedy decoding PROMPTS end after 3, 12, 6 and 5 tokens (some
+    at EOS, one at the length limit), so a comparison covers rows finishing at different
+    steps."""
+    model, tokenizer = tiny(initializer_range=0.3, tie_word_embeddings=False)
+    return with_eos_bias(model, tokenizer, bias).to(dtype), tokenizer
 
 
 def logprob_bound(model: nn.Module, ro, temperature: float) -> float:

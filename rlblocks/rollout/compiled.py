@@ -57,7 +57,7 @@ from rlblocks.rollout.decode import Sampler, StaticKV, additive_mask, choose, de
 from rlblocks.rollout.hf import LocalWeights, _device, generate_in_chunks
 from rlblocks.rollout.prompts import left_pad
 from rlblocks.rollout.sampling import sampler_record
-from rlblocks.rollout.stopping import ResponseEnds, valid_tokens
+from rlblocks.rollout.stopping import stop_ends, valid_tokens
 from rlblocks.rollouts import Rollouts
 
 DEFAULT_SAMPLING = SamplingParams()
@@ -191,7 +191,8 @@ class CompiledEngine(LocalWeights):
         loop.run()
         response, logprobs, end = loop.result()
         if params.stop:
-            end = stop_ends(prompt_ids[of_row], response, end, params, eos_ids, self.tokenizer)
+            end = stop_ends(prompt_ids[of_row], response, end, stop=params.stop, eos=eos_ids,
+                            tokenizer=self.tokenizer, min_new_tokens=params.min_new_tokens)  # fmt: skip
         valid = valid_tokens(end, response.shape[1])
         return {
             "prompt_ids": prompt_ids[of_row],
@@ -317,8 +318,8 @@ class _Loop:
     def start(self, logits: Tensor, pad: Tensor, width: int) -> None:
         """Step 0: the first token of every slot from the prefill's logits."""
         device = logits.device
-        step = torch.tensor(0, device=device)
-        tokens, logprobs, broken = choose(logits, temperature=self.temperature, step=step,
+        tokens, logprobs, broken = choose(logits, temperature=self.temperature,
+                                          step=self.step_index[0],
                                           min_new_tokens=self.min_new, eos=self.eos,
                                           sampler=self.sampler)  # fmt: skip
         filler = (self.row_of_slot < 0).to(device)
@@ -330,6 +331,12 @@ class _Loop:
 
     def run(self) -> None:
         """Steps 1 … max_new_tokens − 1, compacting the slots as rows end."""
+        with _compiling(self.engine.compiled):
+            self._steps()
+        if bool(self.broken):
+            _raise_broken(self.done)
+
+    def _steps(self) -> None:
         for k in range(1, self.steps):
             if k % SYNC_EVERY == 0:
                 live, broken = torch.stack([(self.end < 0).sum(), self.broken.long()]).tolist()
@@ -340,18 +347,15 @@ class _Loop:
                 self._compact(live)
             if self.engine.compiled and self.cache.device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
-            with _compiling(self.engine.compiled):
-                tokens, logprobs, end, broken = self.engine._step(
-                    self.engine.model, self.cache.view(self.slots), self.tokens, self.pad,
-                    self.columns[k], self.step_index[k], self.end, self.broken,
-                    self.temperature, self.min_new, self.eos, self.sampler,
-                )  # fmt: skip
+            tokens, logprobs, end, broken = self.engine._step(
+                self.engine.model, self.cache.view(self.slots), self.tokens, self.pad,
+                self.columns[k], self.step_index[k], self.end, self.broken,
+                self.temperature, self.min_new, self.eos, self.sampler,
+            )  # fmt: skip
             # a CUDA graph's outputs are overwritten by its next replay: keep copies
             self.tokens, self.end, self.broken = tokens.clone(), end.clone(), broken.clone()
             self._record(self.tokens, logprobs.clone())
             self.on_step()
-        if bool(self.broken):
-            _raise_broken(self.done)
 
     def result(self) -> tuple[Tensor, Tensor, Tensor]:
         """``(response (b t), logprobs (b t), end (b))``, t the steps decoded."""
@@ -367,8 +371,9 @@ class _Loop:
         """Write the steps since the last compaction into the rows' outputs."""
         if not self.phase:
             return
-        real = (self.row_of_slot >= 0).nonzero()[:, 0].to(self.end.device)
-        rows = self.row_of_slot[self.row_of_slot >= 0].to(self.end.device)
+        real = (self.row_of_slot >= 0).nonzero()[:, 0]  # the slots that hold a row
+        rows = self.row_of_slot[real].to(self.end.device)
+        real = real.to(self.end.device)
         span = slice(self.phase_start, self.phase_start + len(self.phase))
         self.tokens_out[rows, span] = torch.stack([t for t, _ in self.phase], 1)[real]
         self.logprobs_out[rows, span] = torch.stack([lp for _, lp in self.phase], 1)[real]
@@ -391,28 +396,6 @@ class _Loop:
         self.end = torch.where(filler, 0, self.end[index])
         self.row_of_slot = torch.where(filler.cpu(), -1, self.row_of_slot[index.cpu()])
         self.slots = smaller
-
-
-def stop_ends(
-    prompt_ids: Tensor,
-    response: Tensor,
-    end: Tensor,
-    params: SamplingParams,
-    eos: list[int],
-    tokenizer: Any,
-) -> Tensor:
-    """Each row's end (b) after stop strings: the earlier of its EOS end ``end`` (−1: none) and
-    the step of the token completing its first stop string, replayed column by column with
-    `HFEngine`'s matcher (`rlblocks.rollout.stopping.ResponseEnds`, ``min_new_tokens`` kept)."""
-    prompt_ids, response = prompt_ids.cpu(), response.cpu()
-    ends = ResponseEnds(batch_size=response.shape[0], prompt_width=prompt_ids.shape[1],
-                        eos_token_ids=eos, stop=params.stop, tokenizer=tokenizer,
-                        min_new_tokens=params.min_new_tokens)  # fmt: skip
-    full = torch.cat([prompt_ids, response], dim=1)
-    for k in range(response.shape[1]):
-        ends(full[:, : prompt_ids.shape[1] + k + 1], None)  # a view: no copy per column
-    stop = ends.end.to(end.device)
-    return torch.where(stop < 0, end, torch.where(end < 0, stop, torch.minimum(stop, end)))
 
 
 def _raise_broken(step: int) -> None:

@@ -74,7 +74,7 @@ from rlblocks.models.context import check_lengths, context_length
 from rlblocks.rollout.hf import LocalWeights, _device, _generating, _special_ids
 from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
 from rlblocks.rollout.sampling import generation_config, sampler_record, seeded
-from rlblocks.rollout.stopping import ResponseEnds, valid_tokens
+from rlblocks.rollout.stopping import stop_ends, valid_tokens
 from rlblocks.rollouts import Rollouts
 
 PAGE_FIELD = (
@@ -379,17 +379,7 @@ def _ends(
     (replayed with `HFEngine`'s matcher, one column at a time)."""
     end = generated - 1  # continuous batching stops a request at its first EOS (kept)
     if params.stop:
-        ends = ResponseEnds(
-            batch_size=response.shape[0],
-            prompt_width=prompt_ids.shape[1],
-            eos_token_ids=eos,
-            stop=params.stop,
-            tokenizer=tokenizer,
-        )
-        full = torch.cat([prompt_ids, response], dim=1)
-        for k in range(response.shape[1]):
-            ends(full[:, : prompt_ids.shape[1] + k + 1], None)  # a view: no copy per column
-        end = torch.where(ends.end < 0, end, torch.minimum(ends.end, end))
+        end = stop_ends(prompt_ids, response, end, stop=params.stop, eos=eos, tokenizer=tokenizer)
     return valid_tokens(end, response.shape[1])
 
 

@@ -62,6 +62,31 @@ class ResponseEnds(StoppingCriteria):
         return ended
 
 
+def stop_ends(
+    prompt_ids: Tensor,
+    response: Tensor,
+    end: Tensor,
+    *,
+    stop: Sequence[str],
+    eos: Sequence[int],
+    tokenizer: Any,
+    min_new_tokens: int = 0,
+) -> Tensor:
+    """Each row's end (b) after stop strings, for an engine that decoded on past them: the
+    earlier of its end ``end`` (b) int64 (−1: none) and the step of the token completing its
+    first stop string, replayed column by column with `ResponseEnds` (what ``generate`` runs
+    as it goes; ``min_new_tokens`` kept). ``prompt_ids`` (b P) left-padded, ``response`` (b t)."""
+    prompt_ids, response = prompt_ids.cpu(), response.cpu()
+    ends = ResponseEnds(batch_size=response.shape[0], prompt_width=prompt_ids.shape[1],
+                        eos_token_ids=eos, stop=stop, tokenizer=tokenizer,
+                        min_new_tokens=min_new_tokens)  # fmt: skip
+    full = torch.cat([prompt_ids, response], dim=1)
+    for k in range(response.shape[1]):
+        ends(full[:, : prompt_ids.shape[1] + k + 1], None)  # a view: no copy per column
+    found = ends.end.to(end.device)
+    return torch.where(found < 0, end, torch.where(end < 0, found, torch.minimum(found, end)))
+
+
 def valid_tokens(end: Tensor, width: int) -> Tensor:
     """(b t) bool: True up to and including each row's end step; a row with ``end`` −1 (no end:
     cut at the length limit) is True throughout. ``end`` (b) int64, ``width`` = t."""

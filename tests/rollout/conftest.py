@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from engine_cases import with_eos_bias
 from torch import Tensor, nn
 
 from rlblocks.models import tiny
@@ -28,13 +29,7 @@ def _eos_biased(bias: float = 4.0):
     per step at T = 1, so in 10 steps some rows end and some do not.
     """
     model, tokenizer = tiny(tie_word_embeddings=False)
-    head = nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
-    with torch.no_grad():
-        head.weight.copy_(model.lm_head.weight)
-        head.bias.zero_()
-        head.bias[tokenizer.eos_token_id] = bias
-    model.lm_head = head
-    return model, tokenizer
+    return with_eos_bias(model, tokenizer, bias), tokenizer
 
 
 @pytest.fixture
