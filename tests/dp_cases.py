@@ -366,3 +366,14 @@ def run(case: str, out: str, world: int = 2, backend: str = "gloo") -> dict:
         store = os.path.join(folder, "store")
         mp.spawn(worker, args=(world, case, out, store, backend), nprocs=world, join=True)
     return torch.load(out, weights_only=False)
+
+
+def compiled_sharded(rank: int) -> dict:
+    """FSDP2 over the world with every decoder block compiled: SCHEDULE's four updates."""
+    trainer = sharded(compile=True, **SCHEDULE)
+    ro, advantages = make_batch()
+    metrics = trainer.step(ro, advantages, loss_fn=LOSS)
+    return {"metrics": metrics, "weights": dict(trainer.named_weights())}
+
+
+CASES["compiled_sharded"] = compiled_sharded

@@ -113,7 +113,9 @@ def test_the_dry_run_prints_every_command_and_runs_none(tmp_path):
     assert "-m pytest -m gpu" in tests and "tests/trainer/test_gpu.py" in tests
     assert "--model qwen2-0.5b-random --dtype bf16 --device cuda --responses eos" in bench
     assert "--systems floor rlblocks rlblocks-hf trl rlblocks-cb" in bench
-    assert "benchmarks/rollout.py --model qwen2-0.5b-random --dtype bfloat16 --device cuda" in rollout
+    assert (
+        "benchmarks/rollout.py --model qwen2-0.5b-random --dtype bfloat16 --device cuda" in rollout
+    )
     assert "--engines hf compiled cb" in rollout and "rollout-256" in rollout
     assert "--keep-going" in bench  # one system failing leaves the others measured
     assert bench.endswith(f"--out {tmp_path / 'out'}")
@@ -144,4 +146,7 @@ def test_the_check_refuses_wheels_past_the_carry_limit(tmp_path, monkeypatch, ca
     wheels_module = load_wheels_module()
     monkeypatch.setattr(wheels_module, "LIMIT", 1024)  # the real 64 MiB, scaled to a test
     assert wheels_module.check(full_set(tmp_path / "wheels"), installed=False) == 1
-    assert "MiB, over the 0.0 MiB that travel to the GPU machine; carry fewer wheels" in capsys.readouterr().out
+    assert (
+        "MiB, over the 0.0 MiB that travel to the GPU machine; carry fewer wheels"
+        in capsys.readouterr().out
+    )

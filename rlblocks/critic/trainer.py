@@ -157,7 +157,7 @@ class CriticTrainer:
         return values.float().to(home)
 
     def _forward(self, rollouts: Rollouts) -> Tensor:
-        return self.model(rollouts, bf16=self.config.bf16, packing=self.config.packing)
+        return self.model(rollouts, bf16=bool(self.config.bf16), packing=self.config.packing)
 
     # ------------------------------------------------------------------ the update
     @dispatch(Dispatch.ALL)

@@ -249,8 +249,11 @@ def _row_attention(
     """Causal attention within each row of a packed sequence (transformers' attention function
     signature: ``query`` ``(1 h n d)``, ``key``/``value`` ``(1 h_kv n d)``; returns ``(1 n h
     d)`` and no weights)."""
-    bounds = _BOUNDS.get(id(getattr(module, "config", None)))
-    if bounds is None or query.shape[0] != 1 or attention_mask is not None:
+    # In a compiled block the bounds are read by the operator at run time, not here: reading
+    # them while tracing would make them constants of the graph.
+    compiling = torch.compiler.is_compiling()
+    bounds = None if compiling else _BOUNDS.get(id(getattr(module, "config", None)))
+    if (bounds is None and not compiling) or query.shape[0] != 1 or attention_mask is not None:
         raise RuntimeError(
             f"packed_attention: the row attention was called outside a packed forward (batch {query.shape[0]}, mask "
             f"{attention_mask is not None}); this attention only serves packed_attention"
@@ -262,8 +265,94 @@ def _row_attention(
                 "attention does not apply; train this model with packing=False"
             )
     p = dropout if module.training else 0.0
-    out = attend_rows(query, key, value, bounds, scale=scaling, dropout_p=p, batched=BATCHED)
+    if compiling:  # a compiled decoder block (rlblocks.models.regional)
+        if p:
+            raise RuntimeError(
+                f"packed_attention: attention dropout {p} in a compiled block is not built; "
+                "train with TrainConfig(compile=False), or a model without attention dropout"
+            )
+        out = torch.ops.rlblocks.row_attention(query, key, value, _bounds_key(module), scaling)
+    else:
+        assert bounds is not None  # checked above
+        out = attend_rows(query, key, value, bounds, scale=scaling, dropout_p=p, batched=BATCHED)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _bounds_key(module: nn.Module) -> int:
+    """The key of ``module``'s row bounds in ``_BOUNDS`` (the id of its config)."""
+    return id(module.config)
+
+
+# A compiled decoder block cannot trace the row attention: its bounds are Python ints that
+# change with every micro-batch (a recompile each time). The block calls this operator
+# instead, opaque to the compiler, which reads the bounds at run time from the packed
+# forward in effect (the key is the attention config's id, a constant of the graph). Its
+# backward recomputes the attention of each row under autograd: one more attention forward
+# per layer, a small share of a layer's work at the rows' lengths (the projections and MLP
+# cost ~12 d² per token, attention ~2 n d).
+def _compiled_bounds(key: int) -> tuple[tuple[int, int], ...]:
+    bounds = _BOUNDS.get(key)
+    if bounds is None:
+        raise RuntimeError(
+            "packed_attention: a compiled block's row attention ran with no packed forward in "
+            "effect (its backward after packed_attention ended?); run the forward and its "
+            "backward inside rlblocks.trainer.packing.kept_apart(model)"
+        )
+    return bounds
+
+
+@torch.library.custom_op("rlblocks::row_attention", mutates_args=())
+def _row_attention_op(
+    query: Tensor, key: Tensor, value: Tensor, bounds_key: int, scale: float | None
+) -> Tensor:
+    bounds = _compiled_bounds(bounds_key)
+    return attend_rows(query, key, value, bounds, scale=scale, batched=BATCHED).contiguous()
+
+
+@_row_attention_op.register_fake
+def _row_attention_fake(
+    query: Tensor, key: Tensor, value: Tensor, bounds_key: int, scale: float | None
+) -> Tensor:
+    return query.new_empty(query.shape)
+
+
+@torch.library.custom_op("rlblocks::row_attention_backward", mutates_args=())
+def _row_attention_backward_op(
+    grad: Tensor, query: Tensor, key: Tensor, value: Tensor, bounds_key: int, scale: float | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    bounds = _compiled_bounds(bounds_key)
+
+    def attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return attend_rows(q, k, v, bounds, scale=scale, batched=BATCHED)
+
+    # torch.func, not torch.autograd: an operator's kernel runs below the autograd dispatch.
+    vjp: Any = torch.func.vjp(attention, query, key, value)[1]
+    dq, dk, dv = vjp(grad)  # one gradient per input of attention
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+
+
+@_row_attention_backward_op.register_fake
+def _row_attention_backward_fake(
+    grad: Tensor, query: Tensor, key: Tensor, value: Tensor, bounds_key: int, scale: float | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+
+
+def _row_attention_setup(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    query, key, value, bounds_key, scale = inputs
+    ctx.save_for_backward(query, key, value)
+    ctx.bounds_key, ctx.scale = bounds_key, scale
+
+
+def _row_attention_grad(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
+    query, key, value = ctx.saved_tensors
+    dq, dk, dv = torch.ops.rlblocks.row_attention_backward(
+        grad, query, key, value, ctx.bounds_key, ctx.scale
+    )
+    return dq, dk, dv, None, None
+
+
+_row_attention_op.register_autograd(_row_attention_grad, setup_context=_row_attention_setup)
 
 
 def attend_rows(

@@ -50,8 +50,16 @@ class TrainConfig:
     """How a per-token loss becomes a scalar (``rlblocks.losses`` modes)."""
     temperature: float = 1.0
     """Logits are divided by it before the log-softmax, as in the rollout engine's sampling."""
-    bf16: bool = False
-    """Run forward passes under ``torch.autocast(dtype=torch.bfloat16)``."""
+    bf16: bool | None = None
+    """Run forward passes under ``torch.autocast(dtype=torch.bfloat16)``: bf16 matmuls over
+    float32 parameters, AdamW state and master weights, log-probs and loss reductions in
+    float32. None (default): on for a float32 model on a GPU that has bf16, off elsewhere
+    (``rlblocks.trainer.numerics.resolve``); True on a GPU without bf16 is refused."""
+    compile: bool | None = None
+    """Compile each decoder block (``rlblocks.models.regional``: ``torch.compile`` per block,
+    forward and backward, every token count one graph). None (default): on a GPU, off on the
+    CPU, where inductor's first compile costs more than a short run wins back
+    (``docs/speed.md``); True on the CPU compiles too. Not with ``tp`` or ``sp`` > 1."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (``model.gradient_checkpointing_enable``)."""
     log_entropy: bool = False
@@ -113,6 +121,13 @@ class TrainConfig:
                 f"TrainConfig.sp: sequence parallelism (sp = {self.sp}) does not run with "
                 "gradient checkpointing (the recomputed layers would lose its attention); turn "
                 "one of them off"
+            )
+        if self.compile and (self.tp > 1 or self.sp > 1):
+            kind = "tensor" if self.tp > 1 else "sequence"
+            raise ValueError(
+                f"TrainConfig.compile: compiled decoder blocks with {kind} parallelism (tp = "
+                f"{self.tp}, sp = {self.sp}) are not built (their DTensor layers and attention "
+                "are not traced); pass compile=False, or tp=1 and sp=1"
             )
         if self.temperature <= 0:
             raise ValueError(

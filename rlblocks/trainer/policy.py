@@ -55,9 +55,11 @@ from torch import Tensor, nn
 
 from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, dispatch
 from rlblocks.models import loading
+from rlblocks.models.regional import compile_blocks
 from rlblocks.renamed import moved_keywords
 from rlblocks.rng import rng_state, set_rng_state
 from rlblocks.rollouts import Rollouts
+from rlblocks.trainer import numerics
 from rlblocks.trainer.allocator import keep_freed_memory, opted_in
 from rlblocks.trainer.batches import scored_in_pieces, token_advantages
 from rlblocks.trainer.checkpoint import load_trainer, load_weights, save_trainer, save_weights
@@ -148,6 +150,16 @@ class PolicyTrainer:
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self.model = (wrap_lora(model, lora) if lora is not None else model).eval()
+        parameter = next(self.model.parameters())
+        self.config = numerics.resolve(  # bf16 and compile decided for this device
+            self.config,
+            parameter.device,
+            parameter.dtype,
+            adapter=is_peft_model(self.model),
+            owner="PolicyTrainer",
+        )
+        if self.config.compile:  # every decoder block compiled (rlblocks.models.regional)
+            compile_blocks(self.model, owner="PolicyTrainer")
         self.has_adapter = is_peft_model(self.model)  # LoRA: only the adapter trains
         self.dp: SingleProcess | DataParallel = SingleProcess()  # see shard()
         self._accumulation = Accumulation()  # forward_backward's gradients until optim_step
@@ -229,6 +241,8 @@ class PolicyTrainer:
             tp=self.config.tp,
             sp=self.config.sp,
         )
+        if self.config.compile:  # FSDP2 swaps the blocks' classes: their forwards stay compiled
+            compile_blocks(self.model, owner="PolicyTrainer")
         self.rebuild_optimizer()
 
     # ------------------------------------------------------------------ scoring (no grad)
@@ -294,7 +308,7 @@ class PolicyTrainer:
             model,
             rollouts,
             temperature=c.temperature,
-            bf16=c.bf16,
+            bf16=bool(c.bf16),
             chunk_size=c.logprob_chunk_size,
             entropy=entropy,
             packing=c.packing,

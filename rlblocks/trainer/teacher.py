@@ -102,7 +102,7 @@ class Teacher:
                 self.model,
                 micro,
                 temperature=c.temperature,
-                bf16=c.bf16,
+                bf16=bool(c.bf16),
                 chunk_size=c.logprob_chunk_size,
                 packing=c.packing,
             )
