@@ -44,8 +44,10 @@ anything of rlblocks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import heapq
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,8 +153,10 @@ class Rollouts:
             expect_shape("sampler", self.sampler, (b, 3), "(temperature, top_k, top_p) per row")
             expect_dtype("sampler", self.sampler, integer=False)
         counted_padding = self.response_mask & ~self.attention_mask[:, tp:]
-        # Value checks need data: a batch on the meta device (shape planning) skips them.
-        if counted_padding.device.type != "meta" and counted_padding.any():
+        # Value checks need data: a batch on the meta device (shape planning) skips them, and
+        # so does one derived from a checked batch (``_derived``): on a GPU each is a host read.
+        derived = getattr(_derivation, "active", False)
+        if counted_padding.device.type != "meta" and not derived and counted_padding.any():
             row = int(counted_padding.any(-1).nonzero()[0])
             raise ValueError(
                 f"Rollouts.response_mask: True on padding (attention_mask False) in row {row}; "
@@ -208,8 +212,15 @@ class Rollouts:
         return int(self.attention_mask.sum())
 
     def replace(self, **changes: Any) -> Rollouts:
-        """A copy with some fields replaced (validated again)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields replaced (validated again; the masks' values only when a
+        mask is replaced)."""
+        if "attention_mask" in changes or "response_mask" in changes:
+            return dataclasses.replace(self, **changes)
+        with _derived():
+            child = dataclasses.replace(self, **changes)
+        if "_lengths" in self.__dict__ and "prompt_ids" not in changes:
+            child._keep_lengths(self.__dict__["_lengths"])
+        return child
 
     def with_extras(self, **tensors: Tensor) -> Rollouts:
         """A copy carrying more per-row tensors, e.g. ``ro.with_extras(advantages=adv)``."""
@@ -239,22 +250,60 @@ class Rollouts:
         return Dataset.from_list(self.to_records(rewards=rewards, advantages=advantages))
 
     # ------------------------------------------------------------------ row operations
+    def known_lengths(self) -> tuple[list[int], list[int]] | None:
+        """Each row's real prompt and response tokens as Python ints, or None when some row's
+        real tokens are not one run (a prompt with a hole, say). Read from the masks in one
+        transfer the first time, then kept with the batch and handed to the batches derived
+        from it (``select``, ``trim``, ``to``, ``replace`` of other fields): a trainer step
+        plans every micro-batch from one read (on a GPU, each read waits for the device)."""
+        if "_lengths" not in self.__dict__:
+            tp = self.prompt_ids.shape[1]
+            prompt, response = self.prompt_mask.sum(-1), self.response_attention_mask.sum(-1)
+            columns = torch.arange(self.attention_mask.shape[1], device=prompt.device)
+            runs = (columns >= tp - prompt[:, None]) & (columns < tp + response[:, None])
+            one_run = (runs == self.attention_mask).all(-1)
+            table = torch.stack([prompt, response, one_run.long()]).tolist()
+            lengths = (table[0], table[1]) if all(table[2]) else None
+            self._keep_lengths(lengths)
+        kept: tuple[list[int], list[int]] | None = self.__dict__["_lengths"]
+        return kept
+
+    def _keep_lengths(self, lengths: tuple[list[int], list[int]] | None) -> Rollouts:
+        object.__setattr__(self, "_lengths", lengths)
+        return self
+
+    def _lengths_of(self, picked: Sequence[int]) -> tuple[list[int], list[int]] | None:
+        """The kept lengths of rows ``picked``, or None (none kept: not read yet, or not runs)."""
+        lengths = self.__dict__.get("_lengths")
+        if lengths is None:
+            return None
+        return [lengths[0][i] for i in picked], [lengths[1][i] for i in picked]
+
     def select(self, index: Index) -> Rollouts:
         """Rows picked by a bool mask (b), a list/tensor of row indices (any order) or a slice."""
-        rows = _as_row_index(index, self.batch_size)
-        return self.replace(
-            prompt_ids=self.prompt_ids[rows],
-            response_ids=self.response_ids[rows],
-            attention_mask=self.attention_mask[rows],
-            response_mask=self.response_mask[rows],
-            group_ids=self.group_ids[rows],
-            **{name: _rows(getattr(self, name), rows) for name in OPTIONAL_FIELDS},
-            sampler=_rows(self.sampler, rows),
-            prompts=[self.prompts[i] for i in rows.tolist()],
-            completions=[self.completions[i] for i in rows.tolist()],
-            metadata=[self.metadata[i] for i in rows.tolist()],
-            extras={k: v[rows] for k, v in self.extras.items()},
-        )
+        # A slice stays a slice (views, and no index read back); other indices become a tensor.
+        b = self.batch_size
+        rows: slice | Tensor
+        if isinstance(index, slice):
+            rows, picked = index, list(range(b)[index])
+        else:
+            rows, picked = _as_row_index(index, b)
+        kept = self._lengths_of(picked) if "_lengths" in self.__dict__ else None
+        with _derived():  # rows of a checked batch: its value checks hold
+            child = self.replace(
+                prompt_ids=self.prompt_ids[rows],
+                response_ids=self.response_ids[rows],
+                attention_mask=self.attention_mask[rows],
+                response_mask=self.response_mask[rows],
+                group_ids=self.group_ids[rows],
+                **{name: _rows(getattr(self, name), rows) for name in OPTIONAL_FIELDS},
+                sampler=_rows(self.sampler, rows),
+                prompts=[self.prompts[i] for i in picked],
+                completions=[self.completions[i] for i in picked],
+                metadata=[self.metadata[i] for i in picked],
+                extras={k: v[rows] for k, v in self.extras.items()},
+            )
+        return child._keep_lengths(kept) if "_lengths" in self.__dict__ else child
 
     def repeat(self, n: int) -> Rollouts:
         """Each row repeated ``n`` times in place (row 0 n times, then row 1, ...).
@@ -279,7 +328,11 @@ class Rollouts:
             raise ValueError(f"Rollouts.split: rows={rows}; use rows >= 1")
         if token_budget is not None and token_budget < 1:
             raise ValueError(f"Rollouts.split: token_budget={token_budget}; use token_budget >= 1")
-        lengths = self.attention_mask.sum(-1).tolist()
+        kept = self.known_lengths()
+        if kept is None:
+            lengths = self.attention_mask.sum(-1).tolist()
+        else:
+            lengths = [p + r for p, r in zip(*kept, strict=True)]
         bounds, start, used = [], 0, 0
         for i, length in enumerate(lengths):
             full_rows = rows is not None and i - start >= rows
@@ -292,23 +345,34 @@ class Rollouts:
             bounds.append((start, self.batch_size))
         return [self.select(slice(lo, hi)) for lo, hi in bounds]
 
-    def trim(self) -> Rollouts:
-        """Drop padding columns that no row uses (left of prompts, right of responses)."""
-        prompt_used = self.prompt_mask.any(0).nonzero()
+    def trim(self, widths: tuple[int, int] | None = None) -> Rollouts:
+        """Drop padding columns that no row uses (left of prompts, right of responses).
+
+        ``widths``: the longest prompt and response of the batch in real tokens, when the
+        caller knows them (read once for a whole batch); else they are read from the masks."""
         tp = self.prompt_ids.shape[1]
-        first = int(prompt_used[0]) if len(prompt_used) else tp
-        response_used = self.response_attention_mask.any(0).nonzero()
-        t = int(response_used[-1]) + 1 if len(response_used) else 0
-        return self.replace(
-            prompt_ids=self.prompt_ids[:, first:],
-            response_ids=self.response_ids[:, :t],
-            attention_mask=torch.cat(
-                [self.prompt_mask[:, first:], self.response_attention_mask[:, :t]], dim=1
-            ),
-            response_mask=self.response_mask[:, :t],
-            **{name: _columns(getattr(self, name), t) for name in OPTIONAL_FIELDS},
-            extras={k: v if v.dim() == 1 else v[:, :t] for k, v in self.extras.items()},
-        )
+        kept = self.__dict__.get("_lengths")
+        if widths is None and kept is not None:
+            widths = (max(kept[0], default=0), max(kept[1], default=0))
+        if widths is None:
+            prompt_used = self.prompt_mask.any(0).nonzero()
+            first = int(prompt_used[0]) if len(prompt_used) else tp
+            response_used = self.response_attention_mask.any(0).nonzero()
+            t = int(response_used[-1]) + 1 if len(response_used) else 0
+        else:
+            first, t = tp - widths[0], widths[1]
+        with _derived():  # unused columns dropped: the value checks still hold
+            child = self.replace(
+                prompt_ids=self.prompt_ids[:, first:],
+                response_ids=self.response_ids[:, :t],
+                attention_mask=torch.cat(
+                    [self.prompt_mask[:, first:], self.response_attention_mask[:, :t]], dim=1
+                ),
+                response_mask=self.response_mask[:, :t],
+                **{name: _columns(getattr(self, name), t) for name in OPTIONAL_FIELDS},
+                extras={k: v if v.dim() == 1 else v[:, :t] for k, v in self.extras.items()},
+            )
+        return child._keep_lengths(kept) if "_lengths" in self.__dict__ else child
 
     def balanced_shares(self, parts: int) -> list[list[int]]:
         """Row indices for each of ``parts`` workers, balanced by real tokens (each sorted):
@@ -322,7 +386,11 @@ class Rollouts:
             for f in dataclasses.fields(self)
             if isinstance(getattr(self, f.name), Tensor)
         }
-        return self.replace(**moved, extras={k: v.to(device) for k, v in self.extras.items()})
+        with _derived():  # the same values, moved
+            child = self.replace(**moved, extras={k: v.to(device) for k, v in self.extras.items()})
+        return (
+            child._keep_lengths(self.__dict__["_lengths"]) if "_lengths" in self.__dict__ else child
+        )
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -467,9 +535,11 @@ def balanced_partition(lengths: Sequence[int], parts: int) -> list[list[int]]:
 
 
 # ---------------------------------------------------------------------- helpers
-def _as_row_index(index: Index, b: int) -> Tensor:
+def _as_row_index(index: Index, b: int) -> tuple[Tensor, list[int]]:
+    """The rows ``index`` picks, as an index tensor and as a list (read once)."""
     if isinstance(index, slice):
-        return torch.arange(b)[index]
+        picked = list(range(b)[index])
+        return torch.tensor(picked, dtype=torch.long), picked
     rows = torch.as_tensor(index)
     if rows.dtype == torch.bool:
         if rows.shape != (b,):
@@ -477,17 +547,34 @@ def _as_row_index(index: Index, b: int) -> Tensor:
                 f"Rollouts.select: bool mask has shape {shape_of(rows)}, expected ({b},); pass "
                 "one bool per row"
             )
-        return rows.nonzero().flatten()
-    rows = rows.long().flatten()
-    if len(rows) and (rows.min() < -b or rows.max() >= b):
+        rows = rows.nonzero().flatten()
+    values = rows.long().flatten().tolist()  # one read: the range check and the rows' lists
+    if values and (min(values) < -b or max(values) >= b):
         raise IndexError(
             f"Rollouts.select: row index out of range for a batch of {b}; pass indices in "
             f"{-b}..{b - 1}"
         )
-    return rows % b if len(rows) else rows
+    picked = [v % b for v in values]
+    return torch.tensor(picked, dtype=torch.long, device=rows.device), picked
 
 
-def _rows(x: Tensor | None, rows: Tensor) -> Tensor | None:
+_derivation = threading.local()
+
+
+@contextlib.contextmanager
+def _derived() -> Any:
+    """Batches built inside are derived from a checked one (its rows, its used columns, or
+    fields other than the masks replaced): their shape checks run, the checks of the masks'
+    values (a read of the data) are skipped."""
+    before = getattr(_derivation, "active", False)
+    _derivation.active = True
+    try:
+        yield
+    finally:
+        _derivation.active = before
+
+
+def _rows(x: Tensor | None, rows: slice | Tensor) -> Tensor | None:
     return None if x is None else x[rows]
 
 

@@ -14,11 +14,14 @@ import traceback
 from collections import Counter
 from typing import Any, Self
 
+import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-#: Tensor methods that copy values to the host (seen by a torch-function mode).
-READS = {"tolist", "numpy", "cpu"}
+#: Tensor methods that copy values to Python or NumPy (seen by a torch-function mode). Moves
+#: (``.to(device)``, ``.cpu()``) are not counted: on the CPU a move to the model's device
+#: cannot be told from a move to the host.
+READS = {"tolist", "numpy"}
 #: Operators that read a value or size their output by the data (seen by a dispatch mode).
 SYNCING = {
     "aten._local_scalar_dense.default",  # .item(), bool(), int(), float()
@@ -27,8 +30,9 @@ SYNCING = {
     "aten._unique2.default",
     "aten.unique_consecutive.default",
     "aten.unique_dim.default",
-    "aten.repeat_interleave.Tensor",
 }
+#: Counted only without ``output_size`` (given it, the output's size is known in advance).
+SIZED_BY_DATA = "aten.repeat_interleave.Tensor"
 
 
 class _Functions(TorchFunctionMode):
@@ -40,8 +44,6 @@ class _Functions(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name in READS:
             _count(self.counts, name)
-        elif name == "to" and any(str(a) == "cpu" for a in (*args[1:], *(kwargs or {}).values())):
-            _count(self.counts, "to(cpu)")
         return func(*args, **(kwargs or {}))
 
 
@@ -52,11 +54,10 @@ class _Operators(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
         name = str(func)
-        if name in SYNCING:
+        if name in SYNCING or (name == SIZED_BY_DATA and (kwargs or {}).get("output_size") is None):
             _count(self.counts, name)
         elif name == "aten.index.Tensor" and any(
-            i is not None and i.dtype.is_floating_point is False and i.dtype == _bool()
-            for i in args[1]
+            i is not None and i.dtype == torch.bool for i in args[1]
         ):
             _count(self.counts, "aten.index.Tensor(bool)")
         return func(*args, **(kwargs or {}))
@@ -67,12 +68,6 @@ def _count(counts: Counter, name: str) -> None:
     frames = [f for f in traceback.extract_stack() if "/rlblocks/" in f.filename]
     where = f"{frames[-1].filename.split('/rlblocks/')[-1]}:{frames[-1].lineno}" if frames else "?"
     counts[f"{name} @ {where}"] += 1
-
-
-def _bool() -> Any:
-    import torch
-
-    return torch.bool
 
 
 class HostReads:

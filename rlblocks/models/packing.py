@@ -225,14 +225,11 @@ def _attention_configs(model: nn.Module) -> list[Any]:
 
 def _register() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
 
+    # No mask function is registered: transformers then builds no mask for this attention
+    # (each row's causal mask is sdpa's is_causal) and skips its packed-sequence detection,
+    # which reads a value back from the device on every forward.
     AttentionInterface.register(ROW_ATTENTION, _row_attention)
-    AttentionMaskInterface.register(ROW_ATTENTION, _no_mask)
-
-
-def _no_mask(*args: Any, **kwargs: Any) -> None:
-    """The mask of the row attention: none (each row's causal mask is sdpa's ``is_causal``)."""
 
 
 def _row_attention(

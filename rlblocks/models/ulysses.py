@@ -56,7 +56,7 @@ import torch.distributed._functional_collectives as funcol
 from einops import rearrange, repeat
 from torch import Tensor, nn
 
-from rlblocks.models.packing import _attention_configs, _no_mask, attend_rows, attention_path
+from rlblocks.models.packing import _attention_configs, attend_rows, attention_path
 
 ULYSSES_ATTENTION = "rlblocks_ulysses"
 """The name under which the sequence-parallel attention is registered with transformers."""
@@ -180,10 +180,9 @@ def sequence_parallel(model: nn.Module, shard: Shard, *, tp: int = 1) -> Iterato
     Restores the model's own attention implementation at the end."""
     _check_model(model, shard.size, tp)
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
 
+    # No mask function registered: transformers builds none (module docstring of packing).
     AttentionInterface.register(ULYSSES_ATTENTION, _ulysses_attention)
-    AttentionMaskInterface.register(ULYSSES_ATTENTION, _no_mask)
     configs = _attention_configs(model)
     saved = [config._attn_implementation for config in configs]
     previous = getattr(_state, "shard", None)

@@ -131,6 +131,11 @@ def micro_batches(rollouts: Rollouts, config: TrainConfig) -> tuple[list[Rollout
 def check_token_budget(rollouts: Rollouts, budget: int) -> None:
     """Refuse a row with more real tokens (prompt + response) than ``budget``, the
     ``micro_batch_tokens`` every forward is sized for, naming the longest such row."""
+    kept = rollouts.known_lengths()
+    if kept is not None:
+        totals = [p + r for p, r in zip(*kept, strict=True)]
+        if not totals or max(totals) <= budget:
+            return
     lengths = rollouts.attention_mask.sum(-1)
     if len(lengths) and int(lengths.max()) > budget:
         row = int(lengths.argmax())
@@ -144,6 +149,11 @@ def check_token_budget(rollouts: Rollouts, budget: int) -> None:
 
 def length_order(rollouts: Rollouts) -> Tensor:
     """Row indices sorted by response length, then prompt length (stable: ties keep order)."""
+    kept = rollouts.known_lengths()
+    if kept is not None:  # on the host already: no read
+        prompt_lengths, response_lengths = kept
+        order = sorted(range(len(rollouts)), key=lambda i: (response_lengths[i], prompt_lengths[i]))
+        return torch.tensor(order, dtype=torch.long)
     response = rollouts.response_attention_mask.sum(-1)
     prompt = rollouts.prompt_mask.sum(-1)
     key = response * (rollouts.prompt_ids.shape[1] + 1) + prompt

@@ -65,12 +65,21 @@ class StepMetrics:
             self._sums = dict(zip(keys, flat[: len(keys)], strict=True))
             self._tokens = flat[len(keys)]
             self._losses = list(flat[len(keys) + 1 :])
-        tokens = float(self._tokens)
-        out = {k: float(self._sums[k]) / tokens if tokens > 0 else math.nan for k in keys}
-        out["loss"] = _mean(self._losses)
-        out["grad_norm"] = _mean(self._grad_norms)
+        # One transfer for every number (on a GPU each float() would wait for the device).
+        means = [_mean_tensor(self._losses), _mean_tensor(self._grad_norms)]
+        parts = [torch.as_tensor(self._tokens, dtype=torch.float64).reshape(1)]
+        parts += [self._sums[k].double().reshape(1).to(parts[0].device) for k in keys]
+        parts += [m.to(parts[0].device).reshape(1) for m in means]
+        tokens, *values = torch.cat(parts).tolist()
+        out = {
+            k: v / tokens if tokens > 0 else math.nan for k, v in zip(keys, values, strict=False)
+        }
+        out["loss"], out["grad_norm"] = values[len(keys)], values[len(keys) + 1]
         return out
 
 
-def _mean(values: list[Tensor]) -> float:
-    return float(torch.stack(values).mean()) if values else math.nan
+def _mean_tensor(values: list[Tensor]) -> Tensor:
+    """The mean of ``values`` as a float64 scalar tensor; NaN when there is none."""
+    if not values:
+        return torch.tensor(math.nan, dtype=torch.float64)
+    return torch.stack([v.double().to(values[0].device) for v in values]).mean()
