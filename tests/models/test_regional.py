@@ -87,7 +87,14 @@ def _within_eager_error(compiled, eager, exact):
     assert gap <= 2 * error, (float(gap), float(error))
 
 
-@pytest.mark.parametrize("mode", list(rb.losses.AGGREGATIONS))
+# token-mean in the default run; the other three (about 10 s each) in .ci/run's slow step.
+@pytest.mark.parametrize(
+    "mode",
+    [
+        m if m == "token-mean" else pytest.param(m, marks=pytest.mark.slow)
+        for m in rb.losses.AGGREGATIONS
+    ],
+)
 def test_compiled_update_is_the_eager_update_in_every_aggregation(mode):
     # Two epochs × two mini-batches, one row per micro-batch: four AdamW steps, float32. The
     # update Δw = w_after − w_before as one vector (its 2-norm error). Not weight by weight: AdamW's
