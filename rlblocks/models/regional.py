@@ -18,10 +18,10 @@ Decisions worth knowing:
   bounds at run time, so the bounds are no constant of the graph.
 - **What wraps a block stays eager**: gradient checkpointing (Hugging Face's layer ``__call__``)
   and FSDP2's gather hooks run around the compiled ``forward``, as torchtitan orders them.
+- **LoRA** compiles too: peft's adapter layers sit inside the blocks and trace with them.
 - **Refused by name**: tensor and sequence parallelism (their attention and DTensor layers
-  are not traced here), a peft (LoRA) model (its compiled blocks did not reproduce the eager
-  forward: refused rather than trained wrong), attention implementations other than sdpa /
-  eager / the row attention, and a module without Hugging Face decoder blocks.
+  are not traced here), attention implementations other than sdpa / eager / the row
+  attention, and a module without Hugging Face decoder blocks.
 """
 
 from __future__ import annotations
@@ -59,13 +59,6 @@ def compile_blocks(model: nn.Module, *, owner: str) -> int:
             f"{owner}: compile=True needs a Hugging Face causal LM with decoder blocks "
             f"(GradientCheckpointingLayer modules); {type(model).__name__} has none; pass "
             "compile=False"
-        )
-    if hasattr(model, "peft_config"):
-        # Measured: the compiled blocks of a peft LoRA model scored ~0.3 nats away from eager
-        # (transformers 5.19, peft 0.18, torch 2.13); refused until that is understood.
-        raise ValueError(
-            f"{owner}: compile=True with a peft adapter (LoRA) is not built: its compiled "
-            "blocks did not reproduce the eager forward; pass compile=False for LoRA"
         )
     config: Any = getattr(model, "config", None)
     implementation = getattr(config, "_attn_implementation", "sdpa")

@@ -24,11 +24,10 @@ from rlblocks.trainer.config import TrainConfig
 
 
 def resolve(
-    config: TrainConfig, device: torch.device, dtype: torch.dtype, *, adapter: bool, owner: str
+    config: TrainConfig, device: torch.device, dtype: torch.dtype, *, owner: str
 ) -> TrainConfig:
     """``config`` with ``bf16`` and ``compile`` decided for a model on ``device`` with
-    parameters of ``dtype`` (module docstring), ``adapter`` when it is a LoRA model;
-    ``ValueError`` naming ``owner`` for bf16 asked
+    parameters of ``dtype`` (module docstring); ``ValueError`` naming ``owner`` for bf16 asked
     on a GPU without it."""
     bf16, compiled = config.bf16, config.compile
     cuda = device.type == "cuda"
@@ -40,6 +39,6 @@ def resolve(
             f"{owner}: bf16=True, and {name} has no bf16 arithmetic; pass bf16=False (float32 "
             "compute; fp16 autocast needs loss scaling, which is not built)"
         )
-    if compiled is None:  # LoRA: refused by the compiled blocks (rlblocks.models.regional)
-        compiled = cuda and config.tp == 1 and config.sp == 1 and not adapter
+    if compiled is None:
+        compiled = cuda and config.tp == 1 and config.sp == 1
     return dataclasses.replace(config, bf16=bool(bf16), compile=bool(compiled))

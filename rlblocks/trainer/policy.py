@@ -155,7 +155,6 @@ class PolicyTrainer:
             self.config,
             parameter.device,
             parameter.dtype,
-            adapter=is_peft_model(self.model),
             owner="PolicyTrainer",
         )
         if self.config.compile:  # every decoder block compiled (rlblocks.models.regional)
