@@ -217,55 +217,68 @@ def run_trl(
     path: str, batches: dict[int, tuple[rb.Rollouts, torch.Tensor]],
     args: argparse.Namespace, report: Callable[[Row], None],
 ) -> None:  # fmt: skip
-    """TRL's update alone on each token count's rows (module docstring)."""
+    """TRL's update alone on each token count's rows (module docstring), a fresh model each."""
+    import datasets  # noqa: F401  # ImportError here: the row is "not measured"
+    import trl  # noqa: F401
+
+    for tokens, (ro, advantages) in batches.items():
+        report(trl_update(path, tokens, ro, advantages, args))
+        gc.collect()
+
+
+class StepClock(transformers.TrainerCallback):
+    """Seconds of every optimizer step, ``on_step_begin`` to ``on_step_end``, device synced."""
+
+    def __init__(self, device: str) -> None:
+        self.device, self.times = device, []
+
+    def on_step_begin(self, *_: Any, **__: Any) -> None:
+        sync(self.device)
+        self.begin = time.perf_counter()
+
+    def on_step_end(self, *_: Any, **__: Any) -> None:
+        sync(self.device)
+        self.times.append(time.perf_counter() - self.begin)
+
+
+def trl_update(
+    path: str, tokens: int, ro: rb.Rollouts, advantages: torch.Tensor, args: argparse.Namespace
+) -> Row:
+    """``GRPOTrainer.train()`` whose generation hands back ``ro``: only its update runs."""
     import datasets
     import trl
 
-    for tokens, (ro, advantages) in batches.items():
-        model, tokenizer = rb.models.load(path, dtype=args.torch_dtype, device=args.device)
-        rows, g = len(ro), args.group_size
-        micro = trl_micro_rows(rows, tokens, args.micro_batch_tokens)
-        inputs = {
-            "prompt_ids": ro.prompt_ids, "prompt_mask": ro.attention_mask[:, : ro.prompt_ids.shape[1]].long(),
-            "completion_ids": ro.response_ids, "completion_mask": ro.response_mask.long(),
-            "advantages": advantages, "num_items_in_batch": ro.response_mask.sum().float(),
-        }  # fmt: skip
-        times: list[float] = []
-
-        class Clock(transformers.TrainerCallback):
-            def on_step_begin(self, *_: Any, **__: Any) -> None:
-                sync(args.device)
-                self.begin = time.perf_counter()
-
-            def on_step_end(self, *_: Any, **__: Any) -> None:
-                sync(args.device)
-                times.append(time.perf_counter() - self.begin)
-
-        steps = args.warmup + args.steps
-        data = [{"prompt": "x"} for _ in range(steps * rows // g)]
-        with tempfile.TemporaryDirectory() as folder, peak_memory(args.device) as peak:
-            config = trl.GRPOConfig(
-                output_dir=folder, max_steps=steps, seed=args.seed, shuffle_dataset=False,
-                per_device_train_batch_size=micro, gradient_accumulation_steps=rows // micro,
-                generation_batch_size=rows, num_generations=g, max_completion_length=ro.response_ids.shape[1],
-                beta=0.0, epsilon=CLIP[0], epsilon_high=CLIP[1], loss_type="dapo",
-                learning_rate=args.lr, lr_scheduler_type="constant", gradient_checkpointing=False,
-                use_cpu=torch.device(args.device).type == "cpu", bf16=args.torch_dtype == torch.bfloat16,
-                disable_tqdm=True, report_to="none", logging_strategy="no", save_strategy="no",
-                eval_strategy="no",
-            )  # fmt: skip
-            trainer = trl.GRPOTrainer(model=model, reward_funcs=lambda completions, **_: [0.0],
-                                      args=config, processing_class=tokenizer,
-                                      train_dataset=datasets.Dataset.from_list(data),
-                                      callbacks=[Clock()])  # fmt: skip
-            trainer._generate_and_score_completions = lambda batch: dict(inputs)  # the rows
-            trainer.remove_callback(transformers.PrinterCallback)
-            trainer.train()
-        # peak covers the warm-up too: TRL's steps run inside one train() call
-        report(Row("trl", tokens, rows, times[0], times[args.warmup :], args.flops[tokens],
-                   peak[0], f"{rows // micro} x {micro} padded rows"))  # fmt: skip
-        del trainer, model
-        gc.collect()
+    model, tokenizer = rb.models.load(path, dtype=args.torch_dtype, device=args.device)
+    rows, g = len(ro), args.group_size
+    micro = trl_micro_rows(rows, tokens, args.micro_batch_tokens)
+    inputs = {
+        "prompt_ids": ro.prompt_ids, "prompt_mask": ro.attention_mask[:, : ro.prompt_ids.shape[1]].long(),
+        "completion_ids": ro.response_ids, "completion_mask": ro.response_mask.long(),
+        "advantages": advantages, "num_items_in_batch": ro.response_mask.sum().float(),
+    }  # fmt: skip
+    clock, steps = StepClock(args.device), args.warmup + args.steps
+    data = [{"prompt": "x"} for _ in range(steps * rows // g)]  # one generation batch a step
+    with tempfile.TemporaryDirectory() as folder, peak_memory(args.device) as peak:
+        config = trl.GRPOConfig(
+            output_dir=folder, max_steps=steps, seed=args.seed, shuffle_dataset=False,
+            per_device_train_batch_size=micro, gradient_accumulation_steps=rows // micro,
+            generation_batch_size=rows, num_generations=g, max_completion_length=ro.response_ids.shape[1],
+            beta=0.0, epsilon=CLIP[0], epsilon_high=CLIP[1], loss_type="dapo",
+            learning_rate=args.lr, lr_scheduler_type="constant", gradient_checkpointing=False,
+            use_cpu=torch.device(args.device).type == "cpu", bf16=args.torch_dtype == torch.bfloat16,
+            disable_tqdm=True, report_to="none", logging_strategy="no", save_strategy="no",
+            eval_strategy="no",
+        )  # fmt: skip
+        trainer = trl.GRPOTrainer(model=model, reward_funcs=lambda completions, **_: [0.0],
+                                  args=config, processing_class=tokenizer,
+                                  train_dataset=datasets.Dataset.from_list(data),
+                                  callbacks=[clock])  # fmt: skip
+        trainer._generate_and_score_completions = lambda batch: dict(inputs)  # the rows
+        trainer.remove_callback(transformers.PrinterCallback)
+        trainer.train()
+    # the peak covers model loading and the warm-up too: TRL's steps run in one train() call
+    return Row("trl", tokens, rows, clock.times[0], clock.times[args.warmup :],
+               args.flops[tokens], peak[0], f"{rows // micro} x {micro} padded rows")  # fmt: skip
 
 
 # ---------------------------------------------------------------------- report
@@ -323,13 +336,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", default=None,
                    help=f"real tokens per step, a comma list (default 4096,16384,65536 on a GPU, "
                         f"{MAIN_JOB_TOKENS} on a CPU: the main job's batch)")  # fmt: skip
-    p.add_argument("--prompt-tokens", default=None,
-                   help="prompt lengths lo,hi (default 43,62 on a CPU, 64,256 on a GPU)")
-    p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="longest response (default 32 on a CPU, 1024 on a GPU)")
+    p.add_argument(
+        "--prompt-tokens",
+        default=None,
+        help="prompt lengths lo,hi (default 43,62 on a CPU, 64,256 on a GPU)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="longest response (default 32 on a CPU, 1024 on a GPU)",
+    )
     p.add_argument("--group-size", type=int, default=6, help="rows per prompt")
-    p.add_argument("--micro-batch-tokens", type=int, default=None,
-                   help="real tokens per forward/backward (default 1024 CPU, 16384 GPU)")
+    p.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=None,
+        help="real tokens per forward/backward (default 1024 CPU, 16384 GPU)",
+    )
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before the timed ones")
     p.add_argument("--steps", type=int, default=3, help="timed steps (median reported)")
@@ -337,10 +361,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     cores = len(os.sched_getaffinity(0))
     p.add_argument("--threads", type=int, default=cores, help=f"CPU threads (default {cores})")
-    p.add_argument("--matmul-size", type=int, default=None,
-                   help="n of the reference n×n×n matmul (default 8192 GPU, 1024 CPU)")
-    p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="print the N aten operators of one compiled step")
+    p.add_argument(
+        "--matmul-size",
+        type=int,
+        default=None,
+        help="n of the reference n×n×n matmul (default 8192 GPU, 1024 CPU)",
+    )
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="print the N aten operators of one compiled step",
+    )
     p.add_argument("--out", type=Path, default=None, help="write update.json / update.md here")
     args = p.parse_args(argv)
     gpu = torch.device(args.device).type == "cuda"
@@ -417,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
                     run_rlblocks(name == "compiled", path, batches, args, report)
             except ImportError as error:
                 missing[name] = f"{error}; pip install 'rlblocks[bench]'"
-            except Exception as error:  # noqa: BLE001  # the others still run; reason recorded
+            except Exception as error:  # the others still run; reason recorded
                 if name != "trl":
                     raise
                 traceback.print_exc()
