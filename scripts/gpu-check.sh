@@ -2,9 +2,10 @@
 # The GPU check of docs/gpu.md, in one go, in at most 8 minutes on one H100: install from .whl/
 # what the machine's image lacks (TRL, datasets, ...: scripts/gpu_wheels.py), run the GPU tests
 # (pytest -m gpu), then on a random-init Qwen2.5-0.5B-shaped model in bf16 with EOS-terminated
-# responses: benchmarks/rollout.py (every engine's tokens/s at 256 and 64 rows) and
-# benchmarks/grpo_step.py (the floor, rlblocks with its fastest engine, rlblocks with HF
-# generate, TRL, and the continuous-batching engine). Everything lands in one folder.
+# responses: benchmarks/rollout.py (every engine's tokens/s at 256 and 64 rows),
+# benchmarks/update.py (the policy update alone: eager, compiled and TRL's, at 4k/16k/64k
+# tokens) and benchmarks/grpo_step.py (the floor, rlblocks with its fastest engine, rlblocks
+# with HF generate, TRL, and the continuous-batching engine). Everything lands in one folder.
 #
 #   bash scripts/gpu-check.sh [--dry-run] [--out DIR]
 #
@@ -32,14 +33,17 @@ wheels=${GPU_WHEELS:-.whl}
 py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 site=${GPU_SITE:-/tmp/gpu-check-site}
 
-# Each timed step has a deadline: tests 90 s, rollout 150 s, GRPO step 200 s; with the
-# install, the checks and the models written, the whole check stays under 8 minutes.
+# Each timed step has a deadline: tests 90 s, rollout 120 s, update 80 s, GRPO step 150 s;
+# with the install, the checks and the models written, the whole check stays under 8 minutes.
 TESTS_S=90
-ROLLOUT_S=150
-BENCH_S=200
+ROLLOUT_S=120
+UPDATE_S=80
+BENCH_S=150
 ROLLOUT=(benchmarks/rollout.py --model qwen2-0.5b-random --dtype bfloat16 --device cuda
     --responses eos --n 4 --max-new-tokens 256 --repeats 2 --threads 4
     --engines hf compiled cb)
+UPDATE=(benchmarks/update.py --model qwen2-0.5b-random --dtype bfloat16 --device cuda
+    --tokens 4096,16384,65536 --warmup 1 --steps 3 --threads 4)
 BENCH=(benchmarks/grpo_step.py --model qwen2-0.5b-random --dtype bf16 --device cuda
     --responses eos --prompts 64 --group-size 4 --max-new-tokens 256 --micro-batch 32
     --steps 3 --repeats 1 --threads 4 --keep-going
@@ -100,6 +104,10 @@ logged "$out/rollout.txt" timeout "$ROLLOUT_S" bash -c 'py=$1 dir=$2; shift 2
     rollout "$py" "$out" "${ROLLOUT[@]}"
 rollout_rc=$?
 
+# The update alone on rows already made: eager, compiled blocks and TRL's, 4k to 64k tokens.
+logged "$out/update.txt" timeout "$UPDATE_S" "$py" "${UPDATE[@]}" --out "$out/update"
+update_rc=$?
+
 logged "$out/benchmark.txt" timeout "$BENCH_S" "$py" "${BENCH[@]}" --out "$out"
 bench_rc=$?
 
@@ -107,6 +115,6 @@ if [ "$dry" = 1 ]; then
     echo "gpu-check: dry run: the wheels are complete; nothing above was run"
     exit 0
 fi
-echo "gpu-check: GPU tests exit $tests_rc, rollout exit $rollout_rc, GRPO step exit $bench_rc" \
-    "(124: past its deadline); results in $out"
-[ "$tests_rc" = 0 ] && [ "$rollout_rc" = 0 ] && [ "$bench_rc" = 0 ]
+echo "gpu-check: GPU tests exit $tests_rc, rollout exit $rollout_rc, update exit $update_rc," \
+    "GRPO step exit $bench_rc (124: past its deadline); results in $out"
+[ "$tests_rc" = 0 ] && [ "$rollout_rc" = 0 ] && [ "$update_rc" = 0 ] && [ "$bench_rc" = 0 ]

@@ -440,3 +440,39 @@ def test_rollout_benchmark_measures_every_engine_on_the_tiny_model(tmp_path, cap
     saved = json.loads((tmp_path / "rollout.json").read_text())
     assert len(saved["rows"]) == 5 and saved["setup"]["bandwidth"] > 0
     assert (tmp_path / "rollout.md").read_text().startswith("| engine |")
+
+
+def test_update_benchmark_rows_total_the_tokens_in_whole_groups():
+    bench = load_benchmark("update")
+    for tokens in (12, 100, 3264):
+        lengths = bench.row_lengths(tokens, group_size=6, prompt=(43, 62), max_new=32, seed=0)
+        assert sum(p + r for p, r in lengths) == tokens and len(lengths) % 6 == 0
+        assert all(p >= 1 and r >= 1 for p, r in lengths)
+    # 12 tokens in a group of 6: every row trimmed to 1 prompt + 1 response token
+    assert bench.row_lengths(12, group_size=6, prompt=(43, 62), max_new=32, seed=0) == [(1, 1)] * 6
+    # 3 micro-batches of 1000 tokens over 3000 tokens in 48 rows: 16 rows each, a divisor of 48
+    assert bench.trl_micro_rows(48, 3000, 1000) == 16
+    assert bench.trl_micro_rows(42, 3000, 1000) == 14 and bench.trl_micro_rows(10, 3000, 1000) == 5
+
+
+def test_update_benchmark_times_eager_and_compiled_on_the_tiny_model(tmp_path, capsys):
+    # Timings on the tiny model mean nothing; what is checked: both systems step on the same
+    # rows at two token counts (one compile: dynamic shapes), every time is positive, the MFU
+    # is computed against the run's matmul, and the table and JSON are written.
+    bench = load_benchmark("update")
+    rows = bench.main(["--model", "tiny", "--tokens", "64,150", "--warmup", "1", "--steps", "2",
+                       "--threads", "1", "--systems", "eager", "compiled",
+                       "--out", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert [(r.system, r.tokens) for r in rows] == [
+        ("eager", 64), ("eager", 150), ("compiled", 64), ("compiled", 150),
+    ]  # fmt: skip
+    assert all(len(r.seconds) == 2 and min(r.seconds) > 0 and r.first_s > 0 for r in rows)
+    assert all(r.flops > 0 and r.rows % 6 == 0 for r in rows)
+    assert "compiled / eager at 150 tokens: " in out
+    saved = json.loads((tmp_path / "update.json").read_text())
+    assert saved["matmul_flops_per_s"] > 0 and len(saved["rows"]) == 4
+    for row in saved["rows"]:
+        assert row["median_s"] > 0 and row["tokens_per_s"] > 0 and 0 < row["mfu"]
+        assert row["peak_bytes"] >= 0 and row["system"] in ("eager", "compiled")
+    assert (tmp_path / "update.md").read_text().splitlines()[2].startswith("| system |")

@@ -104,10 +104,11 @@ def test_the_dry_run_prints_every_command_and_runs_none(tmp_path):
         [sys.executable, "scripts/gpu_wheels.py"],  # the check against what is installed
         ["nvidia-smi"],
         ["timeout", "90"],  # pytest -m gpu
-        ["timeout", "150"],  # the rollout benchmark, 256 then 64 rows
-        ["timeout", "200"],  # the GRPO step
+        ["timeout", "120"],  # the rollout benchmark, 256 then 64 rows
+        ["timeout", "80"],  # the update alone
+        ["timeout", "150"],  # the GRPO step
     ]
-    install, tests, rollout, bench = commands[1], commands[4], commands[5], commands[6]
+    install, tests, rollout, update, bench = commands[1], *commands[4:8]
     assert "--no-index --no-deps" in install and f"--target {tmp_path / 'site'}" in install
     assert all(f"{tmp_path / 'wheels'}/{n}-{v}-py3-none-any.whl" in install for n, v in REQUIRES)
     assert "-m pytest -m gpu" in tests and "tests/trainer/test_gpu.py" in tests
@@ -117,6 +118,11 @@ def test_the_dry_run_prints_every_command_and_runs_none(tmp_path):
         "benchmarks/rollout.py --model qwen2-0.5b-random --dtype bfloat16 --device cuda" in rollout
     )
     assert "--engines hf compiled cb" in rollout and "rollout-256" in rollout
+    assert (
+        "benchmarks/update.py --model qwen2-0.5b-random --dtype bfloat16 --device cuda "
+        "--tokens 4096,16384,65536" in update.replace("\\,", ",")  # printf %q escapes commas
+    )
+    assert update.endswith(f"--out {tmp_path / 'out' / 'update'}")
     assert "--keep-going" in bench  # one system failing leaves the others measured
     assert bench.endswith(f"--out {tmp_path / 'out'}")
     assert "nothing above was run" in result.stdout
