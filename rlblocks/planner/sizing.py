@@ -78,6 +78,14 @@ class Setup:
     colocated: bool
     sleep: bool
     gpu_memory_utilization: float
+    autocast: bool = False
+    """bf16 autocast over parameters of ``dtype``: activations and the head's hidden states in
+    bf16, weights, gradients and AdamW state in ``dtype`` (``TrainConfig.bf16``)."""
+
+    @property
+    def compute(self) -> torch.dtype:
+        """The dtype of the activations: bf16 under autocast, else ``dtype``."""
+        return torch.bfloat16 if self.autocast else self.dtype
 
 
 @dataclass(frozen=True)
@@ -171,7 +179,8 @@ class Plan:
                 f"{', colocated' if s.colocated else ''}{', sleeping' if s.sleep else ''}"
             )
         head = (
-            f"memory plan of {self.model}: {str(s.dtype).removeprefix('torch.')}, "
+            f"memory plan of {self.model}: {str(s.dtype).removeprefix('torch.')}"
+            f"{' with bf16 autocast' if s.autocast else ''}, "
             f"{'LoRA' if s.lora else 'full'}, {s.optimizer}, {s.tokens} tokens per forward"
             f"{', checkpointing' if s.gradient_checkpointing else ''}, {layout}{engine}"
         )
@@ -200,6 +209,7 @@ def plan(
     gpu_memory_utilization: float = 0.5,
     device_memory: int | None = None,
     shape: ModelShape | None = None,
+    autocast: bool = False,
 ) -> Plan:
     """Size a run before it loads anything: bytes per device by part, the peak, and whether it
     fits ``device_memory`` (bytes of one device; None: the first CUDA device's total, else this
@@ -213,7 +223,10 @@ def plan(
     ``engine``: ``"hf"``, ``"vllm"`` or None, sampling ``rollout_rows`` rows of up to
     ``rollout_tokens`` tokens (prompt + response); ``engine_copy``: the engine holds its own
     weights (None: vLLM does, HF does not); ``colocated``: the engine shares the trainer's
-    devices; ``sleep``: a colocated vLLM frees its memory while the trainer runs."""
+    devices; ``sleep``: a colocated vLLM frees its memory while the trainer runs;
+    ``autocast``: bf16 autocast over ``dtype`` parameters (what ``PolicyTrainer`` runs on a GPU
+    for a float32 model): weights, gradients and AdamW state in ``dtype``, activations in
+    bf16."""
     from rlblocks.losses.entropy import DEFAULT_CHUNK_SIZE
 
     torch_dtype = _dtype(dtype)
@@ -248,8 +261,9 @@ def plan(
         raise ValueError(
             f"plan: gpu_memory_utilization={gpu_memory_utilization}; pass a share in (0, 1]"
         )
+    compute = torch.bfloat16 if autocast else torch_dtype
     if shape is None:
-        shape = model_shape(model, lora=lora, dtypes=(torch_dtype,))
+        shape = model_shape(model, lora=lora, dtypes=tuple({torch_dtype, compute}))
     setup = Setup(
         dtype=torch_dtype,
         optimizer=optimizer,
@@ -268,6 +282,7 @@ def plan(
         colocated=colocated,
         sleep=sleep and engine == "vllm" and colocated,
         gpu_memory_utilization=gpu_memory_utilization,
+        autocast=autocast,
     )
     capacity = device_memory if device_memory is not None else _device_memory()
     result = _size(shape, setup, capacity)
@@ -295,7 +310,7 @@ def _size(shape: ModelShape, s: Setup, capacity: int | None) -> Plan:
     # product), the gradient of the hidden states, and the head's float32 weight gradient when
     # the head trains (not with LoRA).
     head_grad = 0 if s.lora else vocab * shape.hidden * 4
-    logits = 20 * chunk * vocab + tokens * shape.hidden * b + head_grad
+    logits = 20 * chunk * vocab + tokens * shape.hidden * s.compute.itemsize + head_grad
     trainer = {
         "weights": weights,
         "reference": shape.params * b // split if s.reference else 0,
@@ -341,11 +356,11 @@ def _activations(shape: ModelShape, s: Setup, tokens: int, head: int) -> int:
     recomputed; and the gradients of the layer's largest tensor and of its two inputs, 3 ×
     the largest saved tensor; by then the head's and the final norm's tensors are freed).
     The larger of the two, less ``head``, is counted here."""
-    if s.dtype not in shape.act_per_token:
+    if s.compute not in shape.act_per_token:
         return 0
-    total, wide, largest = shape.act_per_token[s.dtype]
+    total, wide, largest = shape.act_per_token[s.compute]
     per_layer = wide + (total - wide) / s.tp  # per token
-    b = s.dtype.itemsize
+    b = s.compute.itemsize
     outside = 4 * shape.hidden * b
     layers: float  # bytes per token of every layer
     if s.gradient_checkpointing:
@@ -382,15 +397,15 @@ def _smallest_change(
     for world in (2, 4, 8) if not s.lora else ():  # LoRA is not sharded (above)
         if world > s.world:
             changes.append((f"world={world} ranks (FSDP shards)", {"world": world}))
-    traced: dict[torch.dtype, ModelShape] = {s.dtype: shape}
+    traced: dict[torch.dtype, ModelShape] = {s.compute: shape}
 
     def fits(setup: Setup) -> bool:
-        if setup.dtype not in traced:  # a change of dtype: trace the layer in it too
-            extra = model_shape(model, lora=lora, dtypes=(setup.dtype,))
-            traced[setup.dtype] = dataclasses.replace(
+        if setup.compute not in traced:  # a change of dtype: trace the layer in it too
+            extra = model_shape(model, lora=lora, dtypes=(setup.compute,))
+            traced[setup.compute] = dataclasses.replace(
                 shape, act_per_token={**shape.act_per_token, **extra.act_per_token}
             )
-        return bool(_size(traced[setup.dtype], setup, capacity).fits)
+        return bool(_size(traced[setup.compute], setup, capacity).fits)
 
     for name, override in changes:
         if fits(dataclasses.replace(s, **override)):

@@ -162,9 +162,21 @@ class PolicyTrainer:
         self.has_adapter = is_peft_model(self.model)  # LoRA: only the adapter trains
         self.dp: SingleProcess | DataParallel = SingleProcess()  # see shard()
         self._accumulation = Accumulation()  # forward_backward's gradients until optim_step
+        self._fit_token_budget()  # on a GPU: micro_batch_tokens from its free memory
         start_training(self)  # counters steps, optimizer_steps, skipped_steps; the optimizer
         if self.config.packing and self.reference is not None:
             check_isolation(self.reference, owner="PolicyTrainer (reference)")
+
+    def _fit_token_budget(self) -> None:
+        """``micro_batch_tokens`` from the device's free memory when unset on a GPU (printed
+        with its reason), or a budget set by hand checked against it
+        (``rlblocks.trainer.numerics.fit_token_budget``)."""
+        self.config, reason = numerics.fit_token_budget(
+            self.model, self.config, owner="PolicyTrainer", world=self.dp.size
+        )
+        self._chosen_budget = reason is not None
+        if reason is not None:
+            print(reason)
 
     # Set by start_training and rebuild_optimizer (rlblocks.trainer.update), advanced by its loop.
     optimizer: torch.optim.Optimizer
@@ -243,6 +255,13 @@ class PolicyTrainer:
         if self.config.compile:  # FSDP2 swaps the blocks' classes: their forwards stay compiled
             compile_blocks(self.model, owner="PolicyTrainer")
         self.rebuild_optimizer()
+        if self._chosen_budget:  # sharded: each rank holds less; the group takes the smallest
+            self.config = dataclasses.replace(self.config, micro_batch_tokens=None)
+            self._fit_token_budget()
+            budget = self.config.micro_batch_tokens
+            assert budget is not None  # chosen again
+            smallest = -int(self.dp.all_max(-float(budget)))
+            self.config = dataclasses.replace(self.config, micro_batch_tokens=smallest)
 
     # ------------------------------------------------------------------ scoring (no grad)
     @dispatch(Dispatch.ROWS)

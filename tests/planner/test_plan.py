@@ -222,3 +222,17 @@ def test_a_plan_prints_as_text_and_as_markdown_in_a_notebook(config):
     # A markdown table needs blank lines around it, or the verdict becomes one of its rows.
     assert markdown == f"{p.headline()}\n\n{p.table()}\n\n{p.verdict()}"
     assert p.table().count("\n") == 1 + len(p.trainer) + len(p.engine) + len(p.peaks)
+
+
+def test_bf16_autocast_keeps_float32_state_and_bf16_activations():
+    # PolicyTrainer on a GPU: float32 weights, gradients and AdamW moments, bf16 activations.
+    # So its plan is the float32 plan's state beside the bf16 plan's activations.
+    common = {"tokens": 2048, "engine": None, "device_memory": 2**34}
+    fp32 = rb.plan("smollm2-135m", dtype="fp32", **common)
+    bf16 = rb.plan("smollm2-135m", dtype="bf16", **common)
+    mixed = rb.plan("smollm2-135m", dtype="fp32", autocast=True, **common)
+    for part in ("weights", "reference", "gradients", "optimizer"):
+        assert mixed.trainer[part] == fp32.trainer[part]
+    assert mixed.trainer["activations"] == bf16.trainer["activations"]
+    assert mixed.trainer["logits"] == bf16.trainer["logits"] < fp32.trainer["logits"]
+    assert "with bf16 autocast" in mixed.headline()
