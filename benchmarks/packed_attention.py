@@ -9,7 +9,9 @@ chunked over the vocabulary) and the backward of their sum on one micro-batch of
 in three ways side by side: ``padded`` (``packing=False``: the right-padded ``(b s)`` batch),
 ``packed-rows`` (packing, the row attention as one ``scaled_dot_product_attention`` call per
 row and layer) and ``packed-batched`` (packing, the rows right-padded inside the attention
-only, one call per layer: ``rlblocks.models.packing.attend_rows``). It prints the median
+only, one call per layer: ``rlblocks.models.packing.attend_rows``), and on a GPU in bf16
+``packed-varlen`` (torch's variable-length flash kernel, no padding: ``rlblocks.models.varlen``;
+the trainer's default there). It prints the median
 seconds of each after one warm-up and the ratios, checks that the three give the same
 log-probs to the dtype's rounding, and with ``--profile`` the top operators of one
 ``packed-rows`` and one ``packed-batched`` pass by self time.
@@ -37,6 +39,19 @@ from rlblocks.models import packing as packing_module
 from rlblocks.trainer.forward import score_responses
 
 WAYS = ("padded", "packed-rows", "packed-batched")
+VARLEN_WAY = "packed-varlen"
+"""On a GPU in bf16, where torch has the variable-length flash kernel (rlblocks.models.varlen):
+the packed rows with no padding at all."""
+
+
+def ways_for(device: str, dtype: torch.dtype) -> tuple[str, ...]:
+    """The ways this run times: :data:`WAYS`, and :data:`VARLEN_WAY` where it can run."""
+    from rlblocks.models import varlen
+
+    probe = torch.zeros(1, dtype=dtype, device=device)
+    return WAYS + ((VARLEN_WAY,) if varlen.serves(probe) else ())
+
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -79,11 +94,12 @@ def sync(device: str) -> None:
 def one_pass(model: torch.nn.Module, ro: rb.Rollouts, way: str, chunk_size: int) -> torch.Tensor:
     """Forward and backward of ``way``; returns the log-probs (detached)."""
     packing_module.BATCHED = way == "packed-batched"
+    packing_module.VARLEN = way == "packed-varlen"
     try:
         lp, _ = score_responses(model, ro, chunk_size=chunk_size, packing=way != "padded")
         lp.float().sum().backward()
     finally:
-        packing_module.BATCHED = None
+        packing_module.BATCHED = packing_module.VARLEN = None
     model.zero_grad(set_to_none=True)
     return lp.detach()
 
@@ -109,7 +125,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(title, flush=True)
     seconds: dict[str, list[float]] = {}
     scores: dict[str, torch.Tensor] = {}
-    for way in WAYS:
+    ways = ways_for(args.device, DTYPES[args.dtype])
+    for way in ways:
         scores[way] = one_pass(model, ro, way, args.chunk_size)  # warm-up
         seconds[way] = []
         for _ in range(args.repeats):
@@ -122,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
     mask = ro.response_attention_mask.bool()
     gaps = {
         way: float((scores[way].float() - scores["padded"].float())[mask].abs().max())
-        for way in WAYS[1:]
+        for way in ways[1:]
     }
     medians = {way: statistics.median(s) for way, s in seconds.items()}
     ratios = {
@@ -130,6 +147,8 @@ def main(argv: list[str] | None = None) -> dict:
         "packed-batched / padded": medians["packed-batched"] / medians["padded"],
         "packed-rows / packed-batched": medians["packed-rows"] / medians["packed-batched"],
     }
+    if VARLEN_WAY in medians:
+        ratios["packed-varlen / packed-batched"] = medians[VARLEN_WAY] / medians["packed-batched"]
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}")
     for way, gap in gaps.items():
@@ -141,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.device.startswith("cuda"):
             activities.append(torch.profiler.ProfilerActivity.CUDA)
             sort = "self_cuda_time_total"
-        for way in WAYS[1:]:
+        for way in ways[1:]:
             with torch.profiler.profile(activities=activities) as prof:
                 one_pass(model, ro, way, args.chunk_size)
                 sync(args.device)

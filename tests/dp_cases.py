@@ -27,8 +27,11 @@ LOSS = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.2))
 
 
 def make_trainer(dtype=torch.float64, device="cpu", **overrides):
-    """The cases' trainer: the tiny model (seed 0), lr 1e-3, entropy logged, no reference."""
-    return tiny_trainer(dtype, device=device, **{"lr": 1e-3, "log_entropy": True, **overrides})
+    """The cases' trainer: the tiny model (seed 0), lr 1e-3, entropy logged, no reference;
+    eager and without autocast on a GPU too unless asked (the cases compare float32 and
+    float64 updates; compiled blocks and bf16 have tests of their own)."""
+    settings = {"lr": 1e-3, "log_entropy": True, "compile": False, "bf16": False, **overrides}
+    return tiny_trainer(dtype, device=device, **settings)
 
 
 def make_batch(

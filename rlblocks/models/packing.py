@@ -48,6 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlblocks.models import varlen as _varlen
+
 ROW_ATTENTION = "rlblocks_rows"
 """The name under which :func:`_row_attention` is registered with transformers."""
 
@@ -59,6 +61,11 @@ _BOUNDS: dict[int, tuple[tuple[int, int], ...]] = {}
 attention configs (the attention function finds them from its module's ``config``). Not
 thread-local: on a GPU, autograd runs the backward pass, and with it the layers a
 gradient-checkpointed model recomputes, in a thread of its own."""
+
+VARLEN: bool | None = None
+"""Whether the row attention uses torch's variable-length flash kernel
+(``rlblocks.models.varlen``): None, where it serves (CUDA, fp16/bf16, a torch that has it);
+False to pad the rows inside the attention instead (:data:`BATCHED`)."""
 
 BATCHED: bool | None = None
 """How the row attention computes (:func:`attend_rows`): None, in one call on a GPU and one
@@ -320,7 +327,8 @@ def _row_attention_backward_op(
     bounds = _compiled_bounds(bounds_key)
 
     def attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return attend_rows(q, k, v, bounds, scale=scale, batched=BATCHED)
+        # sdpa, whose torch.func support is certain; the same function as the forward's kernel
+        return attend_rows(q, k, v, bounds, scale=scale, batched=BATCHED, varlen=False)
 
     # torch.func, not torch.autograd: an operator's kernel runs below the autograd dispatch.
     vjp: Any = torch.func.vjp(attention, query, key, value)[1]
@@ -361,6 +369,7 @@ def attend_rows(
     scale: float | None = None,
     dropout_p: float = 0.0,
     batched: bool | None = None,
+    varlen: bool | None = None,
 ) -> Tensor:
     """Causal attention within each row ``[start, end)`` of ``bounds``. ``query`` ``(1 h n
     d)``, ``key``/``value`` ``(1 h_kv n d)`` (grouped-query when ``h_kv < h``); returns ``(1 h
@@ -374,7 +383,14 @@ def attend_rows(
     an H100, a 32-row micro-batch of Qwen2.5-0.5B's shape in bf16, forward and backward, took
     0.279 s one call per row, 0.131 s batched, 0.169 s padded; docs/gpu.md). Right padding
     needs no mask under a causal mask: a real query only sees earlier positions of its own
-    row; the padded queries' outputs are dropped, so they send no gradient back."""
+    row; the padded queries' outputs are dropped, so they send no gradient back. On a GPU
+    in fp16/bf16 a third way comes first where torch has it (``varlen``, :data:`VARLEN`): the
+    variable-length flash kernel over the packed rows, no padding at all
+    (``rlblocks.models.varlen``)."""
+    if varlen is None:
+        varlen = VARLEN
+    if varlen is not False and not dropout_p and len(bounds) > 1 and _varlen.serves(query):
+        return _varlen.attend(query, key, value, bounds, scale=scale)
     if batched is None:
         batched = query.is_cuda
     gqa = query.shape[1] != key.shape[1]

@@ -85,8 +85,9 @@ def test_the_tinker_loop_is_one_step_on_a_gpu(make_rollouts):
 
     loss = partial(clipped_surrogate, clip=(0.2, 0.28))
     lr = 1e-5
-    stepped = tiny_trainer(device="cuda", lr=lr, micro_batch_size=2)
-    tinker = tiny_trainer(device="cuda", lr=lr, micro_batch_size=2)
+    exact = {"compile": False, "bf16": False}  # float32, eager: the comparison's premise
+    stepped = tiny_trainer(device="cuda", lr=lr, micro_batch_size=2, **exact)
+    tinker = tiny_trainer(device="cuda", lr=lr, micro_batch_size=2, **exact)
     ro = make_rollouts(seed=0)
     advantages = torch.randn(len(ro), generator=torch.Generator().manual_seed(0))
     logs = stepped.step(ro, advantages, loss_fn=loss)
@@ -102,3 +103,52 @@ def test_the_tinker_loop_is_one_step_on_a_gpu(make_rollouts):
     assert sum(losses) == pytest.approx(logs["loss"], rel=1e-5, abs=1e-7)
     for (name, a), (_, b) in zip(stepped.model.named_parameters(), tinker.model.named_parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=2 * lr, msg=name)
+
+
+def test_a_gpu_trainer_compiles_runs_bf16_and_fills_its_token_budget(capsys):
+    # The defaults on a GPU: compiled blocks, bf16 autocast over float32 weights, and a token
+    # budget from the free memory (printed). bf16 rounds each matmul input to 8 mantissa bits
+    # (2⁻⁹ relative); the gradient norm, a sum over a few hundred such products, stays within
+    # a few 2⁻⁸ of float64's: 5% is the bound of the bf16 tests above.
+    from torch._dynamo.utils import counters
+
+    from rlblocks.models.regional import decoder_blocks, is_compiled
+
+    trainer = make_trainer(torch.float32, device="cuda", compile=None, bf16=None)
+    assert trainer.config.compile and trainer.config.bf16
+    assert trainer.config.micro_batch_tokens and "micro_batch_tokens=" in capsys.readouterr().out
+    assert all(is_compiled(block) for block in decoder_blocks(trainer.model))
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    ro, advantages = make_batch()
+    metrics = trainer.step(ro, advantages, loss_fn=LOSS)
+    reference, _ = cpu_reference()
+    assert metrics["grad_norm"] == pytest.approx(reference["grad_norm"], rel=0.05)
+    graphs = counters["stats"]["unique_graphs"]
+    other, other_advantages = make_batch(b=6, seed=7)  # other lengths: no new graph
+    trainer.step(other, other_advantages, loss_fn=LOSS)
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_varlen_attention_matches_the_padded_rows():
+    # torch's variable-length flash kernel against the rows padded inside one sdpa call, in
+    # bf16 on the GPU, forward and backward: assert_close's bf16 defaults (the two kernels
+    # round differently, each to bf16).
+    from rlblocks.models import varlen
+    from rlblocks.models.packing import attend_rows
+
+    if not varlen.serves(torch.zeros(1, device="cuda", dtype=torch.bfloat16)):
+        pytest.skip("this torch has no variable-length attention kernel")
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    bounds = ((0, 37), (37, 40), (40, 141), (141, 150))
+    shapes = [(1, 4, 150, 32), (1, 2, 150, 32), (1, 2, 150, 32)]  # grouped-query: 4 heads, 2 kv
+    inputs = [torch.randn(s, device="cuda", generator=generator).bfloat16() for s in shapes]
+    outs, grads = [], []
+    for way in ({"varlen": True}, {"varlen": False, "batched": True}):
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        out = attend_rows(*leaves, bounds, **way)
+        out.float().square().sum().backward()
+        outs.append(out.detach())
+        grads.append([x.grad for x in leaves])
+    torch.testing.assert_close(outs[0], outs[1])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b)
