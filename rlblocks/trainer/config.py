@@ -54,7 +54,7 @@ class TrainConfig:
     """Run forward passes under ``torch.autocast(dtype=torch.bfloat16)``: bf16 matmuls over
     float32 parameters, AdamW state and master weights, log-probs and loss reductions in
     float32. None (default): on for a float32 model on a GPU that has bf16, off elsewhere
-    (``rlblocks.trainer.numerics.resolve``); True on a GPU without bf16 is refused."""
+    (``rlblocks.trainer.numerics.resolve_numerics``); True on a GPU without bf16 is refused."""
     compile: bool | None = None
     """Compile each decoder block (``rlblocks.models.regional``: ``torch.compile`` per block,
     forward and backward, every token count one graph). None (default): on a GPU, off on the

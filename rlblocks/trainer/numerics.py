@@ -29,7 +29,7 @@ from torch import nn
 from rlblocks.trainer.config import TrainConfig
 
 
-def resolve(
+def resolve_numerics(
     config: TrainConfig, device: torch.device, dtype: torch.dtype, *, owner: str
 ) -> TrainConfig:
     """``config`` with ``bf16`` and ``compile`` decided for a model on ``device`` with

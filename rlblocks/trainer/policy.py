@@ -59,7 +59,6 @@ from rlblocks.models.regional import compile_blocks
 from rlblocks.renamed import moved_keywords
 from rlblocks.rng import rng_state, set_rng_state
 from rlblocks.rollouts import Rollouts
-from rlblocks.trainer import numerics
 from rlblocks.trainer.allocator import keep_freed_memory, opted_in
 from rlblocks.trainer.batches import scored_in_pieces, token_advantages
 from rlblocks.trainer.checkpoint import load_trainer, load_weights, save_trainer, save_weights
@@ -68,6 +67,7 @@ from rlblocks.trainer.export import DEFAULT_COMMIT_MESSAGE, push_to_hub, save_pr
 from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.fsdp import full_state, full_tensor, load_full_state, shard_modules
 from rlblocks.trainer.lora import is_peft_model, wrap_lora
+from rlblocks.trainer.numerics import fit_token_budget, resolve_numerics
 from rlblocks.trainer.packing import check_isolation
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.policy_loss import PreparedUpdate, prepare_update
@@ -151,7 +151,7 @@ class PolicyTrainer:
             )
         self.model = (wrap_lora(model, lora) if lora is not None else model).eval()
         parameter = next(self.model.parameters())
-        self.config = numerics.resolve(  # bf16 and compile decided for this device
+        self.config = resolve_numerics(  # bf16 and compile decided for this device
             self.config,
             parameter.device,
             parameter.dtype,
@@ -171,7 +171,7 @@ class PolicyTrainer:
         """``micro_batch_tokens`` from the device's free memory when unset on a GPU (printed
         with its reason), or a budget set by hand checked against it
         (``rlblocks.trainer.numerics.fit_token_budget``)."""
-        self.config, reason = numerics.fit_token_budget(
+        self.config, reason = fit_token_budget(
             self.model, self.config, owner="PolicyTrainer", world=self.dp.size
         )
         self._chosen_budget = reason is not None
