@@ -458,6 +458,7 @@ class PolicyTrainer:
         method: str,
     ) -> PreparedUpdate:
         """This rank's part of an update, ready for the loop (``rlblocks.trainer.policy_loss``)."""
+        rollouts.known_lengths()  # read on the host copy: the device copy inherits them
         batch = rollouts.to(self.device)
         batch = batch.replace(advantages=token_advantages(advantages, batch))
         has_ref = self.reference is not None or self._adapter_reference
