@@ -36,7 +36,10 @@ of that shape, ``benchmarks/grpo_step.py``); on a GPU 4k, 16k and 64k tokens of 
 after ``--warmup`` untimed ones; the first warm-up of ``compiled`` holds inductor's compile,
 shown as ``first s``), tokens/s, the update's model FLOPs (``grpo_step.update_flops``:
 6·N_body·T + 6·N_head·T_resp + 6·L·H·d_h·Σnᵢ²) per second, and that over the FLOP/s of a
-``--matmul-size`` square matmul in the run's dtype measured in the same run (``MFU``); peak
+``--matmul-size`` square matmul in the run's dtype measured in the same run (``MFU``), and
+over the FLOP/s of the update's own products at their own shapes (``of same-shape``:
+:func:`same_shape_flops`, each linear's forward, input and weight gradient at the
+micro-batch's token count, FLOP-weighted; measured in the same run); peak
 memory of the timed steps (``torch.cuda.max_memory_allocated``, or the process's peak resident
 set on a CPU, ``grpo_step.peak_memory``). ``--profile N``: the N aten operators one compiled
 step spends most time in (after the timed steps). ``--out DIR`` writes ``update.json`` and
@@ -62,6 +65,7 @@ from typing import Any
 
 import torch
 import transformers
+from torch import nn
 
 import rlblocks as rb
 
@@ -281,19 +285,66 @@ def trl_update(
                args.flops[tokens], peak[0], f"{rows // micro} x {micro} padded rows")  # fmt: skip
 
 
+# ---------------------------------------------------------------------- the same-shape matmul
+def gemm_flops(device: str, dtype: torch.dtype, m: int, k: int, n: int, repeats: int = 3) -> float:
+    """FLOP/s of an (m×k)·(k×n) product in ``dtype``: 2mkn per product, the mean of
+    ``repeats`` after one warm-up."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(m, k, device=device, dtype=dtype, generator=generator)
+    b = torch.randn(k, n, device=device, dtype=dtype, generator=generator)
+    a @ b
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    sync(device)
+    return 2 * m * k * n * repeats / (time.perf_counter() - start)
+
+
+def same_shape_flops(path: str, device: str, dtype: torch.dtype, tokens: int, responses: int,
+                     chunk: int = 1024) -> float:  # fmt: skip
+    """FLOP/s of the update's own matrix products at their own shapes, FLOP-weighted, for one
+    micro-batch of ``tokens`` tokens of which ``responses`` are response tokens: every
+    ``nn.Linear`` of every decoder layer over the ``tokens``, and the LM head over the
+    ``responses`` in chunks of at most ``chunk``; each forward (X·Wᵀ), input gradient (dY·W)
+    and weight gradient (dYᵀ·X). The rate is Σ FLOPs / Σ (FLOPs_i / rate_i): what an update
+    made of those products alone would reach on this machine."""
+    config = transformers.AutoConfig.from_pretrained(rb.models.resolve(path))
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    layer = model.model.layers[0]
+    head = model.get_output_embeddings()
+    # (FLOPs of one product in the micro-batch, its m, in, out)
+    jobs = [(2 * tokens * m.in_features * m.out_features * config.num_hidden_layers, tokens,
+             m.in_features, m.out_features)
+            for m in layer.modules() if isinstance(m, nn.Linear)]  # fmt: skip
+    rows = max(min(chunk, responses), 1)
+    jobs.append((2 * responses * head.in_features * head.out_features, rows,
+                 head.in_features, head.out_features))  # fmt: skip
+    flops = seconds = 0.0
+    for work, m, k, n in jobs:
+        for shape in ((m, k, n), (m, n, k), (n, m, k)):  # forward, input grad, weight grad
+            flops += work
+            seconds += work / gemm_flops(device, dtype, *shape)
+    return flops / seconds
+
+
 # ---------------------------------------------------------------------- report
 HEAD = ("system", "tokens", "rows", "first s", "s/step", "min s", "tok/s", "TFLOP/s", "MFU",
-        "peak GiB", "note")  # fmt: skip
+        "of same-shape", "peak GiB", "note")  # fmt: skip
 
 
-def table(rows: list[Row], matmul: float, missing: dict[str, str]) -> list[str]:
-    """Markdown lines: one per measured row, then one per system not measured."""
+def table(rows: list[Row], matmul: float, same: dict[int, float],
+          missing: dict[str, str]) -> list[str]:  # fmt: skip
+    """Markdown lines: one per measured row, then one per system not measured. ``MFU``: over
+    the square matmul; ``of same-shape``: over the update's own products (same_shape_flops)."""
     lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     for r in rows:
         rate = r.flops / r.median_s
         cells = (r.system, str(r.tokens), str(r.rows), f"{r.first_s:.2f}", f"{r.median_s:.3f}",
                  f"{min(r.seconds):.3f}", f"{r.tokens / r.median_s:.0f}", f"{rate / 1e12:.3g}",
-                 f"{100 * rate / matmul:.1f}%", f"{r.peak_bytes / 2**30:.2f}", r.note)  # fmt: skip
+                 f"{100 * rate / matmul:.1f}%", f"{rate / same[r.tokens]:.2f}",
+                 f"{r.peak_bytes / 2**30:.2f}", r.note)  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     for name, why in missing.items():
         lines.append(f"| {name} | not measured: {why} |")
@@ -314,14 +365,16 @@ def ratios(rows: list[Row]) -> list[str]:
 
 def write(args: argparse.Namespace, header: dict, rows: list[Row], missing: dict) -> list[str]:
     """The table and ratios; into ``--out`` as update.md / update.json when given."""
-    lines = table(rows, header["matmul_flops_per_s"], missing) + [""] + ratios(rows)
+    same = {int(t): v for t, v in header["same_shape_flops_per_s"].items()}
+    lines = table(rows, header["matmul_flops_per_s"], same, missing) + [""] + ratios(rows)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "update.md").write_text("\n".join([header["title"], "", *lines]) + "\n")
         record = {**header, "not_measured": missing, "ratios": ratios(rows), "rows": [
             dataclasses.asdict(r) | {"median_s": r.median_s, "tokens_per_s": r.tokens / r.median_s,
                                      "flops_per_s": r.flops / r.median_s,
-                                     "mfu": r.flops / r.median_s / header["matmul_flops_per_s"]}
+                                     "mfu": r.flops / r.median_s / header["matmul_flops_per_s"],
+                                     "of_same_shape": r.flops / r.median_s / same[r.tokens]}
             for r in rows]}  # fmt: skip
         (args.out / "update.json").write_text(json.dumps(record, indent=1) + "\n")
     return lines
@@ -422,18 +475,28 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
             args.flops[tokens] = update_flops(size, shape)
         n = args.matmul_size or (8192 if torch.device(args.device).type == "cuda" else 1024)
         matmul = matmul_flops(args.device, args.torch_dtype, n)
+        same = {}
+        for tokens, (ro, _) in batches.items():  # the update's own products, one micro-batch
+            m = min(args.micro_batch_tokens, tokens)
+            share = ro.response_attention_mask.sum().item() / tokens
+            same[tokens] = same_shape_flops(
+                path, args.device, args.torch_dtype, m, round(m * share)
+            )
         title = (
             f"{args.model} ({size.parameters / 1e6:.1f}M parameters), {args.dtype} on {args.device}, "
             f"{args.threads} thread(s); tokens per step {args.tokens}, prompts "
             f"{args.prompt_tokens[0]}-{args.prompt_tokens[1]} tokens, responses 1-"
             f"{args.max_new_tokens}, groups of {args.group_size}, micro-batches of "
             f"{args.micro_batch_tokens} tokens; {args.warmup} warm-up + {args.steps} timed steps; "
-            f"{n}^3 matmul {matmul / 1e12:.3g} TFLOP/s; torch {torch.__version__}, "
+            f"{n}^3 matmul {matmul / 1e12:.3g} TFLOP/s; the update's own products "
+            + ", ".join(f"{same[t] / 1e12:.3g}" for t in args.tokens)
+            + f" TFLOP/s; torch {torch.__version__}, "
             f"transformers {transformers.__version__}"
         )
         print(title, flush=True)
         header = {"title": title, "argv": list(argv) if argv is not None else sys.argv[1:],
                   "matmul_flops_per_s": matmul, "matmul_size": n, "threads": args.threads,
+                  "same_shape_flops_per_s": same,
                   "model_size": dataclasses.asdict(size)}  # fmt: skip
 
         def report(row: Row) -> None:

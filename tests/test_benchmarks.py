@@ -475,4 +475,7 @@ def test_update_benchmark_times_eager_and_compiled_on_the_tiny_model(tmp_path, c
     for row in saved["rows"]:
         assert row["median_s"] > 0 and row["tokens_per_s"] > 0 and 0 < row["mfu"]
         assert row["peak_bytes"] >= 0 and row["system"] in ("eager", "compiled")
+        # Over the update's own products at their shapes: the same FLOPs, another rate.
+        same = saved["same_shape_flops_per_s"][str(row["tokens"])]
+        assert row["of_same_shape"] == pytest.approx(row["flops_per_s"] / same)
     assert (tmp_path / "update.md").read_text().splitlines()[2].startswith("| system |")

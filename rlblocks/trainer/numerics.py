@@ -40,7 +40,10 @@ def resolve_numerics(
     if bf16 is None:
         bf16 = cuda and dtype == torch.float32 and torch.cuda.is_bf16_supported()
     elif bf16 and cuda and not torch.cuda.is_bf16_supported():
-        name = torch.cuda.get_device_name(device)
+        try:
+            name = torch.cuda.get_device_name(device)
+        except (RuntimeError, AssertionError):  # torch sees no CUDA device at all
+            name = f"device {device}"
         raise ValueError(
             f"{owner}: bf16=True, and {name} has no bf16 arithmetic; pass bf16=False (float32 "
             "compute; fp16 autocast needs loss scaling, which is not built)"

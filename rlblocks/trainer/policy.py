@@ -57,20 +57,24 @@ from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, di
 from rlblocks.models import loading
 from rlblocks.models.regional import compile_blocks
 from rlblocks.renamed import moved_keywords
-from rlblocks.rng import rng_state, set_rng_state
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.allocator import keep_freed_memory, opted_in
 from rlblocks.trainer.batches import scored_in_pieces, token_advantages
 from rlblocks.trainer.checkpoint import load_trainer, load_weights, save_trainer, save_weights
-from rlblocks.trainer.config import TrainConfig, apply_config
+from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.export import DEFAULT_COMMIT_MESSAGE, push_to_hub, save_pretrained
 from rlblocks.trainer.forward import score_responses
-from rlblocks.trainer.fsdp import full_state, full_tensor, load_full_state, shard_modules
 from rlblocks.trainer.lora import is_peft_model, wrap_lora
 from rlblocks.trainer.numerics import fit_token_budget, resolve_numerics
 from rlblocks.trainer.packing import check_isolation
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.policy_loss import PreparedUpdate, prepare_update
+from rlblocks.trainer.policy_state import (
+    load_policy_state,
+    policy_state,
+    save_adapter,
+    shard_policy,
+)
 from rlblocks.trainer.update import (
     Accumulation,
     assign,
@@ -83,9 +87,6 @@ from rlblocks.trainer.weights import (
     frozen_reference,
     full_weight_spec,
     full_weights,
-    load_trainable_state,
-    optimizer_state_by_name,
-    trainable_state,
 )
 
 if TYPE_CHECKING:
@@ -227,41 +228,7 @@ class PolicyTrainer:
         only the adapters' gradients are reduced, and a sync merges the gathered base weights
         with the adapters' delta (`rlblocks.trainer.weights.merged_sharded`).
         """
-        if self.optimizer_steps:
-            raise RuntimeError(
-                f"PolicyTrainer.shard: the trainer has already taken {self.optimizer_steps} "
-                "optimizer steps; shard a trainer right after building it"
-            )
-        if self.dp.sharded:
-            raise RuntimeError(
-                "PolicyTrainer.shard: the trainer is already sharded; call shard once"
-            )
-        if self.has_adapter and (self.config.tp > 1 or self.config.sp > 1):
-            kind = "tensor" if self.config.tp > 1 else "sequence"
-            raise NotImplementedError(
-                f"PolicyTrainer.shard: a LoRA policy cannot be {kind} parallel (tp = "
-                f"{self.config.tp}, sp = {self.config.sp}): peft's adapter layers wrap the "
-                "projections the plan splits; train LoRA data parallel (tp=1, sp=1), or "
-                "fine-tune all weights"
-            )
-        self.dp = shard_modules(
-            group,
-            self.config.fsdp,
-            trainable=self.model,
-            frozen=[self.reference],
-            tp=self.config.tp,
-            sp=self.config.sp,
-        )
-        if self.config.compile:  # FSDP2 swaps the blocks' classes: their forwards stay compiled
-            compile_blocks(self.model, owner="PolicyTrainer")
-        self.rebuild_optimizer()
-        if self._chosen_budget:  # sharded: each rank holds less; the group takes the smallest
-            self.config = dataclasses.replace(self.config, micro_batch_tokens=None)
-            self._fit_token_budget()
-            budget = self.config.micro_batch_tokens
-            assert budget is not None  # chosen again
-            smallest = -int(self.dp.all_max(-float(budget)))
-            self.config = dataclasses.replace(self.config, micro_batch_tokens=smallest)
+        shard_policy(self, group)
 
     # ------------------------------------------------------------------ scoring (no grad)
     @dispatch(Dispatch.ROWS)
@@ -491,19 +458,7 @@ class PolicyTrainer:
         base weights) into ``folder``, for an engine that serves adapters itself. A sharded
         trainer gathers the adapters first: every rank of its group must call (each writes its
         own ``folder``, for the engine beside it)."""
-        if not self.has_adapter:
-            raise ValueError(
-                "PolicyTrainer.save_adapter: the policy has no LoRA adapter; build it with "
-                "lora=LoraConfig(...), or save the full model with save_pretrained"
-            )
-        state = None
-        if self.dp.sharded:  # the adapters' shards made whole: every rank of the group calls
-            state = {
-                name: full_tensor(value).detach()
-                for name, value in self.model.state_dict().items()
-                if ".lora_" in name
-            }
-        self.model.save_pretrained(folder, state_dict=state)  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
+        save_adapter(self, folder)
 
     @dispatch(Dispatch.ALL)
     def save_pretrained(
@@ -572,18 +527,7 @@ class PolicyTrainer:
         Refused while ``forward_backward`` gradients are pending (they are not part of it).
         """
         self._accumulation.refuse(self, "state_dict")
-        counters = {k: getattr(self, k) for k in ("steps", "optimizer_steps", "skipped_steps")}
-        if self.dp.sharded:
-            model, optimizer = full_state(self.model, self.optimizer)
-        else:
-            model, optimizer = dict(trainable_state(self.model)), self.optimizer.state_dict()
-        return {
-            "model": model,
-            "optimizer": optimizer,
-            "scheduler": self.scheduler.state_dict(),
-            "counters": counters,
-            "rng": rng_state(),
-        }
+        return policy_state(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved; the next ``step`` then matches the original.
@@ -591,14 +535,4 @@ class PolicyTrainer:
         other way round. Pending ``forward_backward`` gradients are dropped (they belong to
         other weights)."""
         self._accumulation.drop(self)
-        if self.dp.sharded:
-            optim = optimizer_state_by_name(self.optimizer, self.model, state["optimizer"])
-            load_full_state(self.model, self.optimizer, state["model"], optim)
-        else:
-            load_trainable_state(self.model, state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        apply_config(self.optimizer, self.scheduler, self.config)  # its own lr, schedule, ...
-        for name, value in state["counters"].items():
-            setattr(self, name, int(value))
-        set_rng_state(state["rng"])
+        load_policy_state(self, state)

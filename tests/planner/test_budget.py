@@ -69,3 +69,21 @@ def test_the_trainer_fills_an_unset_budget_and_refuses_one_that_cannot_fit(shape
 def test_on_the_cpu_nothing_is_chosen():
     trainer = rb.trainer.PolicyTrainer(rb.models.tiny()[0], reference=None)
     assert trainer.config.micro_batch_tokens is None
+
+
+def test_bf16_asked_where_the_device_has_none_is_refused_and_never_chosen():
+    # torch answers for the device: on a machine without a CUDA device with bf16 (this one,
+    # or an older card), torch.cuda.is_bf16_supported() is False.
+    from rlblocks.trainer.numerics import resolve_numerics
+
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        pytest.skip("this machine's GPU has bf16")
+    cuda = torch.device("cuda")
+    with pytest.raises(ValueError, match=r"PolicyTrainer: bf16=True, and .* has no bf16"):
+        resolve_numerics(
+            rb.trainer.TrainConfig(bf16=True), cuda, torch.float32, owner="PolicyTrainer"
+        )
+    decided = resolve_numerics(rb.trainer.TrainConfig(), cuda, torch.float32, owner="x")
+    assert (decided.bf16, decided.compile) == (False, True)  # compiled on a GPU, no autocast
+    cpu = resolve_numerics(rb.trainer.TrainConfig(), torch.device("cpu"), torch.float32, owner="x")
+    assert (cpu.bf16, cpu.compile) == (False, False)
