@@ -87,7 +87,8 @@ def _within_eager_error(compiled, eager, exact):
     assert gap <= 2 * error, (float(gap), float(error))
 
 
-# token-mean in the default run; the other three (about 10 s each) in .ci/run's slow step.
+# token-mean in the default run; the other three (about 10 s each) in .ci/run's slow step, with
+# LoRA, gradient checkpointing and FSDP2 below.
 @pytest.mark.parametrize(
     "mode",
     [
@@ -122,6 +123,7 @@ def test_compiled_update_is_the_eager_update_in_every_aggregation(mode):
     assert gap <= 2 * error, (float(gap), float(error))
 
 
+@pytest.mark.slow  # ~25 s: in .ci/run's slow step
 def test_compiled_update_is_the_eager_update_with_lora_and_gradient_checkpointing():
     from dp_cases import lora_config
 
@@ -140,6 +142,7 @@ def test_compiled_update_is_the_eager_update_with_lora_and_gradient_checkpointin
         torch.testing.assert_close(compiled_weights, eager_weights, rtol=1.3e-6, atol=1e-5)
 
 
+@pytest.mark.slow  # ~35 s, two spawned ranks: in .ci/run's slow step
 def test_compiled_blocks_under_fsdp2_give_the_one_process_update(tmp_path):
     # Two gloo ranks, FSDP2 over both, blocks compiled; float64 so that the sharded sums agree
     # with one compiled process to the order of additions (as tests/trainer/test_parallel.py;
