@@ -45,7 +45,9 @@ class TrainConfig:
     micro_batch_size: int | None = None
     """Rows per forward/backward (gradient accumulation); None = the whole mini-batch."""
     micro_batch_tokens: int | None = None
-    """Or a budget of real tokens per forward/backward (``Rollouts.split(token_budget=)``)."""
+    """Or a budget of real tokens per forward/backward (``Rollouts.split(token_budget=)``). On
+    a GPU with neither this nor ``micro_batch_size`` set, the trainer takes the largest budget
+    its free memory holds (``rlblocks.planner.budget``) and prints why."""
     aggregation: Aggregation = token_mean
     """How a per-token loss becomes a scalar (``rlblocks.losses`` modes)."""
     temperature: float = 1.0
