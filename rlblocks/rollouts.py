@@ -268,6 +268,15 @@ class Rollouts:
         kept: tuple[list[int], list[int]] | None = self.__dict__["_lengths"]
         return kept
 
+    def row_tokens(self) -> list[int]:
+        """Each row's real tokens (prompt + response) as Python ints: from
+        :meth:`known_lengths` when the rows are runs (no further read), else one read of the
+        attention mask."""
+        kept = self.known_lengths()
+        if kept is None:
+            return self.attention_mask.sum(-1).tolist()
+        return [p + r for p, r in zip(*kept, strict=True)]
+
     def _keep_lengths(self, lengths: tuple[list[int], list[int]] | None) -> Rollouts:
         object.__setattr__(self, "_lengths", lengths)
         return self
@@ -328,13 +337,8 @@ class Rollouts:
             raise ValueError(f"Rollouts.split: rows={rows}; use rows >= 1")
         if token_budget is not None and token_budget < 1:
             raise ValueError(f"Rollouts.split: token_budget={token_budget}; use token_budget >= 1")
-        kept = self.known_lengths()
-        if kept is None:
-            lengths = self.attention_mask.sum(-1).tolist()
-        else:
-            lengths = [p + r for p, r in zip(*kept, strict=True)]
         bounds, start, used = [], 0, 0
-        for i, length in enumerate(lengths):
+        for i, length in enumerate(self.row_tokens()):
             full_rows = rows is not None and i - start >= rows
             over_budget = token_budget is not None and i > start and used + length > token_budget
             if full_rows or over_budget:
@@ -345,22 +349,19 @@ class Rollouts:
             bounds.append((start, self.batch_size))
         return [self.select(slice(lo, hi)) for lo, hi in bounds]
 
-    def trim(self, widths: tuple[int, int] | None = None) -> Rollouts:
-        """Drop padding columns that no row uses (left of prompts, right of responses).
-
-        ``widths``: the longest prompt and response of the batch in real tokens, when the
-        caller knows them (read once for a whole batch); else they are read from the masks."""
+    def trim(self) -> Rollouts:
+        """Drop padding columns that no row uses (left of prompts, right of responses): from
+        the kept lengths when the rows are runs (``known_lengths``, no read), else read from
+        the masks."""
         tp = self.prompt_ids.shape[1]
         kept = self.__dict__.get("_lengths")
-        if widths is None and kept is not None:
-            widths = (max(kept[0], default=0), max(kept[1], default=0))
-        if widths is None:
+        if kept is not None:
+            first, t = tp - max(kept[0], default=0), max(kept[1], default=0)
+        else:
             prompt_used = self.prompt_mask.any(0).nonzero()
             first = int(prompt_used[0]) if len(prompt_used) else tp
             response_used = self.response_attention_mask.any(0).nonzero()
             t = int(response_used[-1]) + 1 if len(response_used) else 0
-        else:
-            first, t = tp - widths[0], widths[1]
         with _derived():  # unused columns dropped: the value checks still hold
             child = self.replace(
                 prompt_ids=self.prompt_ids[:, first:],
@@ -377,7 +378,7 @@ class Rollouts:
     def balanced_shares(self, parts: int) -> list[list[int]]:
         """Row indices for each of ``parts`` workers, balanced by real tokens (each sorted):
         :func:`balanced_partition` of the rows' lengths."""
-        return balanced_partition(self.attention_mask.sum(-1).tolist(), parts)
+        return balanced_partition(self.row_tokens(), parts)
 
     def to(self, device: torch.device | str) -> Rollouts:
         """All tensors moved to ``device``."""
@@ -536,10 +537,8 @@ def balanced_partition(lengths: Sequence[int], parts: int) -> list[list[int]]:
 
 # ---------------------------------------------------------------------- helpers
 def _as_row_index(index: Index, b: int) -> tuple[Tensor, list[int]]:
-    """The rows ``index`` picks, as an index tensor and as a list (read once)."""
-    if isinstance(index, slice):
-        picked = list(range(b)[index])
-        return torch.tensor(picked, dtype=torch.long), picked
+    """The rows a bool mask or a list/tensor of indices picks (a slice is ``select``'s own
+    case), as an index tensor and as a list (read once)."""
     rows = torch.as_tensor(index)
     if rows.dtype == torch.bool:
         if rows.shape != (b,):

@@ -131,18 +131,14 @@ def micro_batches(rollouts: Rollouts, config: TrainConfig) -> tuple[list[Rollout
 def check_token_budget(rollouts: Rollouts, budget: int) -> None:
     """Refuse a row with more real tokens (prompt + response) than ``budget``, the
     ``micro_batch_tokens`` every forward is sized for, naming the longest such row."""
-    kept = rollouts.known_lengths()
-    if kept is not None:
-        totals = [p + r for p, r in zip(*kept, strict=True)]
-        if not totals or max(totals) <= budget:
-            return
-    lengths = rollouts.attention_mask.sum(-1)
-    if len(lengths) and int(lengths.max()) > budget:
-        row = int(lengths.argmax())
+    lengths = rollouts.row_tokens()
+    longest = max(lengths, default=0)
+    if longest > budget:
+        row = lengths.index(longest)
         raise ValueError(
-            f"TrainConfig.micro_batch_tokens: row {row} has {int(lengths[row])} tokens (prompt + "
+            f"TrainConfig.micro_batch_tokens: row {row} has {longest} tokens (prompt + "
             f"response), more than the budget of {budget} per forward; raise "
-            f"micro_batch_tokens to at least {int(lengths.max())}, or cut the rows shorter "
+            f"micro_batch_tokens to at least {longest}, or cut the rows shorter "
             "(max_new_tokens, prompt length)"
         )
 

@@ -172,11 +172,7 @@ def share(batch: Rollouts, plan: Sequence[Tensor], *, rank: int, size: int) -> S
     :func:`~rlblocks.rollouts.balanced_partition` of its rows' real tokens; rank r's piece is
     its r-th local mini-batch. Every rank needs a row of every mini-batch (FSDP's collectives).
     """
-    kept = batch.known_lengths()
-    if kept is None:
-        lengths = batch.attention_mask.sum(-1).tolist()
-    else:
-        lengths = [p + r for p, r in zip(*kept, strict=True)]
+    lengths = batch.row_tokens()
     pieces: list[list[int]] = []
     owner: dict[int, int] = {}
     for minibatch in plan:
