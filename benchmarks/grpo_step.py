@@ -354,19 +354,40 @@ def peak_rss() -> int:
 
 
 def matmul_flops(device: str, dtype: torch.dtype, n: int, repeats: int = 10) -> float:
-    """FLOP/s of an n×n×n matmul in ``dtype`` on ``device``: 2n³ per product, the mean of
-    ``repeats`` products after three warm-ups, on normal random data."""
+    """FLOP/s of an n×n×n matmul in ``dtype`` on ``device`` (:func:`gemm_flops`)."""
+    return gemm_flops(device, dtype, n, n, n, repeats=repeats, warmups=3)
+
+
+def gemm_flops(device: str, dtype: torch.dtype, m: int, k: int, n: int, *, repeats: int = 10,
+               warmups: int = 3) -> float:  # fmt: skip
+    """FLOP/s of an (m×k)·(k×n) product in ``dtype`` on ``device``: 2mkn per product, the mean
+    of ``repeats`` products after ``warmups``, on normal random data."""
     generator = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
-    b = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
-    for _ in range(3):
+    a = torch.randn(m, k, device=device, dtype=dtype, generator=generator)
+    b = torch.randn(k, n, device=device, dtype=dtype, generator=generator)
+    for _ in range(warmups):
         a @ b
     sync(device)
     start = time.perf_counter()
     for _ in range(repeats):
         a @ b
     sync(device)
-    return 2 * n**3 * repeats / (time.perf_counter() - start)
+    return 2 * m * k * n * repeats / (time.perf_counter() - start)
+
+
+def print_profile(heading: str, run: Callable[[], Any], top: int) -> None:
+    """The ``top`` aten operators of one ``run()`` by self time (the profiler's own overhead
+    included), with their share of its wall time, under ``heading`` (``{wall}``: the seconds
+    the run took under the profiler)."""
+    start = time.perf_counter()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    wall = time.perf_counter() - start
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    print(heading.format(wall=wall))
+    for e in events[:top]:
+        seconds = e.self_cpu_time_total / 1e6
+        print(f"  {e.key[:60]:<60} {e.count:>7} calls {seconds:>8.2f} s {seconds / wall:>6.1%}")
 
 
 @dataclasses.dataclass(frozen=True)

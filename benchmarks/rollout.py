@@ -54,9 +54,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 import transformers
@@ -66,7 +64,7 @@ import rlblocks as rb
 from rlblocks.interfaces import Prompt, RolloutEngine, SamplingParams
 
 sys.path.insert(0, str(Path(__file__).parent))
-from grpo_step import RANDOM_MODELS, build_random_model, eos_hazard, sync
+from grpo_step import RANDOM_MODELS, build_random_model, eos_hazard, print_profile, sync
 
 INSTRUCTION = "Answer with just the number."  # the main job's (examples/grpo_arithmetic.yaml)
 ENGINES = ("hf", "static", "compiled", "cb", "vllm")
@@ -206,7 +204,10 @@ def measure(name: str, path: str, prompts: list[Prompt], responses: str,
             counted = run()
         ops = counter.count / max(1, int(counted.response_mask.sum(-1).max()))
     if args.profile:
-        print_profile(name, responses, run, args.profile)
+        heading = (
+            f"profile of {name} ({responses}), one generate of {{wall:.2f}} s under the profiler:"
+        )
+        print_profile(heading, run, args.profile)
     row = Row(name, responses, build_s, warmup_s, seconds, tokens, int(lengths.max()),
               len(lengths), lengths.float().mean().item(), ops)  # fmt: skip
     del engine, rollouts
@@ -214,25 +215,6 @@ def measure(name: str, path: str, prompts: list[Prompt], responses: str,
     if torch.device(args.device).type == "cuda":
         torch.cuda.empty_cache()
     return row
-
-
-def print_profile(name: str, responses: str, run: Callable[[], Any], top: int) -> None:
-    """Where one ``generate`` spends its time: the ``top`` aten operators by self time (the
-    profiler's own overhead included), with their share of the call's wall time."""
-    start = time.perf_counter()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        run()
-    wall = time.perf_counter() - start
-    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-    print(f"profile of {name} ({responses}), one generate of {wall:.2f} s under the profiler:")
-    for e in events[:top]:
-        share = e.self_cpu_time_total / 1e6 / wall
-        print(
-            f"  {e.key:<48} {e.count:>7} calls {e.self_cpu_time_total / 1e6:>8.2f} s {share:>6.1%}"
-        )
-    rest = wall - sum(e.self_cpu_time_total for e in events) / 1e6
-    print(f"  {'(outside aten operators: Python, the profiler)':<48} {'':>13} {rest:>8.2f} s "
-          f"{rest / wall:>6.1%}")  # fmt: skip
 
 
 def weight_bytes(path: str, args: argparse.Namespace) -> int:

@@ -74,9 +74,11 @@ from grpo_step import (
     RANDOM_MODELS,
     StepTime,
     build_random_model,
+    gemm_flops,
     matmul_flops,
     model_size,
     peak_memory,
+    print_profile,
     sync,
     update_flops,
 )
@@ -194,20 +196,10 @@ def run_rlblocks(
                    f"bf16 autocast {policy.config.bf16}"))  # fmt: skip
     if compiled and args.profile:
         rollouts, advantages = batches[max(batches)]
-        print_profile(partial(policy.step, rollouts, advantages, loss_fn=loss), args.profile)
-
-
-def print_profile(step: Callable[[], Any], top: int) -> None:
-    """The ``top`` aten operators of one step by self time, with their share of its wall time."""
-    start = time.perf_counter()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        step()
-    wall = time.perf_counter() - start
-    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-    print(f"profile of one compiled step, {wall:.2f} s under the profiler:")
-    for e in events[:top]:
-        seconds = e.self_cpu_time_total / 1e6
-        print(f"  {e.key[:60]:<60} {e.count:>7} calls {seconds:>8.2f} s {seconds / wall:>6.1%}")
+        heading = "profile of one compiled step, {wall:.2f} s under the profiler:"
+        print_profile(
+            heading, partial(policy.step, rollouts, advantages, loss_fn=loss), args.profile
+        )
 
 
 def trl_micro_rows(rows: int, tokens: int, budget: int) -> int:
@@ -286,21 +278,6 @@ def trl_update(
 
 
 # ---------------------------------------------------------------------- the same-shape matmul
-def gemm_flops(device: str, dtype: torch.dtype, m: int, k: int, n: int, repeats: int = 3) -> float:
-    """FLOP/s of an (m×k)·(k×n) product in ``dtype``: 2mkn per product, the mean of
-    ``repeats`` after one warm-up."""
-    generator = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(m, k, device=device, dtype=dtype, generator=generator)
-    b = torch.randn(k, n, device=device, dtype=dtype, generator=generator)
-    a @ b
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    sync(device)
-    return 2 * m * k * n * repeats / (time.perf_counter() - start)
-
-
 def same_shape_flops(path: str, device: str, dtype: torch.dtype, tokens: int, responses: int,
                      chunk: int = 1024) -> float:  # fmt: skip
     """FLOP/s of the update's own matrix products at their own shapes, FLOP-weighted, for one
@@ -325,7 +302,7 @@ def same_shape_flops(path: str, device: str, dtype: torch.dtype, tokens: int, re
     for work, m, k, n in jobs:
         for shape in ((m, k, n), (m, n, k), (n, m, k)):  # forward, input grad, weight grad
             flops += work
-            seconds += work / gemm_flops(device, dtype, *shape)
+            seconds += work / gemm_flops(device, dtype, *shape, repeats=3, warmups=1)
     return flops / seconds
 
 
