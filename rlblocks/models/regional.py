@@ -83,10 +83,3 @@ def is_compiled(block: nn.Module) -> bool:
     """True when ``block``'s ``forward`` is the compiled one of :func:`compile_blocks`."""
     forward = block.__dict__.get("forward")
     return isinstance(forward, types.MethodType) and forward.__func__ is _COMPILED.get(type(block))
-
-
-def uncompile_blocks(model: nn.Module) -> None:
-    """Every decoder block of ``model`` back to its class's eager ``forward``."""
-    for block in decoder_blocks(model):
-        if is_compiled(block):
-            del block.forward

@@ -6,7 +6,7 @@ GPU is given neither ``micro_batch_tokens`` nor ``micro_batch_size``, it asks
 :func:`token_budget` for the largest budget its free memory holds, by the planner's own
 arithmetic (:mod:`rlblocks.planner.sizing`):
 
-    free − MARGIN × total ≥ gradients + AdamW state (unless held already)
+    free − MARGIN × total ≥ gradients + AdamW state
                             + activations(tokens) + head(tokens)
 
 where the activations and the head's working set are the plan's parts for a forward of that
@@ -60,7 +60,6 @@ def token_budget(
     total: int,
     param_dtype: torch.dtype,
     compute_dtype: torch.dtype,
-    optimizer_held: bool = False,
     gradient_checkpointing: bool = False,
     logprob_chunk_size: int = 1024,
     world: int = 1,
@@ -68,8 +67,8 @@ def token_budget(
     sp: int = 1,
 ) -> Budget:
     """The largest multiple of :data:`STEP` tokens per forward that ``free`` bytes of a device
-    of ``total`` bytes hold (module docstring). ``optimizer_held``: AdamW's state is allocated
-    already (after a step), so it is in ``free``'s complement, not to be left again."""
+    of ``total`` bytes hold (module docstring); asked before the first step, so the gradients
+    and AdamW's state are still to be allocated."""
     if compute_dtype not in shape.act_per_token:
         raise ValueError(
             f"token_budget: the model's layer was not traced in {compute_dtype}; size the shape "
@@ -77,7 +76,7 @@ def token_budget(
         )
     shards = world // tp
     b = param_dtype.itemsize
-    fixed = shape.trainable * b * (1 if optimizer_held else 3) // (tp * shards)
+    fixed = shape.trainable * b * 3 // (tp * shards)  # gradients and AdamW's two moments
     setup = Setup(
         dtype=param_dtype,
         optimizer="adamw",
