@@ -1,7 +1,7 @@
 """Where the running loop stands: the steps done, the steps it will run, the epochs of its
 data drawn so far.
 
-The run loop (`rlblocks.run.loop`) sets it before each step and clears it when the run ends;
+The run (`rlblocks.run.Run`) sets it before each step and clears it when the run ends;
 a block that must state progress in another library's terms reads it with :func:`current`
 (`rlblocks.rewards.from_trl` builds the ``trainer_state`` TRL passes its reward functions
 from it). It is one value for the process, not per thread: reward functions run in worker

@@ -1,6 +1,6 @@
 """A run of the run floor without a model, for the tests of folders, locks and resume: each
-step adds the next batch (a number) to a `Stateful` counter, through `rlblocks.run.run_steps`
-with its checkpoints and tracker. Imported by the tests, and run as a script in its own process
+step adds the next batch (a number) to a `Stateful` counter, in a loop driven by
+`rlblocks.run.Run` with its checkpoints and tracker. Imported by the tests, and run as a script in its own process
 (the holder of a folder)::
 
     python counting_run.py FOLDER STEPS [--wait-after STEP] [--fail-at STEP] [--every N]
@@ -21,7 +21,7 @@ from typing import Any
 from builders import Counter
 
 import rlblocks as rb
-from rlblocks.run import Batches, RunOptions, Step, run_steps
+from rlblocks.run import Batches, Run
 
 
 def count(
@@ -38,24 +38,25 @@ def count(
     """The run (module docstring); returns the counter after each step, resumed ones included."""
     counter, source = Counter(), Batches([1] * 100)
 
-    def step(index: int, clock: rb.run.Clock) -> Step:
-        if index == fail_at:
-            raise RuntimeError(f"step {index} fails")
-        counter.n += source.draw()
-        return Step({"n": float(counter.n)}, None)
-
     with rb.tracking.Tracker(folder) if tracker else nullcontext() as track:
-        run = RunOptions(
+        run = Run(
+            "count",
+            steps=steps,
+            blocks={"c": counter},
+            config=config,
             checkpoint=rb.checkpoint.Checkpointer(folder / "checkpoints", every=every),
             resume=resume,
             tracker=track,
             on_step=on_step,
             progress=False,
         )
-        history = run_steps(
-            "count", step, source, steps=steps, run=run, config=config, blocks={"c": counter}
-        )
-    return [h["n"] for h in history]
+        with run.driving(source):
+            for step in run:
+                if step == fail_at:
+                    raise RuntimeError(f"step {step} fails")
+                counter.n += source.draw()
+                run.record({"n": float(counter.n)})
+    return [h["n"] for h in run.history]
 
 
 def main() -> None:

@@ -1,11 +1,14 @@
 """The README: its one cell runs as written, its first screen holds what a newcomer needs, and
 every measured number in it names where it was measured."""
 
+import ast
 import re
 from pathlib import Path
 
 import torch
 from test_docs import DOCS, python_blocks, split_fences
+
+import rlblocks as rb
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -35,19 +38,62 @@ def claims(text: str) -> list[tuple[str, bool]]:
     return out
 
 
-def test_readme_python_blocks_run(tmp_path, monkeypatch, capsys):
-    # The built-in 135M model is swapped for the tiny one so that this runs in seconds; the
-    # code is otherwise executed exactly as written.
-    monkeypatch.setenv("RLBLOCKS_CACHE", str(tmp_path))
-    text = README.read_text().replace('"smollm2-135m"', '"tiny"')
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+def readme_cell() -> str:
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
     assert len(blocks) == 1, "the README shows one cell; other examples live in docs/"
+    return blocks[0]
+
+
+def test_readme_python_blocks_run(tmp_path, monkeypatch):
+    # The built-in 135M model is swapped for the tiny one so that this runs in seconds; the
+    # code is otherwise executed exactly as written, in a fresh folder (it writes runs/readme).
+    monkeypatch.setenv("RLBLOCKS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    code = compile(readme_cell().replace('"smollm2-135m"', '"tiny"'), str(README), "exec")
     namespace: dict = {}
-    exec(compile(blocks[0], str(README), "exec"), namespace)  # noqa: S102 (our own README)
-    # The GRPO cell printed one line per step and pushed two weight versions.
-    printed = [line for line in capsys.readouterr().out.splitlines() if line[:2] in ("0 ", "1 ")]
-    assert len(printed) == 2
-    assert namespace["resharder"].version == 2
+    exec(code, namespace)  # noqa: S102 (our own README)
+    # Two recorded steps, each with the reward and the run's own metrics; two weight syncs;
+    # the newest checkpoint is of step 2.
+    history = namespace["run"].history
+    assert len(history) == 2 and all("reward/mean" in h and "time/sync" in h for h in history)
+    assert namespace["source"].version == 2
+    assert rb.checkpoint.Checkpointer(tmp_path / "runs" / "readme").latest() == 2
+    # Run again (a notebook cell re-run, or a kernel restart): it resumes, with nothing to do.
+    again: dict = {}
+    exec(code, again)  # noqa: S102 (our own README)
+    assert again["run"].history == history and again["source"].version == 2
+    trained, restored = namespace["policy"].model.state_dict(), again["policy"].model.state_dict()
+    assert all(torch.equal(trained[k], restored[k]) for k in trained)
+
+
+def loop_of(tree: ast.AST) -> str:
+    """The ``with run.driving(source):`` block of ``tree``, with the ``with run.phase(...)``
+    blocks replaced by their bodies, as canonical source."""
+
+    class Unphase(ast.NodeTransformer):
+        def visit_With(self, node: ast.With) -> ast.AST | list[ast.stmt]:
+            self.generic_visit(node)
+            if ast.unparse(node.items[0].context_expr).startswith("run.phase("):
+                return node.body
+            return node
+
+    drives = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.With) and ast.unparse(n.items[0].context_expr) == "run.driving(source)"
+    ]
+    assert len(drives) == 1
+    return ast.unparse(Unphase().visit(drives[0]))
+
+
+def test_the_readme_loop_is_the_grpo_recipes_body():
+    # The README says so; without the phase timers the two are the same statements.
+    recipe = Path(rb.recipes.grpo.__code__.co_filename).read_text()
+    assert loop_of(ast.parse(readme_cell())) == loop_of(ast.parse(recipe))
+    assert 'with run.phase("update")' in recipe  # the recipe does time its phases
+    # and the README cell stays a cell: today's 17 lines of code plus at most three
+    code = [line for line in readme_cell().splitlines() if line.strip()]
+    assert len([line for line in code if not line.lstrip().startswith("#")]) <= 20
 
 
 def test_the_conventions_cell_does_what_its_comments_say():
@@ -76,7 +122,7 @@ def test_the_first_screen_holds_the_commands_the_cell_and_the_result():
     assert "# run the main job" in screen and "# run the tests" in screen
     assert "## GRPO in one cell" in screen
     # the cell's last line and the measured result's caption fit too
-    assert "print(step, reward_metrics" in screen
+    assert "run.record(" in screen
     assert "## What the main job learns" in screen and "held-out" in screen
 
 
@@ -98,3 +144,79 @@ def test_the_source_check_sees_what_it_should():
     found = claims(text)
     assert [sourced for _, sourced in found] == [False, True, True]
     assert found[0][0] == "A step took 33.4 s."
+
+
+# The harness around the README cell run as a script: every process starts from one seed
+# (torch seeds itself at random otherwise: the killed run and the whole one would sample
+# differently from step 0; a resumed run restores the killed run's generator from its
+# checkpoint); after the checkpoint of step 1 is written the process says so and waits to be
+# killed (so that the kill lands mid-run, between two steps, whatever the machine's speed); at
+# the end it saves what the run did.
+KILLED_AFTER_STEP_1 = """
+import os, sys, time
+import torch
+import rlblocks as rb
+
+torch.manual_seed(0)
+
+saving = rb.checkpoint.Checkpointer.save
+
+
+def save(self, step, *args, **kwargs):
+    out = saving(self, step, *args, **kwargs)
+    if step == 1 and os.environ.get("WAIT_AFTER_STEP_1"):
+        print("SAVED 1", flush=True)
+        time.sleep(600)
+    return out
+
+
+rb.checkpoint.Checkpointer.save = save
+"""
+SAVE_RESULT = """
+import torch
+torch.save({"history": run.history, "weights": policy.model.state_dict()}, "result.pt")
+"""
+
+
+def test_the_readme_cell_killed_mid_run_resumes_bit_for_bit(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from resume_helpers import ENV, assert_same_records, untimed
+
+    cell = readme_cell().replace('"smollm2-135m"', '"tiny"')
+    script = tmp_path / "cell.py"
+    script.write_text(KILLED_AFTER_STEP_1 + cell + SAVE_RESULT)
+    env = {**ENV, "RLBLOCKS_CACHE": str(tmp_path / "cache")}
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    for folder in (killed, whole):
+        folder.mkdir()
+    # The killed run: SIGKILL once the checkpoint of step 1 is on disk, before step 2.
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=killed,
+        env={**env, "WAIT_AFTER_STEP_1": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = iter(proc.stdout.readline, "")
+        assert any(line.strip() == "SAVED 1" for line in lines), "the run never saved step 1"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL and not (killed / "result.pt").exists()
+    # The same cell again in that folder resumes after step 1; the whole run goes uninterrupted.
+    for folder in (killed, whole):
+        subprocess.run([sys.executable, str(script)], cwd=folder, env=env, check=True, timeout=600)
+    resumed = torch.load(killed / "result.pt", weights_only=False)
+    reference = torch.load(whole / "result.pt", weights_only=False)
+    assert len(resumed["history"]) == len(reference["history"]) == 2
+    assert_same_records(untimed(resumed["history"]), untimed(reference["history"]))
+    for name, weight in reference["weights"].items():
+        assert torch.equal(resumed["weights"][name], weight), name

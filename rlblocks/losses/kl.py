@@ -161,7 +161,7 @@ def kl_regularized(
     signature says just that (:func:`rlblocks.losses.inputs.forwarding_signature`), so the
     trainer computes the entropy only when ``loss_fn`` takes it or ``log_entropy`` is on. Metrics:
     those of ``loss_fn`` and ``kl_loss`` (the mean k over valid tokens, detached; the recipes
-    also report it as ``kl/token``, see `rlblocks.run.loop`).
+    also report it as ``kl/token``, see `rlblocks.run.clock`).
     """
     wanted = loss_inputs(loss_fn).accepted
 

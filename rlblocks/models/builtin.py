@@ -125,7 +125,10 @@ def builtin_path(name: str, *, log: Callable[[str], None] = print) -> Path:
         log(f"rlblocks: converting built-in model {name!r} into {target} (once)")
         scratch = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
         try:
-            BUILTINS[name].convert(scratch)
+            # A conversion draws random numbers (the tiny model's initial weights): on its own
+            # generator, so that a script's first run samples as its later runs do.
+            with torch.random.fork_rng(devices=[]):
+                BUILTINS[name].convert(scratch)
             if target.exists():
                 shutil.rmtree(target)
             scratch.rename(target)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 #: ``reward/mean`` from the reward function, ``entropy``, ``clip_frac``, ``approx_kl`` (KL to the
 #: sampling policy π_old, from the clipped surrogate) and ``grad_norm`` from the trainer,
 #: ``response_length`` from the recipe, ``kl/token`` (KL to the reference) from every recipe
-#: that has one (rlblocks.run.loop), ``kl`` from a KL loss term in a hand-written loop,
+#: that has one (rlblocks.run.clock), ``kl`` from a KL loss term in a hand-written loop,
 #: ``accuracy`` from the demo.
 CURVES: tuple[tuple[str, str], ...] = (
     ("reward/mean", "reward"),
@@ -37,7 +37,7 @@ CURVES: tuple[tuple[str, str], ...] = (
 )
 
 #: Curves that repeat another under a name of their own: no panel when the other one is drawn.
-#: A recipe copies a KL loss term's ``kl`` to ``kl/token`` (rlblocks.run.loop), so a run of
+#: A recipe copies a KL loss term's ``kl`` to ``kl/token`` (rlblocks.run.clock), so a run of
 #: the demo has both; a hand-written loop with a KL loss term has only ``kl``.
 REPEATS = {"kl": "kl/token"}
 

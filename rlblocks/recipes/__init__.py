@@ -1,9 +1,11 @@
 """Recipes: short functions built only from public blocks, meant to be read and copied.
 
 A recipe holds its algorithm: the blocks, the algorithm's hyperparameters, and ``run=`` (a
-`rlblocks.run.RunOptions`). Each is a step function that the run floor's loop runs
-(`rlblocks.run`: progress, the metrics every recipe reports, ``on_step``, checkpoints, where
-rollouts and π_old come from); `rlblocks.recipes.defaults` holds the defaults they share.
+`rlblocks.run.RunOptions`). Each is one ``for`` loop driven by a `rlblocks.run.Run` (progress,
+the metrics every recipe reports, ``on_step``, checkpoints, resume) over a
+`rlblocks.run.RolloutSource` (where rollouts and π_old come from), written once in its own
+file: the README's cell is `rlblocks.recipes.grpo`'s body. `rlblocks.recipes.defaults` holds
+the defaults they share.
 ``kl_regularized`` lives in `rlblocks.losses` and is re-exported here.
 """
 
@@ -16,7 +18,6 @@ from rlblocks.recipes.online_dpo import online_dpo
 from rlblocks.recipes.ppo import ppo
 from rlblocks.recipes.sft import held_out_nll, sft
 from rlblocks.recipes.variants import greedy_baseline_rewards, remax, with_greedy_answers
-from rlblocks.renamed import gone_attributes
 
 __all__ = [
     "Evaluation",
@@ -35,5 +36,3 @@ __all__ = [
     "sft",
     "with_greedy_answers",
 ]
-
-__getattr__ = gone_attributes(__name__)  # moved names: rlblocks.renamed.GONE

@@ -48,7 +48,7 @@ from rlblocks.advantage import grpo as grpo_advantage
 from rlblocks.losses import TokenMean, clipped_surrogate
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING
 from rlblocks.rewards import checked, combine, keep_informative_groups, overlong
-from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
+from rlblocks.run import RolloutSource, Run, RunOptions, run_config
 
 
 class InformativeGroups(NamedTuple):
@@ -123,7 +123,6 @@ def sample_informative_groups(
     return _first_groups(parts, scored, groups_needed or 0, generated, collected, max_rounds)
 
 
-@recipe
 def dapo(
     policy: interfaces.PolicyTrainer,
     engine: interfaces.RolloutEngine,
@@ -156,7 +155,7 @@ def dapo(
 
     Metrics: those of `sample_informative_groups` (``sampling/…``, ``accuracy/mean``,
     ``overlong/mean``, ``reward/mean`` = the shaped total), the trainer's, the resharder's, and
-    the ones every recipe reports (`rlblocks.run.loop`): ``time/*`` (all generation rounds
+    the ones every recipe reports (`rlblocks.run.clock`): ``time/*`` (all generation rounds
     are ``time/rollout``, all scoring ``time/reward``), ``step_seconds``, ``response_length``
     (of the trained rows) and ``kl/token`` when the loss has a KL term; ``sampling/skipped``
     is 1.0 for a step with no informative group (no update, no sync, no
@@ -173,33 +172,38 @@ def dapo(
     loss_fn: interfaces.PolicyLoss = partial(clipped_surrogate, clip=clip)  # clip-higher, §3.1
     task = _scored_once(reward_fn)  # scored once, read by the shaped reward and the filter
     shaped = _shaped_reward(task, sampling, max_length, cache_length, overlong_factor)
-    source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
-    loss_fn = source.corrected(loss_fn)  # run.correction: for stale rows (k steps off)
-
-    def step(index: int, clock: Clock) -> Step | None:
-        with clock("rollout"):  # 1.-2. dynamic sampling, shaped reward; scoring is "reward"
-            sampled = sample_informative_groups(
-                source.rounds(clock),
-                clock.timed("reward", shaped),
-                groups_needed=groups_per_step,
-                max_rounds=max_rounds,
-                accuracy_fn=clock.timed("reward", task),
-            )
-        if sampled.metrics["sampling/rounds"] == 0:
-            return None  # the prompt batches ran out: the run ends
-        metrics = {**sampled.metrics, "sampling/skipped": float(sampled.rollouts is None)}
-        if sampled.rollouts is None:
-            return Step(metrics, None)  # nothing informative: no update, no sync
-        rollouts = sampled.rollouts.replace(rewards=sampled.rewards)
-        advantages, _ = advantage(sampled.rewards, rollouts.response_mask, rollouts.group_ids)
-        with clock("update"):  # 3.-4.
-            metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)
-        metrics |= source.sync(clock)  # 5.
-        return Step(metrics, rollouts)
-
-    return run_steps(
-        "DAPO", step, source, steps=steps, run=run, config=config, blocks={"policy": policy}
+    options = run or RunOptions()
+    source = RolloutSource(
+        engine,
+        policy,
+        batches,
+        group_size=group_size,
+        sampling=sampling,
+        **options.source_options(),
     )
+    loss_fn = source.corrected(loss_fn)  # RunOptions.correction: for stale rows (k steps off)
+    run = Run("dapo", steps=steps, blocks={"policy": policy}, config=config, options=options)
+    with run.driving(source):  # the run also ends when the prompt batches run out
+        for step in run:
+            with run.phase("rollout"):  # 1.-2. dynamic sampling, shaped reward
+                sampled = sample_informative_groups(
+                    source.rounds(),
+                    run.timed("reward", shaped),  # scoring is time/reward
+                    groups_needed=groups_per_step,
+                    max_rounds=max_rounds,
+                    accuracy_fn=run.timed("reward", task),
+                )
+            metrics = {**sampled.metrics, "sampling/skipped": float(sampled.rollouts is None)}
+            if sampled.rollouts is None:  # nothing informative: no update, no sync
+                run.record(metrics)
+                continue
+            rollouts = sampled.rollouts.replace(rewards=sampled.rewards)
+            advantages, _ = advantage(sampled.rewards, rollouts.response_mask, rollouts.group_ids)
+            with run.phase("update"):  # 3.-4.
+                metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)
+            metrics |= source.sync()  # 5.
+            run.record(metrics, rollouts)
+    return run.history
 
 
 # ---------------------------------------------------------------------- helpers

@@ -26,13 +26,10 @@ from rlblocks.advantage import grpo as grpo_advantage
 from rlblocks.advantage import teacher_kl
 from rlblocks.losses import reverse_kl
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
-from rlblocks.renamed import moved_keywords
 from rlblocks.rewards import checked
-from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
+from rlblocks.run import RolloutSource, Run, RunOptions, run_config
 
 
-@recipe
-@moved_keywords(coef="kl_coef=")  # the one vocabulary
 def distill(
     policy: interfaces.PolicyTrainer,
     engine: interfaces.RolloutEngine,
@@ -62,33 +59,39 @@ def distill(
     """
     config = run_config("distill", locals())
     reward_fn = checked(reward_fn) if reward_fn is not None else None
-    source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
-    loss_fn = source.corrected(loss_fn)  # run.correction: for stale rows (k steps off)
-
-    def step(index: int, clock: Clock) -> Step | None:
-        rollouts = source.draw(clock)  # 1.
-        rollouts = source.with_old_logprobs(rollouts, clock)  # 2. π_old, then the teacher's
-        with clock("logprobs"):
-            teacher_lp = teacher.logprobs(rollouts)
-        old, mask = rollouts.old_logprobs, rollouts.response_mask
-        assert old is not None  # with_old_logprobs set it
-        _, kl_metrics = reverse_kl(old, teacher_lp, mask)  # 3.
-        metrics: dict[str, Any] = {**kl_metrics}  # tensors, then the reward's and update's floats
-        advantages = teacher_kl(old, teacher_lp, mask, kl_coef=kl_coef).advantages
-        if reward_fn is not None:
-            with clock("reward"):
-                rewards, reward_metrics = reward_fn(rollouts)
-            rollouts = rollouts.replace(rewards=rewards)
-            advantages = advantages + advantage(rewards, mask, rollouts.group_ids).advantages
-            metrics |= reward_metrics
-        with clock("update"):  # 4.
-            metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)
-        metrics |= source.sync(clock)  # 5.
-        return Step({k: float(v) for k, v in metrics.items()}, rollouts)
-
-    return run_steps(
-        "distill", step, source, steps=steps, run=run, config=config, blocks={"policy": policy}
+    options = run or RunOptions()
+    source = RolloutSource(
+        engine,
+        policy,
+        batches,
+        group_size=group_size,
+        sampling=sampling,
+        **options.source_options(),
     )
+    loss_fn = source.corrected(loss_fn)  # RunOptions.correction: for stale rows (k steps off)
+    run = Run("distill", steps=steps, blocks={"policy": policy}, config=config, options=options)
+    with run.driving(source):
+        for step in run:
+            rollouts = source.draw()  # 1.
+            rollouts = source.with_old_logprobs(rollouts)  # 2. π_old, then the teacher's
+            with run.phase("logprobs"):
+                teacher_lp = teacher.logprobs(rollouts)
+            old, mask = rollouts.old_logprobs, rollouts.response_mask
+            assert old is not None  # with_old_logprobs set it
+            _, kl_metrics = reverse_kl(old, teacher_lp, mask)  # 3.
+            metrics: dict[str, Any] = {**kl_metrics}  # tensors, then the reward's, update's
+            advantages = teacher_kl(old, teacher_lp, mask, kl_coef=kl_coef).advantages
+            if reward_fn is not None:
+                with run.phase("reward"):
+                    rewards, reward_metrics = reward_fn(rollouts)
+                rollouts = rollouts.replace(rewards=rewards)
+                advantages = advantages + advantage(rewards, mask, rollouts.group_ids).advantages
+                metrics |= reward_metrics
+            with run.phase("update"):  # 4.
+                metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)
+            metrics |= source.sync()  # 5.
+            run.record({k: float(v) for k, v in metrics.items()}, rollouts)
+    return run.history
 
 
 __all__ = ["distill"]

@@ -10,9 +10,10 @@ One step (Shao et al. 2024, DeepSeekMath, arXiv 2402.03300, sec. 4):
 
 Simplifications: the reference-policy KL term is left out by default (DAPO and Dr.GRPO drop it
 too; pass a loss that takes ``ref_logprobs``, e.g. `rlblocks.losses.kl_regularized`, to add it
-back), and every step draws fresh prompts. The loop around the step (progress, ``time/*``,
-``on_step``, checkpoints) and where its rollouts come from are the run floor's,
-`rlblocks.run`, shared by every recipe.
+back), and every step draws fresh prompts. The body is the README's cell ("GRPO in one cell"),
+line for line (tests/test_readme.py compares them): `rlblocks.run.Run` gives the loop resume,
+checkpoints, the tracker, progress and ``time/*``; `rlblocks.run.RolloutSource` decides where
+the rollouts and their π_old come from (in the step, or k steps off).
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ from rlblocks import interfaces
 from rlblocks.advantage import grpo as grpo_advantage
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
 from rlblocks.rewards import checked
-from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
+from rlblocks.run import RolloutSource, Run, RunOptions, run_config
 
 
-@recipe
 def grpo(
     policy: interfaces.PolicyTrainer,
     engine: interfaces.RolloutEngine,
@@ -51,26 +51,31 @@ def grpo(
     trainer updates on this one; ``old_logprobs``: docs/run.md).
 
     Metrics: the reward function's (``reward/mean``), the trainer's, the resharder's, and the
-    ones every recipe reports (`rlblocks.run.loop`): ``time/rollout``, ``time/reward``,
+    ones every recipe reports (`rlblocks.run.clock`): ``time/rollout``, ``time/reward``,
     ``time/logprobs``, ``time/update``, ``time/sync``, ``step_seconds``, ``response_length``,
     ``kl/token`` when the loss has a KL term, and ``async/*`` with a background sampler.
     """
     config = run_config("grpo", locals())  # logged once, checked on resume
+    options = run or RunOptions()
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
-    source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
-    loss_fn = source.corrected(loss_fn)  # run.correction: for stale rows (k steps off)
-
-    def step(index: int, clock: Clock) -> Step | None:
-        rollouts = source.draw(clock)  # 1. G samples per prompt, π_old as run= says
-        with clock("reward"):  # 2. one scalar per response
-            rewards, metrics = reward_fn(rollouts)
-        rollouts = rollouts.replace(rewards=rewards)  # kept with the rows (dashboards read it)
-        advantages, _ = advantage(rewards, rollouts.response_mask, rollouts.group_ids)  # 3.
-        with clock("update"):  # 4. (π_old, when not drawn, comes from the trainer)
-            metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)
-        metrics |= source.sync(clock)  # 5. the new weights into the engine
-        return Step(metrics, rollouts)
-
-    return run_steps(
-        "GRPO", step, source, steps=steps, run=run, config=config, blocks={"policy": policy}
+    source = RolloutSource(
+        engine,
+        policy,
+        batches,
+        group_size=group_size,
+        sampling=sampling,
+        **options.source_options(),
     )
+    loss_fn = source.corrected(loss_fn)  # IcePop's mask when k steps off (RunOptions.correction)
+    run = Run("grpo", steps=steps, blocks={"policy": policy}, config=config, options=options)
+    with run.driving(source):  # lock; resume, or save step 0
+        for step in run:  # progress bar, watchdog, the step's clock
+            rollouts = source.draw()  # 1. G samples per prompt, π_old as the source says
+            with run.phase("reward"):  # 2. one scalar per response
+                rewards, metrics = reward_fn(rollouts)
+            advantages, _ = advantage(rewards, rollouts.response_mask, rollouts.group_ids)  # 3.
+            with run.phase("update"):  # 4. (π_old, when not drawn, comes from the trainer)
+                metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)
+            metrics |= source.sync()  # 5. the engine gets the new weights
+            run.record(metrics, rollouts.replace(rewards=rewards))  # tracker, checkpoint
+    return run.history

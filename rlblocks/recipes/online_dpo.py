@@ -17,13 +17,10 @@ import torch
 import rlblocks.recipes.defaults as defaults  # noqa: PLR0402 (no import of the package)
 from rlblocks.interfaces import PolicyLoss, PolicyTrainer, RewardFn, RolloutEngine, SamplingParams
 from rlblocks.losses import PreferenceLoss, dpo, preference_advantages, ranked_pairs, uses_reference
-from rlblocks.renamed import moved_keywords
 from rlblocks.rewards import checked
-from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
+from rlblocks.run import RolloutSource, Run, RunOptions, run_config
 
 
-@recipe
-@moved_keywords(samples_per_prompt="group_size=")  # the one vocabulary
 def online_dpo(
     policy: PolicyTrainer,
     engine: RolloutEngine,
@@ -50,37 +47,50 @@ def online_dpo(
         )
     reward_fn = checked(reward_fn)
     anchored = uses_reference(preference)  # SimPO needs no π_ref
-    source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
-    loss_fn = source.corrected(loss_fn)  # run.correction: for stale rows (k steps off)
-
-    def step(index: int, clock: Clock) -> Step | None:
-        rollouts = source.draw(clock)  # 1. responses from the current policy
-        with clock("reward"):  # 2. ranked: the best and the worst of each prompt
-            rewards, metrics = reward_fn(rollouts)
-        rollouts = rollouts.replace(rewards=rewards)
-        chosen, rejected = ranked_pairs(rewards, rollouts.group_ids)
-        metrics["dpo/pairs"] = float(len(chosen))
-        if not len(chosen):
-            return Step(metrics, rollouts)  # every pair tied: nothing to learn this step
-        pairs = rollouts.select(torch.stack([chosen, rejected], 1).flatten())  # c0 r0 c1 r1 …
-        pairs = source.with_old_logprobs(pairs, clock)  # 3. π_old and π_ref of the paired rows
-        with clock("logprobs"):
-            ref = policy.ref_logprobs(pairs) if anchored else None
-        p = torch.arange(len(chosen))
-        scale = float(policy.normalizer(pairs)) / len(chosen)  # the trainer divides by n
-        assert pairs.old_logprobs is not None  # with_old_logprobs set it
-        advantages, pair_metrics = preference_advantages(  # 4. DPO's gradient, per token
-            preference, pairs.old_logprobs, ref, pairs.response_mask, 2 * p, 2 * p + 1, scale=scale
-        )
-        metrics |= {k: float(v) for k, v in pair_metrics.items()}
-        with clock("update"):
-            metrics |= policy.step(pairs, advantages, loss_fn=loss_fn)
-        metrics |= source.sync(clock)  # 5. the engine samples with the new weights
-        return Step(metrics, rollouts)
-
-    return run_steps(
-        "online DPO", step, source, steps=steps, run=run, config=config, blocks={"policy": policy}
+    options = run or RunOptions()
+    source = RolloutSource(
+        engine,
+        policy,
+        batches,
+        group_size=group_size,
+        sampling=sampling,
+        **options.source_options(),
     )
+    loss_fn = source.corrected(loss_fn)  # RunOptions.correction: for stale rows (k steps off)
+    run = Run("online_dpo", steps=steps, blocks={"policy": policy}, config=config, options=options)
+    with run.driving(source):
+        for step in run:
+            rollouts = source.draw()  # 1. responses from the current policy
+            with run.phase("reward"):  # 2. ranked: the best and the worst of each prompt
+                rewards, metrics = reward_fn(rollouts)
+            rollouts = rollouts.replace(rewards=rewards)
+            chosen, rejected = ranked_pairs(rewards, rollouts.group_ids)
+            metrics["dpo/pairs"] = float(len(chosen))
+            if not len(chosen):  # every pair tied: nothing to learn this step
+                run.record(metrics, rollouts)
+                continue
+            pairs = rollouts.select(torch.stack([chosen, rejected], 1).flatten())  # c0 r0 c1 r1
+            pairs = source.with_old_logprobs(pairs)  # 3. π_old and π_ref of the paired rows
+            with run.phase("logprobs"):
+                ref = policy.ref_logprobs(pairs) if anchored else None
+            p = torch.arange(len(chosen))
+            scale = float(policy.normalizer(pairs)) / len(chosen)  # the trainer divides by n
+            assert pairs.old_logprobs is not None  # with_old_logprobs set it
+            advantages, pair_metrics = preference_advantages(  # 4. DPO's gradient, per token
+                preference,
+                pairs.old_logprobs,
+                ref,
+                pairs.response_mask,
+                2 * p,
+                2 * p + 1,
+                scale=scale,
+            )
+            metrics |= {k: float(v) for k, v in pair_metrics.items()}
+            with run.phase("update"):
+                metrics |= policy.step(pairs, advantages, loss_fn=loss_fn)
+            metrics |= source.sync()  # 5. the engine samples with the new weights
+            run.record(metrics, rollouts)
+    return run.history
 
 
 __all__ = ["online_dpo"]

@@ -43,13 +43,10 @@ from rlblocks.losses import (
 )
 from rlblocks.masked import masked_mean
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
-from rlblocks.renamed import moved_keywords
 from rlblocks.rewards import checked
-from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
+from rlblocks.run import RolloutSource, Run, RunOptions, run_config
 
 
-@recipe
-@moved_keywords(samples_per_prompt="group_size=")  # the one vocabulary
 def ppo(
     policy: interfaces.PolicyTrainer,
     critic: interfaces.Critic,
@@ -89,7 +86,7 @@ def ppo(
     (the β used this step), ``returns_mean``, the critic's ``vf_*`` and ``values_mean``, the
     policy's (absent during warm-up; ``kl_loss`` with ``kl_in_reward=False``), the
     resharder's, ``critic_warmup`` (1 during warm-up), and the ones every recipe reports
-    (`rlblocks.run.loop`): ``time/*`` (π_old, π_ref and V are ``time/logprobs``, the critic
+    (`rlblocks.run.clock`): ``time/*`` (π_old, π_ref and V are ``time/logprobs``, the critic
     and policy updates ``time/update``), ``step_seconds``, ``response_length``. ``batches``
     and ``run`` (a `rlblocks.run.RunOptions`: on_step, checkpoint, resume, tracker, staleness,
     π_old) work as in :func:`~rlblocks.recipes.grpo`.
@@ -98,50 +95,63 @@ def ppo(
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
     controller = kl_controller or FixedKLController(kl_coef)
     estimator = kl_estimator or (k1 if kl_in_reward else k3)
-    source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
-    loss_fn = source.corrected(loss_fn)  # run.correction: for stale rows (k steps off)
-
-    def step(index: int, clock: Clock) -> Step | None:
-        rollouts = source.draw(clock)  # 1.
-        with clock("reward"):  # 2. one scalar per response
-            rewards, reward_metrics = reward_fn(rollouts)
-        mask = rollouts.response_mask
-        rollouts = source.with_old_logprobs(rollouts, clock)  # 3. all before any update
-        with clock("logprobs"):
-            ref_logprobs = policy.ref_logprobs(rollouts)
-            values = critic.values(rollouts)
-        rollouts = rollouts.replace(rewards=rewards, ref_logprobs=ref_logprobs)
-        beta = controller.value  # 4. KL penalty with the current β, then adapt β
-        assert rollouts.old_logprobs is not None  # with_old_logprobs set it
-        penalized, kl = kl_penalty_rewards(
-            rewards, rollouts.old_logprobs, ref_logprobs, mask, kl_coef=beta, estimator=estimator
-        )
-        controller.update(kl["kl_per_seq"], n_steps=len(rollouts))
-        token_rewards = penalized if kl_in_reward else rewards
-        advantages, returns = gae(  # 5.
-            token_rewards, mask, rollouts.group_ids, values=values, gamma=gamma, lam=lam
-        )
-        advantages = whiten(advantages, mask)
-        metrics = {
-            **reward_metrics,
-            "kl/token": float(kl["kl"]),
-            "kl/seq": float(kl["kl_per_seq"]),
-            "kl/coef": beta,
-            "returns_mean": float(masked_mean(returns, mask)),
-        }
-        with clock("update"):  # 6.
-            metrics |= critic.step(rollouts, returns, old_values=values, clip=value_clip)
-        warmup = index < critic_warmup_steps
-        if not warmup:  # 7. and 8.
-            policy_loss = (
-                loss_fn
-                if kl_in_reward
-                else kl_regularized(loss_fn, kl_coef=beta, estimator=estimator)
-            )
-            with clock("update"):
-                metrics |= policy.step(rollouts, advantages, loss_fn=policy_loss)
-            metrics |= source.sync(clock)
-        return Step({**metrics, "critic_warmup": float(warmup)}, rollouts)
-
+    options = run or RunOptions()
+    source = RolloutSource(
+        engine,
+        policy,
+        batches,
+        group_size=group_size,
+        sampling=sampling,
+        **options.source_options(),
+    )
+    loss_fn = source.corrected(loss_fn)  # RunOptions.correction: for stale rows (k steps off)
     blocks = {"policy": policy, "critic": critic, "kl_controller": controller}
-    return run_steps("PPO", step, source, steps=steps, run=run, config=config, blocks=blocks)
+    run = Run("ppo", steps=steps, blocks=blocks, config=config, options=options)
+    with run.driving(source):
+        for step in run:
+            rollouts = source.draw()  # 1.
+            with run.phase("reward"):  # 2. one scalar per response
+                rewards, reward_metrics = reward_fn(rollouts)
+            mask = rollouts.response_mask
+            rollouts = source.with_old_logprobs(rollouts)  # 3. all before any update
+            with run.phase("logprobs"):
+                ref_logprobs = policy.ref_logprobs(rollouts)
+                values = critic.values(rollouts)
+            rollouts = rollouts.replace(rewards=rewards, ref_logprobs=ref_logprobs)
+            beta = controller.value  # 4. KL penalty with the current β, then adapt β
+            assert rollouts.old_logprobs is not None  # with_old_logprobs set it
+            penalized, kl = kl_penalty_rewards(
+                rewards,
+                rollouts.old_logprobs,
+                ref_logprobs,
+                mask,
+                kl_coef=beta,
+                estimator=estimator,
+            )
+            controller.update(kl["kl_per_seq"], n_steps=len(rollouts))
+            token_rewards = penalized if kl_in_reward else rewards
+            advantages, returns = gae(  # 5.
+                token_rewards, mask, rollouts.group_ids, values=values, gamma=gamma, lam=lam
+            )
+            advantages = whiten(advantages, mask)
+            metrics = {
+                **reward_metrics,
+                "kl/token": float(kl["kl"]),
+                "kl/seq": float(kl["kl_per_seq"]),
+                "kl/coef": beta,
+                "returns_mean": float(masked_mean(returns, mask)),
+            }
+            with run.phase("update"):  # 6.
+                metrics |= critic.step(rollouts, returns, old_values=values, clip=value_clip)
+            warmup = step < critic_warmup_steps
+            if not warmup:  # 7. and 8.
+                policy_loss = (
+                    loss_fn
+                    if kl_in_reward
+                    else kl_regularized(loss_fn, kl_coef=beta, estimator=estimator)
+                )
+                with run.phase("update"):
+                    metrics |= policy.step(rollouts, advantages, loss_fn=policy_loss)
+                metrics |= source.sync()
+            run.record({**metrics, "critic_warmup": float(warmup)}, rollouts)
+    return run.history

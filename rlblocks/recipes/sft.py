@@ -19,10 +19,9 @@ import torch
 from rlblocks.interfaces import PolicyLoss, PolicyTrainer, Rollouts
 from rlblocks.losses import nll
 from rlblocks.masked import masked_mean
-from rlblocks.run import Batches, Clock, RunOptions, Step, recipe, run_config, run_steps
+from rlblocks.run import Batches, Run, RunOptions, run_config
 
 
-@recipe
 def sft(
     policy: PolicyTrainer,
     batches: Iterable[Rollouts],
@@ -47,23 +46,23 @@ def sft(
     """
     config = run_config("sft", locals())
     source = Batches(batches)
-
-    def step(index: int, clock: Clock) -> Step | None:
-        batch = source.draw()  # the run ends when the batches run out
-        # No advantage, no π_old in maximum likelihood: zeros spare the trainer a scoring pass.
-        zeros = torch.zeros(batch.response_ids.shape)
-        with clock("update"):
-            metrics = policy.step(batch.replace(old_logprobs=zeros), zeros, loss_fn=loss_fn)
-        metrics["tokens"] = int(batch.response_mask.sum())
-        last = index + 1 == steps
-        if held_out is not None and (last or (eval_every and (index + 1) % eval_every == 0)):
-            with clock("logprobs"):
-                metrics["eval/nll"] = held_out_nll(policy, held_out)
-        return Step(metrics, batch)
-
-    return run_steps(
-        "SFT", step, source, steps=steps, run=run, config=config, blocks={"policy": policy}
-    )
+    options = run or RunOptions()
+    run = Run("sft", steps=steps, blocks={"policy": policy}, config=config, options=options)
+    with run.driving(source):
+        for step in run:
+            batch = source.draw()  # the run ends when the batches run out
+            # No advantage, no π_old in maximum likelihood: zeros spare the trainer a scoring
+            # pass.
+            zeros = torch.zeros(batch.response_ids.shape)
+            with run.phase("update"):
+                metrics = policy.step(batch.replace(old_logprobs=zeros), zeros, loss_fn=loss_fn)
+            metrics["tokens"] = int(batch.response_mask.sum())
+            last = step + 1 == steps
+            if held_out is not None and (last or (eval_every and (step + 1) % eval_every == 0)):
+                with run.phase("logprobs"):
+                    metrics["eval/nll"] = held_out_nll(policy, held_out)
+            run.record(metrics, batch)
+    return run.history
 
 
 def held_out_nll(policy: PolicyTrainer, examples: Rollouts) -> float:

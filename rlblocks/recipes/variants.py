@@ -29,7 +29,7 @@ from rlblocks import interfaces
 from rlblocks.advantage import remax as remax_advantage
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
 from rlblocks.rewards import checked
-from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
+from rlblocks.run import RolloutSource, Run, RunOptions, run_config
 
 #: The extra that marks ReMax's greedy rows among the sampled ones (`with_greedy_answers`).
 GREEDY = "greedy"
@@ -88,7 +88,6 @@ def greedy_baseline_rewards(
     return interfaces.RewardOutput(greedy_rewards.detach().float().cpu()[rows], renamed)
 
 
-@recipe
 def remax(
     policy: interfaces.PolicyTrainer,
     engine: interfaces.RolloutEngine,
@@ -114,7 +113,7 @@ def remax(
     ``group_size`` samples per prompt (the paper uses 1; the baseline needs no group). One
     greedy generation per prompt per step more than GRPO, in exchange for no group statistics.
     Metrics: the reward's (``reward/mean``), ``baseline/…`` (the greedy answers'), the
-    trainer's, the resharder's, and the ones every recipe reports (`rlblocks.run.loop`):
+    trainer's, the resharder's, and the ones every recipe reports (`rlblocks.run.clock`):
     ``time/*`` (the greedy generation is ``time/rollout``, its scoring ``time/reward``),
     ``step_seconds``, ``response_length`` and ``kl/token`` when the loss has a KL term.
     ``run``: as in `rlblocks.recipes.grpo`.
@@ -125,36 +124,35 @@ def remax(
     def sample(batch: Any) -> interfaces.Rollouts:
         return with_greedy_answers(engine, batch, group_size=group_size, sampling=sampling)
 
+    options = run or RunOptions()
     source = RolloutSource(
         engine,
         policy,
         batches,
-        run,
         group_size=group_size,
         sampling=sampling,
         sample=sample,
+        **options.source_options(),
     )
-    loss_fn = source.corrected(loss_fn)  # run.correction: for stale rows (k steps off)
-
-    def step(index: int, clock: Clock) -> Step | None:
-        drawn = source.draw(clock)  # the samples, then the greedy answers
-        greedy_rows = drawn.extras[GREEDY]
-        rollouts, greedy = drawn.select(~greedy_rows), drawn.select(greedy_rows)
-        with clock("reward"):
-            rewards, metrics = reward_fn(rollouts)
-            baseline, baseline_metrics = greedy_baseline_rewards(reward_fn, rollouts, greedy)
-        rollouts = rollouts.replace(rewards=rewards)  # kept with the rows (dashboards read it)
-        advantages, _ = remax_advantage(
-            rewards, rollouts.response_mask, rollouts.group_ids, baseline_rewards=baseline
-        )
-        with clock("update"):
-            metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)
-        metrics |= source.sync(clock)
-        return Step({**metrics, **baseline_metrics}, rollouts)
-
-    return run_steps(
-        "ReMax", step, source, steps=steps, run=run, config=config, blocks={"policy": policy}
-    )
+    loss_fn = source.corrected(loss_fn)  # RunOptions.correction: for stale rows (k steps off)
+    run = Run("remax", steps=steps, blocks={"policy": policy}, config=config, options=options)
+    with run.driving(source):
+        for step in run:
+            drawn = source.draw()  # the samples, then the greedy answers
+            greedy_rows = drawn.extras[GREEDY]
+            rollouts, greedy = drawn.select(~greedy_rows), drawn.select(greedy_rows)
+            with run.phase("reward"):
+                rewards, metrics = reward_fn(rollouts)
+                baseline, baseline_metrics = greedy_baseline_rewards(reward_fn, rollouts, greedy)
+            rollouts = rollouts.replace(rewards=rewards)  # kept with the rows (dashboards)
+            advantages, _ = remax_advantage(
+                rewards, rollouts.response_mask, rollouts.group_ids, baseline_rewards=baseline
+            )
+            with run.phase("update"):
+                metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)
+            metrics |= source.sync()
+            run.record({**metrics, **baseline_metrics}, rollouts)
+    return run.history
 
 
 __all__ = ["GREEDY", "greedy_baseline_rewards", "remax", "with_greedy_answers"]

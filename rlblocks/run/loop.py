@@ -1,69 +1,81 @@
-"""The loop every recipe shares: progress bar, metrics, the ``time/*`` breakdown, ``on_step``,
-early stop, checkpoints and the tracker. A recipe is its step function, read top to bottom;
-`run_steps` runs it::
+"""`Run`: the run floor under a loop the caller writes. Every recipe is this loop, and so is
+the README's cell::
 
-    def grpo(policy, engine, reward_fn, batches, *, steps, ..., run=None):
-        source = RolloutSource(engine, policy, batches, run, group_size=..., sampling=...)
-
-        def step(index: int, clock: Clock) -> Step | None:
-            rollouts = source.draw(clock)  # π_old attached as run= says; OutOfData ends the run
-            with clock("reward"):
+    run = rb.run.Run("grpo", steps=100, checkpoint="runs/grpo", resume="auto",
+                     blocks={"policy": policy})
+    source = rb.run.RolloutSource(engine, policy, batches, group_size=8, sampling=sampling)
+    with run.driving(source):          # lock, resume or the step-0 checkpoint, tracker
+        for step in run:               # progress bar, watchdog, the step's clock
+            rollouts = source.draw()   # timed as "rollout"; π_old as the source says
+            with run.phase("reward"):
                 rewards, metrics = reward_fn(rollouts)
             ...
-            with clock("update"):
+            with run.phase("update"):
                 metrics |= policy.step(rollouts, advantages, loss_fn=loss_fn)
-            metrics |= source.sync(clock)  # the new weights into the engine
-            return Step(metrics, rollouts)
+            metrics |= source.sync()   # timed as "sync"
+            run.record(metrics, rollouts)   # metrics, tracker, on_step, checkpoint when due
 
-        return run_steps("GRPO", step, source, steps=steps, run=run, config=...)
+**Entering** ``run.driving(source)`` takes the checkpoint folder's lock (a second run there
+fails at once), then resumes (the blocks, the source's data position and batches sampled
+ahead, the random state, the history; ``resume``: False refuses a folder holding a checkpoint,
+True resumes from its newest, ``"auto"`` resumes if there is one; what a resumed run may change
+is in `rlblocks.run.resume`) or, from step 0, saves the checkpoint of step 0 (the initial
+weights); then the tracker starts with the run's config. The source is attached to the run: its
+draws and syncs are timed on the step's clock, and it is closed when the block is left.
 
-The loop adds the metrics every recipe reports, so that they cannot drift apart:
+**Each step** ``for step in run`` hands out the step's index (from the resumed step on) with a
+fresh clock (`rlblocks.run.clock.Clock`: ``run.phase(name)`` times a phase, nested phases count
+each second once), the watchdog's deadlines, ``rlblocks.progress.current``, and the source
+told how many steps remain (nothing is sampled ahead for a step that will not run).
+``run.record(metrics, rollouts)`` adds the metrics every step reports (`rlblocks.run.clock`)
+and the source's (``async/*``), appends them to ``run.history``, moves the progress bar,
+calls the tracker and ``on_step`` and saves a checkpoint when one is due; it returns the
+step's full metrics.
 
-- ``time/rollout``, ``time/reward``, ``time/logprobs``, ``time/update``, ``time/sync``: wall
-  seconds of the step's lines in each phase (`Clock`), always all five (0.0 for a phase the
-  step did not enter). The trainer scores π_old / π_ref inside ``policy.step``, where the
-  recipe cannot time it: its ``logprob_seconds`` metric is moved from ``time/update`` to
-  ``time/logprobs``. Wall time, not the blocks' own ``seconds``, so that on a Ray placement a
-  remote call's round trip counts in the phase that made it; in one process the two agree.
-- ``step_seconds``: the whole step. The ``time/*`` add up to a little less: the rest is the
-  recipe's own arithmetic (advantages, the KL penalty) and bookkeeping.
-- ``response_length``: mean response tokens of the rows the step returns (absent when it
-  returns none: DAPO's skipped step).
-- ``kl/token``, filled in as below.
+**Control flow is the loop's own:**
 
-The step function reports the rest: ``reward/mean`` from the reward function (every rlblocks
-reward reports it), the trainer's metrics, the resharder's (``sync/…``), its own.
+- ``break`` ends the run. A step left by ``break`` before ``record`` is recorded with the run's
+  metrics alone (``time/*``, ``step_seconds``) when it entered a phase (it drew data, scored,
+  updated or synced: the weights may have moved, and the checkpoint must count that step), and
+  dropped when it entered none (it did nothing). A ``break`` inside ``with run.phase(...)``
+  closes the phase first: the step entered it, so it is recorded.
+- ``continue`` before ``record`` records the step with the run's metrics alone: a step handed
+  out is always counted, so the step count, the checkpoints and the weights agree (DAPO's
+  skipped step records its ``sampling/*`` metrics and continues).
+- The data running out ends the run: ``source.draw()`` raises `OutOfData`, which leaves the
+  ``for`` and is taken by ``driving``; the step that found no data is not recorded. Code after
+  the ``for`` inside the ``with`` does not run then: put it after the ``with``.
+- ``on_step`` raising ``StopIteration`` (a recipe's caller asking to stop) ends the run after
+  that step, which is recorded.
 
-**The KL to the reference** has one set of names in every recipe. PPO measures it itself,
-before the update (π_old against π_ref, with its KL estimator), and reports ``kl/token`` (mean
-per-token estimate), ``kl/seq`` (mean over responses of Σ_t k_t) and ``kl/coef`` (the β used
-this step). The GRPO family has a KL only when its loss has a KL term, and then the trainer
-measures it during the update: ``kl_loss`` from `rlblocks.losses.kl_regularized`, ``kl`` from
-`rlblocks.losses.kl_loss` composed into a loss by hand. When the step reported no ``kl/token``
-of its own, the loop copies that value to ``kl/token``: same name, same quantity (with one
-mini-batch and one epoch the update's first forward is π_old, so the two measurements are
-equal; with more they differ by how far the update moved). The loss's own name stays beside it,
-and a ``kl/token`` the step measured is never overwritten (PPO with ``kl_in_reward=False``
-reports both its ``kl/token`` and the loss's ``kl_loss``). ``kl/seq`` and ``kl/coef`` are
-PPO's only: they come from its KL penalty and KL controller; in the GRPO family β sits inside
-the loss.
+**Leaving** the ``with`` however it ends closes the source, stops the watchdog and releases the
+lock. When the loop ended (all steps, ``break``, the data ran out, ``on_step``), the final
+checkpoint is saved if the last step was not checkpointed. When an exception left it (a
+failing block, ``KeyboardInterrupt``), nothing more is saved: the step in flight may have
+moved the weights half-way, and the newest checkpoint (every step by default, for a folder)
+stays the one to resume from; a killed run loses no step it checkpointed.
+
+Misuse is refused by name: a `Run` entered twice (build a new one: it resumes from the folder),
+``for step in run`` or ``record`` outside ``driving``, ``record`` twice for one step, a source
+attached to another run or closed by one, a phase outside a step.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from tqdm.auto import tqdm
 
 from rlblocks.checkpoint import Checkpointer
 from rlblocks.interfaces import Rollouts
 from rlblocks.progress import Progress, set_current
-from rlblocks.run.options import RunOptions
+from rlblocks.run.clock import Clock, shared_metrics
+from rlblocks.run.options import LOOP_FIELDS, SOURCE_FIELDS, RunOptions
 from rlblocks.run.preflight import check_steps
 from rlblocks.run.resume import check_resumed, start_over
 from rlblocks.run.watchdog import Watchdog
@@ -71,98 +83,24 @@ from rlblocks.run.watchdog import Watchdog
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: The phases of a step, reported as ``time/<phase>``.
-PHASES = ("rollout", "reward", "logprobs", "update", "sync")
-
-#: Where a KL loss term reports the KL to the reference: `kl_regularized`'s, then `kl_loss`'s.
-KL_LOSS_METRICS = ("kl_loss", "kl")
-
-
-class Clock:
-    """Wall seconds per phase of one step: ``with clock("rollout"): ...``.
-
-    A phase entered inside another pauses the outer one, so every second counts once: DAPO's
-    generation rounds run under ``clock("rollout")`` and score with a reward wrapped by
-    ``clock.timed("reward", reward_fn)``. Entering a phase again adds to it. ``timer`` is the
-    time source (``time.perf_counter``; a test passes a fake).
-    """
-
-    def __init__(
-        self,
-        timer: Callable[[], float] = time.perf_counter,
-        *,
-        watchdog: Watchdog | None = None,
-        step: int = 0,
-    ) -> None:
-        self.timer = timer
-        self.seconds = dict.fromkeys(PHASES, 0.0)
-        self.watchdog, self.step = watchdog, step
-        self._open: list[str] = []
-        self._since = 0.0
-
-    @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        if phase not in self.seconds:
-            raise ValueError(f"Clock: unknown phase {phase!r}; the phases are {PHASES}")
-        self._switch()
-        self._open.append(phase)
-        start = self.timer()
-        if self.watchdog is not None:
-            self.watchdog.enter(phase, self.step)
-        try:
-            yield
-        finally:
-            self._switch()
-            self._open.pop()
-            if self.watchdog is not None:
-                self.watchdog.leave(phase, self.timer() - start)
-                if self._open:  # the outer phase goes on, with a deadline of its own again
-                    self.watchdog.enter(self._open[-1], self.step)
-
-    def note(self, **info: Any) -> None:
-        """What the step is working on (``rows=``, ``prompts=``), for the watchdog's report
-        (`rlblocks.run.watchdog`); nothing without a watchdog."""
-        if self.watchdog is not None:
-            self.watchdog.note(**info)
-
-    def timed(self, phase: str, fn: Callable[P, R]) -> Callable[P, R]:
-        """``fn`` with every call timed as ``phase`` (for calls made inside another block)."""
-
-        def timed_fn(*args: P.args, **kwargs: P.kwargs) -> R:
-            with self(phase):
-                return fn(*args, **kwargs)
-
-        return timed_fn
-
-    def _switch(self) -> None:
-        # Charge the time since the last switch to the innermost open phase.
-        now = self.timer()
-        if self._open:
-            self.seconds[self._open[-1]] += now - self._since
-        self._since = now
-
-
-class Step(NamedTuple):
-    """What a recipe's step function returns."""
-
-    metrics: dict[str, Any]
-    """The step's own metrics: the reward's, the trainer's, the resharder's, the recipe's."""
-    rollouts: Rollouts | None
-    """The rows the step trained on, handed to ``on_step``; None when there were none."""
-
-
-#: ``step_fn(index, clock) -> Step``, or None when it found no data (the run ends there).
-StepFn = Callable[[int, Clock], Step | None]
-
 
 class OutOfData(Exception):
-    """Raised by a source's ``draw`` when the batches ran out: the run ends there, and the
-    step that found no data is not recorded."""
+    """Raised by a source's ``draw`` when the batches ran out: ``Run.driving`` takes it and
+    ends the run there; the step that found no data is not recorded."""
 
 
 class Source(Protocol):
-    """Where a run's steps get their data: what the loop asks of a source
-    (`rlblocks.run.source.RolloutSource`, `rlblocks.run.source.Batches`)."""
+    """Where a run's steps get their data: what a `Run` asks of a source
+    (`rlblocks.run.source.RolloutSource`, `rlblocks.run.source.Batches`; any object with these
+    methods)."""
+
+    def attach(self, run: Run) -> None:
+        """The run that drives the source from now on (its clock times the draws); refuse a
+        second run."""
+
+    def describe(self) -> dict[str, Any]:
+        """What of the source changes the numbers a run computes (staleness, π_old), for the
+        run's config."""
 
     def blocks(self) -> dict[str, Any]:
         """The source's parts of a checkpoint, by name (data position, a batch sampled ahead)."""
@@ -181,113 +119,281 @@ class Source(Protocol):
         """The run ended, however: stop any background work."""
 
 
-def run_steps(
-    name: str,
-    step_fn: StepFn,
-    source: Source,
-    *,
-    steps: int,
-    run: RunOptions | None = None,
-    config: Mapping[str, Any] | None = None,
-    blocks: Mapping[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """Run ``step_fn(index, clock)`` for ``index`` in ``range(steps)``; the step draws its data
-    from ``source`` (`rlblocks.run.source.RolloutSource` for the RL recipes, `Batches` for a
-    plain stream of batches).
+class NoSource:
+    """The source of a run whose loop gets its data itself: nothing to checkpoint or sync."""
 
-    Each step gets a fresh `Clock`; its metrics are the step's plus the shared ones (module
-    docstring). After each step the progress bar (``desc=name``, postfix the step's
-    ``reward/mean``, else its ``loss``) moves, ``run.tracker.log(index, metrics, rollouts)``
-    and ``run.on_step(index, metrics, rollouts)`` are called, and a checkpoint is saved when it
-    is due. The run ends after ``steps`` steps, when ``step_fn`` returns None (the data ran
-    out; that step is not recorded), or when ``on_step`` raises ``StopIteration`` (that step is
-    recorded; the step's source raises `OutOfData`). Returns one metrics dict per recorded
-    step, the resumed ones included. ``run`` None: ``RunOptions()``.
+    def attach(self, run: Run) -> None:
+        """Nothing to time."""
 
-    Checkpoints: ``run.checkpoint`` (a `rlblocks.checkpoint.Checkpointer`, or a folder for one
-    that saves every step) saves ``blocks`` (name -> block: the trainers, the KL controller,
-    ...), the source (data position, a batch sampled ahead, the resharder), the random state,
-    the history and ``config`` every ``checkpoint.every`` steps and when the run ends (after
-    the last step, an early stop, or when the data ran out). The run holds the folder's lock
-    (`rlblocks.checkpoint.lock`) from start to end: a second run there fails at once.
-    ``run.resume``: False refuses a folder that already holds a checkpoint of a step, True
-    resumes from its newest, ``"auto"`` resumes if there is one; a resumed source pushes the
-    restored weights into its engine (``source.resync()``). What a resumed run may change is in
-    `rlblocks.run.resume`: honoured from the first resumed step on, or refused before it. A run
-    that starts at step 0 in a folder where a run never checkpointed a step starts it over
-    (`rlblocks.run.resume.start_over`). ``run.tracker``: started with ``config`` (and the step
-    resumed from; 0 for a run started over, so that the old run's records go). A run that starts
-    at step 0 saves the checkpoint of step 0 (the initial weights) before its first step.
+    def describe(self) -> dict[str, Any]:
+        """Nothing that changes the numbers."""
+        return {}
+
+    def blocks(self) -> dict[str, Any]:
+        """No data position."""
+        return {}
+
+    def begin(self, index: int, *, remaining: int) -> None:
+        """Nothing to prepare."""
+
+    def metrics(self) -> dict[str, float]:
+        """No metrics of its own."""
+        return {}
+
+    def resync(self) -> None:
+        """No engine to sync."""
+
+    def close(self) -> None:
+        """Nothing runs in the background."""
+
+
+class Run:
+    """The run floor under the caller's ``for`` loop (module docstring).
+
+    ``name``: the run's name (the progress bar's, and the ``recipe`` of its config: a resumed
+    run of another name is refused). ``steps``: how many steps the run has, resumed ones
+    included. ``blocks``: name -> checkpointed block (the trainers, a KL controller: anything
+    with ``state_dict``/``load_state_dict``). ``config``: what the run computes with, as JSON
+    (`rlblocks.run.run_config`), logged once and checked on resume; the source's sampling
+    policy is added as ``config["run"]``. The loop's options as keywords (``checkpoint``,
+    ``resume``, ``tracker``, ``watchdog``, ``progress``, ``on_step``: `RunOptions`' fields),
+    or ``options=`` a whole `RunOptions` (a recipe's ``run=``; its sampling fields are the
+    source's, handed to it by the recipe).
     """
-    check_steps(name, steps)  # before any folder is made or anything runs
-    run = run or RunOptions()
-    saver = (
-        Checkpointer(run.checkpoint) if isinstance(run.checkpoint, str | Path) else run.checkpoint
-    )
-    watchdog = run.watchdog
-    if watchdog is not None:  # Ray handles among the blocks report their workers' stacks too
-        found = {**(blocks or {}), **getattr(source, "workers", dict)()}
-        for key, block in found.items():
-            if callable(getattr(block, "stacks", None)):
-                watchdog.workers.setdefault(key, block)
-    state = {**(blocks or {}), **source.blocks()}
-    config = {**dict(config or {}), "run": run.describe()}
-    start, history, rerun = 0, [], False
-    acquired = False
-    try:
-        if saver is not None:
-            saver.lock.acquire()  # one run per folder: a second one fails here, at once
-            acquired = True
-        resumed = saver is not None and saver.resume_step(run.resume) is not None
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        steps: int,
+        blocks: Mapping[str, Any] | None = None,
+        config: Mapping[str, Any] | None = None,
+        options: RunOptions | None = None,
+        **loop: Any,
+    ) -> None:
+        check_steps(name, steps)  # before any folder is made or anything runs
+        sampling = sorted(set(loop) & SOURCE_FIELDS)
+        if sampling:
+            raise TypeError(
+                f"Run: {', '.join(sampling)} of run {name!r} say how the source samples, not how "
+                f"the loop runs; pass {sampling[0]}= to rb.run.RolloutSource(...)"
+            )
+        unknown = sorted(set(loop) - LOOP_FIELDS)
+        if unknown:
+            raise TypeError(
+                f"Run: run {name!r} got unknown option(s) {', '.join(unknown)}; the loop's options are "
+                f"{', '.join(sorted(LOOP_FIELDS))}"
+            )
+        if options is not None and loop:
+            raise TypeError(
+                f"Run: run {name!r} got both; pass options=RunOptions(...) or the options as keywords "
+                f"({', '.join(sorted(loop))}), not both"
+            )
+        self.name, self.steps = name, steps
+        self.options = options if options is not None else RunOptions(**loop)
+        self.blocks = dict(blocks or {})
+        self.config: dict[str, Any] = {"recipe": name, **dict(config or {})}
+        self.history: list[dict[str, Any]] = []
+        """One metrics dict per recorded step, the resumed ones included."""
+        self.clock: Clock | None = None
+        """The clock of the step in progress (None between steps)."""
+        self.step: int | None = None
+        """The index of the step in progress (None between steps)."""
+        self._entered = self._driving = self._iterated = self._stop = False
+        self._recorded = True  # no step is open
+        self._source: Source = NoSource()
+        self._saver: Checkpointer | None = None
+        self._bar: tqdm | None = None
+        self._begin = 0.0
+        self._start = 0
+
+    # ------------------------------------------------------------------ the with-block
+    @contextmanager
+    def driving(self, source: Source | None = None) -> Iterator[Run]:
+        """Drive the run over ``source`` (None: the loop gets its data itself): lock, resume or
+        save the step-0 checkpoint, start the tracker; on leaving, the final checkpoint, the
+        source closed, the lock released (module docstring)."""
+        if self._entered:
+            raise RuntimeError(
+                f"Run.driving: run {self.name!r} entered a second time; a Run drives one pass of the loop: "
+                "build a new Run with the same checkpoint folder and resume='auto' to go on"
+            )
+        self._entered = True
+        self._source = source if source is not None else NoSource()
+        self._source.attach(self)
+        saver = self.options.checkpoint
+        self._saver = Checkpointer(saver) if isinstance(saver, str | Path) else saver
+        watchdog = self.options.watchdog
+        if watchdog is not None:  # Ray handles among the blocks report their workers' stacks
+            found = {**self.blocks, **getattr(self._source, "workers", dict)()}
+            for key, block in found.items():
+                if callable(getattr(block, "stacks", None)):
+                    watchdog.workers.setdefault(key, block)
+        self.config["run"] = self._source.describe()
+        acquired = ended = False
+        try:
+            if self._saver is not None:
+                self._saver.lock.acquire()  # one run per folder: a second one fails here
+                acquired = True
+            self._resume_or_start()
+            self._bar = tqdm(
+                total=self.steps,
+                initial=self._start,
+                desc=self.name,
+                disable=not self.options.progress,
+                unit="step",
+            )
+            self._driving = True
+            try:
+                yield self
+            except OutOfData:  # the data ran out: the step that found none is not recorded
+                self._close_step(record=False)
+            else:
+                self._close_step(record=self.clock is not None and self.clock.entered)
+            ended = True
+            self._driving = False
+            self._save_final()
+        finally:
+            self._driving = False
+            if not ended:
+                self._close_step(record=False)
+            set_current(None)
+            if self._bar is not None:
+                self._bar.close()
+            self._source.close()
+            if watchdog is not None:
+                watchdog.close()
+            if acquired:
+                assert self._saver is not None  # acquired says so
+                self._saver.lock.release()
+
+    def _resume_or_start(self) -> None:
+        """Restore the newest checkpoint, or save step 0's; start the tracker."""
+        saver, state, rerun = self._saver, self._state(), False
+        resumed = saver is not None and saver.resume_step(self.options.resume) is not None
         if resumed:
             assert saver is not None  # resumed says so
             restored = saver.load(state)
-            start, history = restored.step, list(restored.history)
-            check_resumed(restored.config, config, done=start, steps=steps, where=saver.root)
-            source.resync()
+            self._start, self.history = restored.step, list(restored.history)
+            check_resumed(
+                restored.config, self.config, done=self._start, steps=self.steps, where=saver.root
+            )
+            self._source.resync()
         elif saver is not None:  # from step 0: what a run that never checkpointed left goes
             rerun = start_over(saver)
-            saver.save(0, state, history=history, config=config)  # the initial weights
-        if run.tracker is not None:
-            # a rerun drops the records of that run, as a resume from step 0 would
-            run.tracker.start(config, resume_step=start if resumed or rerun else None)
-        bar = tqdm(total=steps, initial=start, desc=name, disable=not run.progress, unit="step")
-        with bar:
-            for index in range(start, steps):
-                set_current(Progress(index, steps, _epochs_drawn(source)))
-                source.begin(index, remaining=steps - index - 1)
-                if watchdog is not None:
-                    watchdog.clear_notes()
-                clock = Clock(watchdog=watchdog, step=index)
-                begin = time.perf_counter()
-                try:
-                    out = step_fn(index, clock)
-                except OutOfData:
-                    out = None
-                if out is None:
-                    break
-                metrics = shared_metrics(out, clock, step_seconds=time.perf_counter() - begin)
-                metrics |= source.metrics()  # async/* of a background sampler
-                history.append(metrics)
-                bar.update()
-                _postfix(bar, metrics)
-                stop = _report(index, metrics, out.rollouts, run)
-                if saver is not None and saver.due(len(history)):
-                    with _watched(watchdog, "checkpoint", index):
-                        saver.save(len(history), state, history=history, config=config)
-                if stop:
-                    break
-        if saver is not None and len(history) > max(start, saver.latest() or 0):
-            saver.save(len(history), state, history=history, config=config)  # however it ended
-    finally:
-        set_current(None)
-        source.close()
+            saver.save(0, state, history=self.history, config=self.config)  # initial weights
+        tracker = self.options.tracker
+        if tracker is not None:  # a rerun drops that run's records, as a resume from 0 would
+            tracker.start(self.config, resume_step=self._start if resumed or rerun else None)
+
+    def _state(self) -> dict[str, Any]:
+        return {**self.blocks, **self._source.blocks()}
+
+    def _save_final(self) -> None:
+        saver = self._saver
+        if saver is not None and len(self.history) > max(self._start, saver.latest() or 0):
+            saver.save(len(self.history), self._state(), history=self.history, config=self.config)
+
+    # ------------------------------------------------------------------ the for-loop
+    def __iter__(self) -> Iterator[int]:
+        if not self._driving:
+            raise RuntimeError(
+                f"Run: run {self.name!r} iterated outside its with-block; put `for step in run:` "
+                "inside `with run.driving(source):` (it takes the lock and resumes)"
+            )
+        if self._iterated:
+            raise RuntimeError(
+                f"Run: run {self.name!r} iterated a second time; one `for step in run:` per "
+                "`with run.driving(...)`"
+            )
+        self._iterated = True
+        return self._steps()
+
+    def _steps(self) -> Iterator[int]:
+        for index in range(len(self.history), self.steps):
+            self._open_step(index)
+            yield index
+            self._close_step(record=True)  # the body went on: record or continue
+            if self._stop:
+                return
+
+    def _open_step(self, index: int) -> None:
+        source, watchdog = self._source, self.options.watchdog
+        set_current(Progress(index, self.steps, _epochs_drawn(source)))
+        source.begin(index, remaining=self.steps - index - 1)
         if watchdog is not None:
-            watchdog.close()
-        if acquired:
-            assert saver is not None  # acquired says so
-            saver.lock.release()
-    return history
+            watchdog.clear_notes()
+        self.step, self.clock = index, Clock(watchdog=watchdog, step=index)
+        self._recorded, self._begin = False, time.perf_counter()
+
+    def _close_step(self, *, record: bool) -> None:
+        """The step ends: recorded with the run's metrics alone when ``record`` and the body
+        did not record it, else dropped."""
+        if not self._recorded and record:
+            self.record({})
+        self.step, self.clock, self._recorded = None, None, True
+
+    # ------------------------------------------------------------------ inside a step
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """``with run.phase("reward"): ...``: the lines inside count as ``time/reward``
+        (phases: `rlblocks.run.clock.PHASES`); nested phases count each second once."""
+        if self.clock is None:
+            raise RuntimeError(
+                f"Run.phase: run {self.name!r} timed {name!r} outside a step; time phases inside "
+                "`for step in run:`"
+            )
+        return self.clock(name)
+
+    def timed(self, phase: str, fn: Callable[P, R]) -> Callable[P, R]:
+        """``fn`` with every call timed as ``phase`` of the step in progress (for calls made
+        inside another block: DAPO's scoring inside its sampling rounds)."""
+
+        def timed_fn(*args: P.args, **kwargs: P.kwargs) -> R:
+            with self.phase(phase):
+                return fn(*args, **kwargs)
+
+        return timed_fn
+
+    def note(self, **info: Any) -> None:
+        """What the step is working on, for the watchdog's report (`Clock.note`)."""
+        if self.clock is not None:
+            self.clock.note(**info)
+
+    def record(
+        self, metrics: Mapping[str, Any], rollouts: Rollouts | None = None
+    ) -> dict[str, Any]:
+        """The step's metrics (the reward's, the trainer's, the resharder's, the loop's own)
+        and the rows it trained on (None: none, DAPO's skipped step): the run's metrics are
+        added, the tracker and ``on_step`` get them, a checkpoint is saved when due (module
+        docstring). Returns the step's full metrics. Once per step."""
+        if self.clock is None or self.step is None:
+            where = "after its step" if self._driving else "outside `with run.driving():`"
+            raise RuntimeError(
+                f"Run.record: run {self.name!r} recorded {where}; record each step once, inside "
+                "`for step in run:` (merge metrics first: metrics | more)"
+            )
+        if self._recorded:
+            raise RuntimeError(
+                f"Run.record: run {self.name!r} recorded step {self.step} twice; record each step "
+                "once (merge metrics first: metrics | more)"
+            )
+        self._recorded = True
+        index, clock = self.step, self.clock
+        elapsed = time.perf_counter() - self._begin
+        step_metrics = shared_metrics(dict(metrics), rollouts, clock, step_seconds=elapsed)
+        step_metrics |= self._source.metrics()  # async/* of a background sampler
+        self.history.append(step_metrics)
+        if self._bar is not None:
+            self._bar.update()
+            _postfix(self._bar, step_metrics)
+        self._stop = _report(index, step_metrics, rollouts, self.options)
+        saver = self._saver
+        if saver is not None and saver.due(len(self.history)):
+            with _watched(self.options.watchdog, "checkpoint", index):
+                saver.save(
+                    len(self.history), self._state(), history=self.history, config=self.config
+                )
+        return step_metrics
 
 
 def _epochs_drawn(source: Any) -> float | None:
@@ -322,48 +428,17 @@ def _postfix(bar: tqdm, metrics: dict[str, Any]) -> None:
 
 
 def _report(
-    index: int, metrics: dict[str, Any], rollouts: Rollouts | None, run: RunOptions
+    index: int, metrics: dict[str, Any], rollouts: Rollouts | None, options: RunOptions
 ) -> bool:
     """Hand the step to the tracker and ``on_step``; True when ``on_step`` asks to stop."""
-    if run.tracker is not None:
-        run.tracker.log(index, metrics, rollouts)
-    if run.on_step is not None:
+    if options.tracker is not None:
+        options.tracker.log(index, metrics, rollouts)
+    if options.on_step is not None:
         try:
-            run.on_step(index, metrics, rollouts)
+            options.on_step(index, metrics, rollouts)
         except StopIteration:
             return True
     return False
 
 
-def shared_metrics(out: Step, clock: Clock, *, step_seconds: float) -> dict[str, Any]:
-    """The step's metrics plus ``response_length``, ``step_seconds``, ``time/*`` and
-    ``kl/token`` (module docstring)."""
-    metrics = dict(out.metrics)
-    if out.rollouts is not None:
-        metrics["response_length"] = out.rollouts.response_lengths.float().mean().item()
-    metrics["step_seconds"] = step_seconds
-    seconds = dict(clock.seconds)
-    scoring = float(metrics.get("logprob_seconds", 0.0))  # inside policy.step, timed as update
-    scoring = min(scoring, seconds["update"]) if math.isfinite(scoring) else 0.0
-    seconds["logprobs"] += scoring
-    seconds["update"] -= scoring
-    metrics |= {f"time/{phase}": s for phase, s in seconds.items()}
-    if "kl/token" not in metrics:
-        for key in KL_LOSS_METRICS:
-            if key in metrics:
-                metrics["kl/token"] = float(metrics[key])
-                break
-    return metrics
-
-
-__all__ = [
-    "KL_LOSS_METRICS",
-    "PHASES",
-    "Clock",
-    "OutOfData",
-    "Source",
-    "Step",
-    "StepFn",
-    "run_steps",
-    "shared_metrics",
-]
+__all__ = ["NoSource", "OutOfData", "Run", "Source"]

@@ -1,15 +1,17 @@
-"""`RunOptions`: what every recipe shares about how its run is driven, in one object.
+"""`RunOptions`: a recipe's ``run=``, how its run is driven, in one object.
 
 A recipe takes its algorithm's blocks and hyperparameters, and ``run=``::
 
     run = rb.run.RunOptions(checkpoint="runs/grpo", resume="auto", staleness=1)
     rb.recipes.grpo(policy, engine, reward, batches, steps=100, run=run)
 
-The loop (`rlblocks.run.loop`) reads ``on_step``, ``progress``, ``checkpoint``, ``resume`` and
-``tracker``; the rollout source (`rlblocks.run.source`) reads ``staleness``, ``background``,
-``old_logprobs``, ``correction`` and ``resharder``: where each step's rollouts and their π_old
-come from, how the loss corrects for the difference, and how the new weights reach the engine. The decision table of
-``old_logprobs`` is written once, in docs/run.md.
+The recipe hands the loop's fields (`LOOP_FIELDS`: ``on_step``, ``progress``, ``checkpoint``,
+``resume``, ``tracker``, ``watchdog``) to its `rlblocks.run.Run`, and the sampling policy
+(`SOURCE_FIELDS`: ``staleness``, ``background``, ``old_logprobs``, ``correction``,
+``resharder``) to its `rlblocks.run.RolloutSource` (`RunOptions.source_options`): where each
+step's rollouts and their π_old come from, how the loss corrects for the difference, and how
+the new weights reach the engine. A loop of one's own passes them to the two blocks directly.
+The decision table of ``old_logprobs`` is written once, in docs/run.md.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from rlblocks.interfaces import PolicyLoss, Rollouts
-from rlblocks.renamed import moved_keywords
 
 if TYPE_CHECKING:
     from rlblocks.checkpoint import Checkpointer, Resume
@@ -51,7 +52,8 @@ class Tracker(Protocol):
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How a recipe's run is driven: the loop's options and the rollout source's."""
+    """How a recipe's run is driven: the loop's options and the rollout source's (module
+    docstring)."""
 
     on_step: StepCallback | None = None
     """Called after every step with ``(step, metrics, rollouts)``; ``StopIteration`` ends the run."""
@@ -92,32 +94,7 @@ class RunOptions:
     thread's stack when one passes (`rlblocks.run.watchdog.Watchdog`); None: no watchdog."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.staleness, bool) or not isinstance(self.staleness, int):
-            raise TypeError(
-                f"RunOptions.staleness: {self.staleness!r} is not a whole number of updates; "
-                "pass 0 (synchronous) or k >= 1 (k steps off)"
-            )
-        if self.staleness < 0:
-            raise ValueError(
-                f"RunOptions.staleness: {self.staleness} is negative; pass 0 (synchronous) or "
-                "k >= 1 (k steps off)"
-            )
-        if self.old_logprobs not in ("auto", "recompute", "rollout"):
-            raise ValueError(
-                f"RunOptions.old_logprobs: {self.old_logprobs!r} is not a source of π_old; use "
-                f"'auto', 'recompute' or 'rollout'"
-            )
-        if not (self.correction in ("auto", None) or callable(self.correction)):
-            raise ValueError(
-                f"RunOptions.correction: {self.correction!r} is not a correction; pass 'auto', "
-                "None, or a loss wrapper such as functools.partial(rb.losses.TruncatedIS, cap=2.0)"
-            )
-        if callable(self.correction) and self.old_logprobs == "rollout":
-            raise ValueError(
-                "RunOptions.correction: a correction weights by π_old / π_rollout, but "
-                "old_logprobs='rollout' makes π_old the engine's log-probs (the ratio is 1); "
-                "pass old_logprobs='recompute' or 'auto', or correction=None"
-            )
+        check_sampling("RunOptions", self.staleness, self.old_logprobs, self.correction)
         if self.resume not in (False, True, "auto"):
             raise ValueError(
                 f"RunOptions.resume: {self.resume!r} is not a resume mode; use False, True or "
@@ -128,33 +105,72 @@ class RunOptions:
                 "RunOptions.resume: resume=True has no folder to resume from; pass checkpoint="
             )
 
-    def describe(self) -> dict[str, Any]:
-        """What changes the numbers a run computes (staleness, π_old), for its config."""
-        correction = self.correction
-        return {
-            "staleness": self.staleness,
-            "background": self.background,
-            "old_logprobs": self.old_logprobs,
-            "correction": correction if correction in ("auto", None) else repr(correction),
-        }
+    def source_options(self) -> dict[str, Any]:
+        """The sampling policy, as the keywords of `rlblocks.run.RolloutSource`."""
+        return {name: getattr(self, name) for name in sorted(SOURCE_FIELDS)}
+
+    def loop_options(self) -> dict[str, Any]:
+        """The loop's options, as the keywords of `rlblocks.run.Run`."""
+        return {name: getattr(self, name) for name in sorted(LOOP_FIELDS)}
 
 
-#: Keywords recipes took before `RunOptions`, and where each went.
-MOVED = {
-    "on_step": "run=rb.run.RunOptions(on_step=...)",
-    "progress": "run=rb.run.RunOptions(progress=...)",
-    "checkpoint": "run=rb.run.RunOptions(checkpoint=...)",
-    "resume": "run=rb.run.RunOptions(resume=...)",
-    "tracker": "run=rb.run.RunOptions(tracker=...)",
-    "async_rollout": "run=rb.run.RunOptions(staleness=1, old_logprobs=...)",
-    "reuse_rollout_logprobs": "run=rb.run.RunOptions(old_logprobs='rollout' or 'recompute')",
-    "resharder": "run=rb.run.RunOptions(resharder=...)",
-}
+#: `RunOptions` fields read by the run's loop (`rlblocks.run.Run`).
+LOOP_FIELDS = frozenset({"on_step", "progress", "checkpoint", "resume", "tracker", "watchdog"})
+
+#: `RunOptions` fields read by the rollout source (`rlblocks.run.RolloutSource`).
+SOURCE_FIELDS = frozenset({"staleness", "background", "old_logprobs", "correction", "resharder"})
 
 
-#: ``@recipe``: a recipe; a keyword that moved into `RunOptions` fails naming its new place,
-#: instead of Python's bare "unexpected keyword argument".
-recipe = moved_keywords(**MOVED)
+def check_sampling(owner: str, staleness: Any, old_logprobs: Any, correction: Any) -> None:
+    """Refuse a sampling policy that cannot run, naming ``owner``, where it was passed
+    (``RunOptions``, ``RolloutSource``) and the field."""
+    if isinstance(staleness, bool) or not isinstance(staleness, int):
+        raise TypeError(
+            f"{owner}.staleness: {staleness!r} is not a whole number of updates; pass 0 "
+            "(synchronous) or k >= 1 (k steps off)"
+        )
+    if staleness < 0:
+        raise ValueError(
+            f"{owner}.staleness: {staleness} is negative; pass 0 (synchronous) or k >= 1 "
+            "(k steps off)"
+        )
+    if old_logprobs not in ("auto", "recompute", "rollout"):
+        raise ValueError(
+            f"{owner}.old_logprobs: {old_logprobs!r} is not a source of π_old; use 'auto', "
+            "'recompute' or 'rollout'"
+        )
+    if not (correction in ("auto", None) or callable(correction)):
+        raise ValueError(
+            f"{owner}.correction: {correction!r} is not a correction; pass 'auto', None, or a "
+            "loss wrapper such as functools.partial(rb.losses.TruncatedIS, cap=2.0)"
+        )
+    if callable(correction) and old_logprobs == "rollout":
+        raise ValueError(
+            f"{owner}.correction: a correction weights by π_old / π_rollout, but "
+            "old_logprobs='rollout' makes π_old the engine's log-probs (the ratio is 1); pass "
+            "old_logprobs='recompute' or 'auto', or correction=None"
+        )
 
 
-__all__ = ["MOVED", "OldLogprobs", "RunOptions", "StepCallback", "Tracker", "recipe"]
+def describe_sampling(
+    staleness: int, background: bool, old_logprobs: str, correction: Any
+) -> dict[str, Any]:
+    """What of a sampling policy changes the numbers a run computes, for its config."""
+    return {
+        "staleness": staleness,
+        "background": background,
+        "old_logprobs": old_logprobs,
+        "correction": correction if correction in ("auto", None) else repr(correction),
+    }
+
+
+__all__ = [
+    "LOOP_FIELDS",
+    "SOURCE_FIELDS",
+    "OldLogprobs",
+    "RunOptions",
+    "StepCallback",
+    "Tracker",
+    "check_sampling",
+    "describe_sampling",
+]

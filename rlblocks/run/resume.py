@@ -47,7 +47,7 @@ def check_resumed(
     effect. ``saved``/``now``: the run configuration saved with the checkpoint, and this
     run's."""
     recipe, asked = saved.get("recipe"), now.get("recipe")
-    if None not in (recipe, asked) and recipe != asked:  # a bare run_steps names no recipe
+    if None not in (recipe, asked) and recipe != asked:  # a bare Run's config may name none
         raise ResumeRefused(
             f"RunOptions.resume: the checkpoint of step {done} in {where} is of a {recipe!r} "
             f"run, this run is {asked!r}; resume it with {recipe!r}, or run {asked!r} in "
@@ -67,7 +67,7 @@ def check_resumed(
             f"RunOptions.resume: resuming {where} after step {done} with changed settings, in "
             f"effect from step {done} on: {what}",
             UserWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
 
 

@@ -1,7 +1,8 @@
 """Where a run's rollouts and their π_old come from: the one place that decides.
 
-A recipe draws each step's rollouts from a `RolloutSource` and hands the update's weights back
-to it (``source.sync``); `RunOptions` says how:
+A loop draws each step's rollouts from a `RolloutSource` (``source.draw()``) and hands the
+update's weights back to it (``source.sync()``); its keywords (the same fields of a recipe's
+`RunOptions`) say how:
 
 - **staleness 0** (default): the batch is sampled in the step, by the weights the update
   starts from. The engine idles during the update, the trainer during the sampling.
@@ -27,7 +28,7 @@ to it (``source.sync``); `RunOptions` says how:
 
 **Provenance.** Every row handed out carries ``policy_version`` (the syncs before the weights
 that sampled it) and ``staleness`` (the syncs since then: updates between the sampling weights
-and the ones the row is trained from). A row older than ``RunOptions.staleness`` (a resumed
+and the ones the row is trained from). A row older than ``staleness`` (a resumed
 run asked for a smaller bound than its checkpoint's batches) is never trained on: it is
 dropped, counted in ``async/dropped_rows`` and warned about, and the next batch is drawn.
 
@@ -37,7 +38,7 @@ the next one; every batch is drawn in the order the data gives it, as in a synch
 The source's metrics: ``async/staleness`` (mean over the step's rows), ``async/staleness_max``,
 ``async/dropped_rows`` and ``async/sample_seconds``.
 
-**π_old** (``RunOptions.old_logprobs``; docs/run.md has the table): ``"auto"`` takes the
+**π_old** (``old_logprobs``; docs/run.md has the table): ``"auto"`` takes the
 engine's log-probs exactly when it samples with the trainer's own module at the trainer's
 temperature (:func:`samples_with_policy`) and the run is synchronous; ``"recompute"`` leaves
 ``old_logprobs`` empty, so the trainer takes them from the update's own forward (one optimizer
@@ -54,6 +55,7 @@ on exactly those batches.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import time
@@ -61,6 +63,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import Any, NamedTuple
 
 import torch
@@ -77,8 +80,8 @@ from rlblocks.interfaces import (
     SamplingParams,
 )
 from rlblocks.losses.offpolicy import ASYNC_DEFAULT, OffPolicyCorrection
-from rlblocks.run.loop import Clock, OutOfData
-from rlblocks.run.options import RunOptions
+from rlblocks.run.loop import OutOfData, Run
+from rlblocks.run.options import Correction, OldLogprobs, check_sampling, describe_sampling
 from rlblocks.run.state import Drawn
 
 #: ``sample(batch) -> Rollouts``: how one prompt batch becomes rollouts.
@@ -138,10 +141,19 @@ def check_replayed(rollouts: Rollouts, sampling: SamplingParams, engine: Rollout
 
 
 class Batches:
-    """A plain stream of batches, one a step (SFT): the loop's `Source` without an engine."""
+    """A plain stream of batches, one a step (SFT): a run's `Source` without an engine."""
 
     def __init__(self, batches: Iterable[Any]) -> None:
         self.data = Drawn(batches)
+        self._run: Run | None = None
+
+    def attach(self, run: Run) -> None:
+        """Driven by ``run`` from now on; a second run is refused."""
+        self._run = _attach(self, self._run, run)
+
+    def describe(self) -> dict[str, Any]:
+        """Nothing of a plain stream changes the numbers."""
+        return {}
 
     def draw(self) -> Any:
         """The next batch; `OutOfData` when the data ran out (the loop ends the run)."""
@@ -165,7 +177,25 @@ class Batches:
         """No engine to sync."""
 
     def close(self) -> None:
-        """Nothing runs in the background."""
+        """The run ended: the stream is not drawn by another run."""
+        _close(self)
+
+
+def _attach(source: Any, attached: Run | None, run: Run) -> Run:
+    """``run``, once checked to be the first run ``source`` is attached to."""
+    if getattr(source, "_closed", False) or attached is not None:
+        by = f"run {attached.name!r}" if attached is not None else "a run"
+        owner = type(source).__name__
+        raise RuntimeError(
+            f"{owner}: already driven by {by}; a source belongs to one run "
+            "(its data position and batches sampled ahead are that run's): build a new one "
+            "for the new run (it resumes from the run's checkpoint)"
+        )
+    return run
+
+
+def _close(source: Any) -> None:
+    source._closed = True  # a closed source is not driven again (`_attach`)
 
 
 class RolloutSource:
@@ -173,10 +203,15 @@ class RolloutSource:
 
     ``batches``: prompt batches (``.prompts``, ``.metadata``), drawn as the steps need them;
     ``group_size`` samples per prompt with ``sampling``, or ``sample(batch)`` when given (ReMax
-    also samples greedy answers with the same weights). ``run.resharder`` moves the trainer's
-    weights into the engine (None: a new `rlblocks.resharder.Resharder`). A `Stateful`
-    checkpoint block (the batches sampled ahead, the weight version); its data position and
-    resharder are checkpointed beside it (`blocks`).
+    also samples greedy answers with the same weights). The sampling policy (the fields of the
+    same names in `rlblocks.run.RunOptions`, where a recipe's caller sets them):
+    ``staleness`` (0: sampled in the step; k: k steps off), ``background``, ``old_logprobs``
+    (where π_old comes from), ``correction`` (of the loss, `corrected`) and ``resharder`` (moves
+    the trainer's weights into the engine; None: a new `rlblocks.resharder.Resharder`). A
+    `Stateful` checkpoint block (the batches sampled ahead, the weight version); its data
+    position and resharder are checkpointed beside it (`blocks`). Attached to a
+    `rlblocks.run.Run` (``run.driving(source)``), its draws and syncs are timed on the step's
+    clock; alone, they are not timed.
     """
 
     def __init__(
@@ -184,32 +219,39 @@ class RolloutSource:
         engine: RolloutEngine,
         policy: PolicyTrainer,
         batches: Iterable[Any],
-        run: RunOptions | None = None,
         *,
         group_size: int,
         sampling: SamplingParams,
         sample: Sample | None = None,
+        staleness: int = 0,
+        background: bool = False,
+        old_logprobs: OldLogprobs = "auto",
+        correction: Correction = "auto",
+        resharder: Resharder | None = None,
     ) -> None:
-        run = run or RunOptions()
+        check_sampling("RolloutSource", staleness, old_logprobs, correction)
         shares_weights = samples_with_policy(policy, engine, sampling)
-        if run.staleness and shares_weights:
+        if staleness and shares_weights:
             raise ValueError(
-                f"RolloutSource: staleness={run.staleness} samples while the trainer updates, "
+                f"RolloutSource: staleness={staleness} samples while the trainer updates, "
                 "but this engine samples with the trainer's own module; build it with its own "
                 "copy of the weights (rb.rollout.HFEngine.from_pretrained(...) or around "
                 "copy.deepcopy(policy.model)): the resharder then syncs it after every update"
             )
-        self.engine, self.policy, self.run = engine, policy, run
-        self.resharder: Resharder = run.resharder or resharders.Resharder()
+        self.engine, self.policy = engine, policy
+        self.staleness, self.background = staleness, background
+        self.old_logprobs, self.correction = old_logprobs, correction
+        self.resharder: Resharder = resharder or resharders.Resharder()
         self.data = Drawn(batches)
         self.group_size, self.sampling = group_size, sampling
         self._sample_fn = sample
-        self.engine_logprobs_are_old = run.old_logprobs == "rollout" or (
-            run.old_logprobs == "auto" and shares_weights and not run.staleness
+        self.engine_logprobs_are_old = old_logprobs == "rollout" or (
+            old_logprobs == "auto" and shares_weights and not staleness
         )
         """True when π_old is the engine's log-probs."""
-        background = run.background or run.staleness > 0
-        self._thread = ThreadPoolExecutor(1, "rlblocks-rollout") if background else None
+        threaded = background or staleness > 0
+        self._thread = ThreadPoolExecutor(1, "rlblocks-rollout") if threaded else None
+        self._run: Run | None = None
         self._ahead: deque[Future[Batch]] = deque()  # sampled or being sampled, in data order
         self.version = 0
         """Weight syncs so far in the run (checkpointed): the version the engine samples with."""
@@ -217,7 +259,18 @@ class RolloutSource:
         self._taken: list[tuple[Tensor, float]] = []  # (staleness per row, seconds) this step
         self._dropped = 0  # rows this step found older than the bound
 
-    # ------------------------------------------------------------------ the loop's Source
+    # ------------------------------------------------------------------ a run's Source
+    def attach(self, run: Run) -> None:
+        """Driven by ``run`` from now on (its clock times the draws); a second run is
+        refused."""
+        self._run = _attach(self, self._run, run)
+
+    def describe(self) -> dict[str, Any]:
+        """The sampling policy that changes the numbers, for the run's config."""
+        return describe_sampling(
+            self.staleness, self.background, self.old_logprobs, self.correction
+        )
+
     def blocks(self) -> dict[str, Any]:
         """The checkpoint's parts: data position, the batches sampled ahead, the resharder."""
         return {"data": self.data, "rollouts": self, "resharder": self.resharder}
@@ -255,33 +308,46 @@ class RolloutSource:
         self.resharder.resync(self.policy, self.engine)
 
     def close(self) -> None:
-        """Stop the sampling thread (after its current batch)."""
+        """Stop the sampling thread (after its current batch); the source is not driven
+        again."""
+        _close(self)
         if self._thread is not None:
             self._thread.shutdown(wait=True)
 
     # ------------------------------------------------------------------ what a recipe calls
-    def draw(self, clock: Clock) -> Rollouts:
-        """The next batch's rollouts, π_old attached as ``run.old_logprobs`` says, each row
+    def _phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """``name`` on the driving run's clock, when a step is in progress."""
+        run = self._run
+        return run.phase(name) if run is not None and run.clock is not None else nullcontext()
+
+    def _note(self, **info: Any) -> None:
+        if self._run is not None:
+            self._run.note(**info)
+
+    def draw(self) -> Rollouts:
+        """The next batch's rollouts, π_old attached as ``old_logprobs`` says, each row
         stamped with ``policy_version`` and ``staleness``; `OutOfData` when the batches ran out
         (the loop ends the run there). Timed as ``rollout``. At staleness k the batches ahead
         are topped up to k (fewer near the run's end) before this returns."""
-        rollouts = self._draw(clock)
+        rollouts = self._draw()
         if rollouts is None:
             raise OutOfData
         return rollouts
 
-    def rounds(self, clock: Clock) -> Iterator[Rollouts]:
-        """One `draw` a round until the batches run out (DAPO's dynamic sampling)."""
-        while (rollouts := self._draw(clock)) is not None:
+    def rounds(self) -> Iterator[Rollouts]:
+        """One `draw` a round until the batches run out (DAPO's dynamic sampling); when they
+        ran out before the first round, `OutOfData` (the run ends there, as after `draw`)."""
+        yield self.draw()
+        while (rollouts := self._draw()) is not None:
             yield rollouts
 
-    def _draw(self, clock: Clock) -> Rollouts | None:
-        with clock("rollout"):
-            batch = self._fresh(clock)
+    def _draw(self) -> Rollouts | None:
+        with self._phase("rollout"):
+            batch = self._fresh()
         if batch is None:
             return None
         check_replayed(batch.rollouts, self.sampling, self.engine)  # before sampling more
-        for _ in range(min(self.run.staleness, self._remaining) - len(self._ahead)):
+        for _ in range(min(self.staleness, self._remaining) - len(self._ahead)):
             if not self._submit():
                 break
         staleness = self.version - batch.version
@@ -295,69 +361,67 @@ class RolloutSource:
             rollouts = rollouts.replace(old_logprobs=rollouts.rollout_logprobs)
         return rollouts
 
-    def _fresh(self, clock: Clock) -> Batch | None:
+    def _fresh(self) -> Batch | None:
         """The next batch within the staleness bound: older ones are dropped and counted."""
         while True:
-            if not self._ahead and not self._submit(clock):
+            if not self._ahead and not self._submit(now=True):
                 return None
-            clock.note(**getattr(self._ahead[0], "note", {}))  # what the wait is for (watchdog)
+            self._note(**getattr(self._ahead[0], "note", {}))  # what the wait is for (watchdog)
             batch = self._take()
-            if self.version - batch.version <= self.run.staleness:
+            if self.version - batch.version <= self.staleness:
                 return batch
             self._dropped += len(batch.rollouts)
             warnings.warn(
                 f"RolloutSource: dropped {len(batch.rollouts)} rows sampled by weight version "
                 f"{batch.version}, {self.version - batch.version} updates old, beyond "
-                f"staleness={self.run.staleness}; they are not trained on (async/dropped_rows)",
+                f"staleness={self.staleness}; they are not trained on (async/dropped_rows)",
                 UserWarning,
                 stacklevel=4,
             )
 
     def corrected(self, loss_fn: PolicyLoss) -> PolicyLoss:
-        """The recipe's policy loss with ``run.correction`` applied (`RunOptions.correction`):
+        """The recipe's policy loss with ``correction`` applied (`RunOptions.correction`):
         unchanged when π_old is the engine's, or under ``"auto"`` at staleness 0 or for a loss
         that already is an `rlblocks.losses.OffPolicyCorrection`."""
-        choice = self.run.correction
+        choice = self.correction
         if choice is None or self.engine_logprobs_are_old:
             return loss_fn
-        if choice == "auto" and (
-            not self.run.staleness or isinstance(loss_fn, OffPolicyCorrection)
-        ):
+        if choice == "auto" and (not self.staleness or isinstance(loss_fn, OffPolicyCorrection)):
             return loss_fn
         if not takes_weights(loss_fn):
             if choice == "auto":
                 warnings.warn(
-                    f"RolloutSource: staleness={self.run.staleness}, but the loss "
+                    f"RolloutSource: staleness={self.staleness}, but the loss "
                     f"{_name(loss_fn)} takes no is_weights, so the stale rows are trained on "
                     "uncorrected; give it an is_weights keyword, or pass "
-                    "RunOptions(correction=None) to say so",
+                    "correction=None (RolloutSource or RunOptions) to say so",
                     UserWarning,
                     stacklevel=3,
                 )
                 return loss_fn
             raise ValueError(
-                f"RolloutSource: RunOptions.correction weights the loss per token, but "
+                f"RolloutSource: correction weights the loss per token, but "
                 f"{_name(loss_fn)} takes no is_weights keyword; add one (the built-in losses "
                 "have it), or pass correction=None"
             )
         return (ASYNC_DEFAULT if choice == "auto" else choice)(loss_fn)
 
-    def with_old_logprobs(self, rollouts: Rollouts, clock: Clock) -> Rollouts:
+    def with_old_logprobs(self, rollouts: Rollouts) -> Rollouts:
         """``rollouts`` with π_old filled now, for a recipe that needs it before the update:
         as drawn, else scored by the trainer (timed as ``logprobs``)."""
         if rollouts.old_logprobs is not None:
             return rollouts
-        with clock("logprobs"):
+        with self._phase("logprobs"):
             return rollouts.replace(old_logprobs=self.policy.logprobs(rollouts))
 
-    def sync(self, clock: Clock) -> dict[str, float]:
+    def sync(self) -> dict[str, float]:
         """Wait until every batch started ahead is sampled (the engine must be idle; timed as
         ``rollout``), then move the trainer's new weights into the engine (``sync``)."""
         if self._ahead:
-            with clock("rollout"):
+            with self._phase("rollout"):
                 for ahead in self._ahead:
                     ahead.exception()  # waits; an error is raised by the draw that takes it
-        with clock("sync"):
+        with self._phase("sync"):
             metrics = self.resharder.sync(self.policy, self.engine)
         self.version += 1
         return metrics
@@ -385,7 +449,7 @@ class RolloutSource:
         if saved and self._thread is None:
             raise ValueError(
                 f"RolloutSource: the checkpoint holds {len(saved)} batch(es) sampled ahead; "
-                "resume it with run=rb.run.RunOptions(staleness=k), k >= 1 (batches older than "
+                "resume it with staleness=k, k >= 1 (RolloutSource, or a recipe's RunOptions; batches older than "
                 "k are then dropped and counted)"
             )
         self._ahead.clear()
@@ -396,8 +460,8 @@ class RolloutSource:
             self._ahead.append(done)
 
     # ------------------------------------------------------------------ internals
-    def _submit(self, clock: Clock | None = None) -> bool:
-        """Start sampling the next batch (in the thread, or now, noted on ``clock``); False
+    def _submit(self, *, now: bool = False) -> bool:
+        """Start sampling the next batch (in the thread, or ``now``: noted for the watchdog); False
         when there is none."""
         batch = next(self.data, None)
         if batch is None:
@@ -413,8 +477,8 @@ class RolloutSource:
             else {"batch": f"a {type(batch).__name__}, weights version {self.version}"}
         )
         if self._thread is None:
-            if clock is not None:
-                clock.note(**note)  # sampled right here: the watchdog's report names it
+            if now:
+                self._note(**note)  # sampled right here: the watchdog's report names it
             done: Future[Batch] = Future()
             done.set_result(self._sample(batch, self.version))
             self._ahead.append(done)

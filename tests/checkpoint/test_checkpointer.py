@@ -185,27 +185,28 @@ def test_a_restored_trainer_takes_the_same_next_step(tmp_path, lora):
 
 
 def _count_steps(folder, *, steps: int, batches: list, every: int, stop_at: int | None = None):
-    """run_steps over ``batches`` with a step that counts into a `Stateful` block."""
-    from rlblocks.run import Batches, RunOptions, Step, run_steps
+    """A `rlblocks.run.Run` over ``batches`` whose steps count into a `Stateful` block; it
+    breaks after step ``stop_at``."""
+    from rlblocks.run import Batches, Run
 
     counter = Counter()
     source = Batches(batches)
-
-    def step(index, clock):
-        batch = source.draw()
-        if batch is None:
-            return None  # the data ran out
-        counter.n += batch
-        return Step({"n": float(counter.n)}, None)
-
-    def on_step(index, metrics, rollouts):
-        if index == stop_at:
-            raise StopIteration
-
     ckpt = Checkpointer(folder, every=every, keep_last=None)
-    run = RunOptions(checkpoint=ckpt, resume="auto", on_step=on_step, progress=False)
-    history = run_steps("count", step, source, steps=steps, blocks={"counter": counter}, run=run)
-    return ckpt.steps(), [h["n"] for h in history], counter.n
+    run = Run(
+        "count",
+        steps=steps,
+        blocks={"counter": counter},
+        checkpoint=ckpt,
+        resume="auto",
+        progress=False,
+    )
+    with run.driving(source):
+        for step in run:
+            counter.n += source.draw()  # the run ends when the data runs out
+            run.record({"n": float(counter.n)})
+            if step == stop_at:
+                break
+    return ckpt.steps(), [h["n"] for h in run.history], counter.n
 
 
 def test_a_run_checkpoints_when_due_and_however_it_ends(tmp_path):

@@ -15,7 +15,7 @@ from resume_helpers import assert_same_state
 from toy_tasks import count_prompts
 
 import rlblocks as rb
-from rlblocks.run import Clock, Drawn, RunOptions
+from rlblocks.run import Drawn
 from rlblocks.run.source import RolloutSource
 from rlblocks.statefile import read_state, write_state
 
@@ -53,15 +53,14 @@ def _resharder():
 def _source():
     def build():
         policy = tiny_trainer()
-        run = RunOptions(staleness=1)
         sampling = rb.SamplingParams(max_new_tokens=6)
         batches = rb.data.PromptBatches(count_prompts(), prompts_per_step=2, seed=0)
         engine = tiny_engine(policy, shared=False)
-        return RolloutSource(engine, policy, batches, run, group_size=2, sampling=sampling)
+        return RolloutSource(engine, policy, batches, group_size=2, sampling=sampling, staleness=1)
 
     block = build()
     block.begin(0, remaining=1)
-    block.draw(Clock())  # batch 1 is sampled ahead, in the background
+    block.draw()  # batch 1 is sampled ahead, in the background
     assert len(block.state_dict()["ahead"]) == 1
     block.close()
     return block, build

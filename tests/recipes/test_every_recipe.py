@@ -19,7 +19,7 @@ from rlblocks.critic import CriticTrainer
 from rlblocks.data import PromptBatches
 from rlblocks.recipes import defaults
 from rlblocks.recipes.defaults import PPO_CLIP
-from rlblocks.run.loop import PHASES
+from rlblocks.run.clock import PHASES
 
 TIMES = {f"time/{phase}" for phase in PHASES}
 SHARED = TIMES | {"reward/mean", "step_seconds", "response_length"}
@@ -193,10 +193,12 @@ def test_no_recipe_imports_another_or_probes_a_block(module):
 
 @pytest.mark.parametrize("name", RECIPES_ALL)
 def test_no_recipe_declares_the_loops_options(name):
-    # How a run is driven is one RunOptions (run=); the loop's keywords are nobody's own.
+    # How a run is driven is one RunOptions (run=); the loop's and the source's keywords are
+    # nobody's own.
     parameters = inspect.signature(getattr(rb.recipes, name)).parameters
     assert "run" in parameters
-    assert not set(parameters) & set(rb.run.options.MOVED), name
+    fields = rb.run.options.LOOP_FIELDS | rb.run.options.SOURCE_FIELDS
+    assert not set(parameters) & fields, name
 
 
 def test_the_run_floor_finds_capabilities_in_the_contracts_not_in_classes():
@@ -213,11 +215,29 @@ def test_the_run_floor_finds_capabilities_in_the_contracts_not_in_classes():
     assert checked  # the test reads the floor's isinstance calls
 
 
-def test_recipe_step_functions_stay_short():
-    # Each recipe reads top to bottom: its step function is well under 100 lines.
-    for module in ("dapo", "grpo", "ppo", "variants"):
-        tree = ast.parse((RECIPE_DIR / f"{module}.py").read_text())
-        steps = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "step"]
-        assert steps, module
-        for node in steps:
-            assert node.end_lineno - node.lineno < 100, module
+def test_every_recipe_is_one_loop_driven_by_a_run_with_no_inner_step_function():
+    # Each recipe reads top to bottom: `with run.driving(source): for step in run:` in the
+    # recipe's own body, under 100 lines, and no function inside it that updates the policy
+    # (a step function handed to a framework).
+    found = set()
+    for path in sorted(RECIPE_DIR.glob("*.py")):
+        for recipe in ast.parse(path.read_text()).body:
+            if not isinstance(recipe, ast.FunctionDef) or recipe.name not in RECIPES_ALL:
+                continue
+            inner = [n for n in ast.walk(recipe) if isinstance(n, ast.FunctionDef)][1:]
+            for fn in inner:
+                calls = {ast.unparse(c.func) for c in ast.walk(fn) if isinstance(c, ast.Call)}
+                assert "policy.step" not in calls, (recipe.name, fn.name)
+            loops = [
+                n
+                for n in ast.walk(recipe)
+                if isinstance(n, ast.For) and ast.unparse(n.iter) == "run"
+            ]
+            assert len(loops) == 1, recipe.name
+            assert loops[0].end_lineno - loops[0].lineno < 100, recipe.name
+            drives = [n for n in ast.walk(recipe) if isinstance(n, ast.With) and loops[0] in n.body]
+            assert [ast.unparse(d.items[0].context_expr) for d in drives] == [
+                "run.driving(source)"
+            ], recipe.name
+            found.add(recipe.name)
+    assert found == set(RECIPES_ALL), found

@@ -1,13 +1,15 @@
-"""The loop every recipe shares (rlblocks/run/loop.py): the clock, early stop, the metrics it
-adds, and how a run ends."""
+"""The run floor under a loop of one's own (rlblocks/run/loop.py, rlblocks/run/clock.py): the
+clock, the metrics a run adds, and how the loop's control flow (``break``, ``continue``, the
+data running out, ``on_step``) and its misuse end or record a step."""
 
 from __future__ import annotations
 
 import pytest
 
 import rlblocks as rb
-from rlblocks.run import Batches, RunOptions
-from rlblocks.run.loop import PHASES, Clock, Step, run_steps, shared_metrics
+from rlblocks.run import Batches
+from rlblocks.run.clock import PHASES, Clock, shared_metrics
+from rlblocks.run.loop import Run
 
 TIMES = {f"time/{phase}" for phase in PHASES}
 SHARED = TIMES | {"reward/mean", "step_seconds", "response_length"}
@@ -70,8 +72,8 @@ def test_clock_stops_a_phase_that_raised():
 def test_shared_metrics_move_the_trainers_scoring_out_of_the_update():
     clock = Clock(FakeTimer())
     clock.seconds |= {"rollout": 4.0, "reward": 1.0, "update": 3.0, "sync": 0.5}
-    out = Step({"reward/mean": 0.25, "seconds": 2.9, "logprob_seconds": 1.0}, rows(2, 4))
-    metrics = shared_metrics(out, clock, step_seconds=9.0)
+    reported = {"reward/mean": 0.25, "seconds": 2.9, "logprob_seconds": 1.0}
+    metrics = shared_metrics(reported, rows(2, 4), clock, step_seconds=9.0)
     # policy.step ran under "update" for 3 s, of which the trainer spent 1 s scoring π_old:
     # time/logprobs = 0 + 1, time/update = 3 − 1.
     assert {k: metrics[k] for k in sorted(TIMES)} == {
@@ -85,7 +87,7 @@ def test_shared_metrics_move_the_trainers_scoring_out_of_the_update():
     assert metrics["response_length"] == 3.0  # (2 + 4) / 2
     assert metrics["reward/mean"] == 0.25 and "kl/token" not in metrics  # no KL term: no KL
     # No rows (DAPO's skipped step): no response length, still all five times.
-    empty = shared_metrics(Step({}, None), Clock(FakeTimer()), step_seconds=1.0)
+    empty = shared_metrics({}, None, Clock(FakeTimer()), step_seconds=1.0)
     assert "response_length" not in empty and TIMES <= set(empty)
     assert all(empty[k] == 0.0 for k in TIMES)
 
@@ -101,58 +103,155 @@ def test_shared_metrics_move_the_trainers_scoring_out_of_the_update():
     ],
 )
 def test_kl_to_the_reference_gets_the_shared_name_without_clobbering(reported, kl_token):
-    metrics = shared_metrics(Step(dict(reported), None), Clock(), step_seconds=0.0)
+    metrics = shared_metrics(dict(reported), None, Clock(), step_seconds=0.0)
     assert metrics.get("kl/token") == kl_token
     assert {k: metrics[k] for k in reported} == reported  # the loss's own names stay
 
 
 # ---------------------------------------------------------------------- the loop
-def _from(batches, step):
-    """``step(index, batch, clock)`` as the loop's step function over a plain `Batches`."""
-    source = Batches(batches)
-
-    def step_fn(index, clock):
-        batch = source.draw()
-        return None if batch is None else step(index, batch, clock)
-
-    return step_fn, source
+QUIET = {"progress": False}
 
 
-def test_run_steps_calls_on_step_and_stops_early():
+def test_on_step_stops_early_after_recording_the_step():
     batches = iter(range(100, 110))
     seen = []
-
-    def step(index, batch, clock):
-        with clock("rollout"):
-            pass
-        return Step({"reward/mean": float(batch), "index": index}, rows(1))
 
     def stop_after_three(index, metrics, rollouts):
         seen.append((index, metrics["reward/mean"], rollouts.batch_size))
         if index == 2:
             raise StopIteration
 
-    run = RunOptions(on_step=stop_after_three, progress=False)
-    history = run_steps("T", *_from(batches, step), steps=8, run=run)
+    source = Batches(batches)
+    run = Run("T", steps=8, on_step=stop_after_three, progress=False)
+    with run.driving(source):
+        for step in run:
+            batch = source.draw()
+            with run.phase("rollout"):
+                pass
+            run.record({"reward/mean": float(batch), "index": step}, rows(1))
     assert seen == [(0, 100.0, 1), (1, 101.0, 1), (2, 102.0, 1)]
-    assert [h["index"] for h in history] == [0, 1, 2]  # the stopping step is recorded
+    assert [h["index"] for h in run.history] == [0, 1, 2]  # the stopping step is recorded
     assert next(batches) == 103  # nothing drawn after the stop
-    for h in history:
+    for h in run.history:
         assert SHARED <= set(h)
         assert sum(h[k] for k in TIMES) <= h["step_seconds"]
 
 
-def test_run_steps_ends_on_steps_on_data_and_on_a_step_with_no_data():
-    def step(index, batch, clock):
-        return None if batch == "end" else Step({}, rows(1))
+def counted(batches, steps, body, **options):
+    """A run over ``Batches(batches)`` whose steps are ``body(run, step, source)``; returns the
+    run (its ``history``) and what the steps saw."""
+    source = Batches(batches)
+    blocks = options.pop("blocks", None)
+    run = Run("T", steps=steps, blocks=blocks, **{**QUIET, **options})
+    with run.driving(source):
+        for step in run:
+            body(run, step, source)
+    return run
 
-    quiet = RunOptions(progress=False)
+
+def test_the_run_ends_on_steps_and_when_the_data_runs_out():
+    def body(run, step, source):
+        run.record({"batch": source.draw()})
+
     batches = iter("abcdef")
-    assert len(run_steps("T", *_from(batches, step), steps=2, run=quiet)) == 2
-    assert next(batches) == "c"  # zip(range(steps), batches): no batch drawn beyond steps
-    assert len(run_steps("T", *_from(iter("ab"), step), steps=5, run=quiet)) == 2  # ran out
-    # A step that finds no data ends the run and is not recorded (DAPO's batches ran out).
-    seen = []
-    run = RunOptions(on_step=lambda *a: seen.append(a[0]))
-    history = run_steps("T", *_from(iter(["a", "end", "b"]), step), steps=5, run=run)
-    assert len(history) == 1 and seen == [0]
+    assert len(counted(batches, 2, body).history) == 2
+    assert next(batches) == "c"  # no batch drawn beyond the steps
+    ran_out = counted(iter("ab"), 5, body)
+    assert [h["batch"] for h in ran_out.history] == ["a", "b"]  # the step that found none: gone
+
+
+def test_code_after_the_for_does_not_run_when_the_data_ran_out():
+    after = []
+    source = Batches(iter("a"))
+    run = Run("T", steps=3, **QUIET)
+    with run.driving(source):
+        for _ in run:
+            run.record({"batch": source.draw()})
+        after.append("inside")  # documented: skipped when the data ended the loop
+    after.append("outside")
+    assert after == ["outside"] and len(run.history) == 1
+
+
+def test_continue_before_record_counts_the_step_with_the_runs_metrics():
+    def body(run, step, source):
+        batch = source.draw()
+        if batch == "skip":
+            return  # the loop's `continue`
+        run.record({"batch": batch})
+
+    run = counted(iter(["a", "skip", "b"]), 3, body)
+    assert [h.get("batch") for h in run.history] == ["a", None, "b"]
+    assert TIMES <= set(run.history[1]) and "step_seconds" in run.history[1]
+
+
+@pytest.mark.parametrize(("work", "recorded"), [(True, 2), (False, 1)])
+def test_break_records_the_step_only_if_it_entered_a_phase(work, recorded):
+    source = Batches(iter("abc"))
+    run = Run("T", steps=3, **QUIET)
+    with run.driving(source):
+        for step in run:
+            if step == 1:
+                if work:
+                    with run.phase("update"):  # a break inside a phase closes it first
+                        break
+                break
+            run.record({"batch": source.draw()})
+    assert len(run.history) == recorded
+    if work:
+        assert run.history[1]["time/update"] >= 0.0 and "batch" not in run.history[1]
+
+
+def test_misuse_is_refused_by_name():
+    source = Batches(iter("ab"))
+    run = Run("T", steps=2, **QUIET)
+    with pytest.raises(RuntimeError, match=r"Run: run 'T' iterated outside its with-block"):
+        iter(run)
+    with pytest.raises(RuntimeError, match=r"Run.record: run 'T' recorded outside"):
+        run.record({})
+    with pytest.raises(RuntimeError, match=r"Run.phase: run 'T' timed 'reward' outside a step"):
+        run.phase("reward")
+    with run.driving(source):
+        for step in run:
+            run.record({"n": step})
+            with pytest.raises(
+                RuntimeError, match=rf"Run.record: run 'T' recorded step {step} twice"
+            ):
+                run.record({"n": step})
+    assert [h["n"] for h in run.history] == [0, 1]  # the refused second record changed nothing
+    with (
+        pytest.raises(RuntimeError, match=r"Run.driving: run 'T' entered a second time"),
+        run.driving(),
+    ):
+        pass
+    again = Run("U", steps=1, **QUIET)
+    refused = r"Batches: already driven by run .T.; a source belongs to one run"
+    with pytest.raises(RuntimeError, match=refused), again.driving(source):
+        pass
+    with pytest.raises(TypeError, match=r"Run: staleness of run 'V' say how the source samples"):
+        Run("V", steps=1, staleness=1)
+    with pytest.raises(TypeError, match=r"Run: run 'V' got unknown option\(s\) chekpoint"):
+        Run("V", steps=1, chekpoint="x")
+
+
+def test_a_failing_step_saves_nothing_more_and_the_rerun_resumes(tmp_path):
+    from builders import Counter
+
+    def counting(fail_at):
+        counter = Counter()
+
+        def body(run, step, source):
+            if step == fail_at:
+                raise RuntimeError(f"step {step} fails")
+            counter.n += source.draw()
+            run.record({"n": float(counter.n)})
+
+        saver = rb.checkpoint.Checkpointer(tmp_path / "ckpt", every=1)
+        options = {"checkpoint": saver, "resume": "auto", "blocks": {"c": counter}}
+        return counted(iter([1] * 5), 5, body, **options), saver
+
+    with pytest.raises(RuntimeError, match="step 2 fails"):
+        counting(fail_at=2)
+    run, saver = counting(fail_at=None)  # the lock was released: the folder is free at once
+    assert saver.latest() == 5
+    # Steps 0 and 1 were checkpointed and resumed; the failing step saved nothing.
+    assert [h["n"] for h in run.history] == [1.0, 2.0, 3.0, 4.0, 5.0]

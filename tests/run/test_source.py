@@ -16,7 +16,7 @@ from resume_helpers import assert_identical, untimed
 from toy_tasks import count_prompts, digit_examples, digit_fraction, run_group_recipe
 
 import rlblocks as rb
-from rlblocks.run import Clock, RunOptions
+from rlblocks.run import RunOptions
 from rlblocks.run.source import RolloutSource
 from rlblocks.trainer.forward import score_responses
 
@@ -195,14 +195,14 @@ def test_nothing_is_sampled_that_no_step_trains_on():
         engine,
         policy,
         (drawn.append(b) or b for b in batches),
-        RunOptions(staleness=5),
         group_size=2,
         sampling=SAMPLING,
+        staleness=5,
     )
     for index in range(3):
         source.begin(index, remaining=2 - index)
-        source.draw(Clock())
-        source.sync(Clock())
+        source.draw()
+        source.sync()
     source.close()
     assert len(drawn) == 3
 
@@ -254,26 +254,6 @@ def test_bad_settings_are_refused_naming_the_block_and_the_way_out():
         RunOptions(old_logprobs="engine")
     with pytest.raises(ValueError, match=r"RunOptions.resume: resume=True has no folder"):
         RunOptions(resume=True)
-
-
-@pytest.mark.parametrize(
-    ("keyword", "value", "where"),
-    [
-        ("progress", False, r"run=rb.run.RunOptions\(progress=...\)"),
-        ("async_rollout", None, r"run=rb.run.RunOptions\(staleness=1"),
-        ("reuse_rollout_logprobs", True, r"run=rb.run.RunOptions\(old_logprobs='rollout' or"),
-        ("resharder", None, r"run=rb.run.RunOptions\(resharder=...\)"),
-    ],
-)
-def test_the_old_keywords_fail_naming_their_new_place(keyword, value, where):
-    policy, engine = _blocks("shared")
-    with pytest.raises(TypeError, match=rf"grpo: {keyword}= is no longer a keyword; use {where}"):
-        rb.recipes.grpo(policy, engine, REWARD, [], steps=1, **{keyword: value})
-    with pytest.raises(AttributeError, match=r"OneStepOff: moved; use rb.run.RunOptions"):
-        rb.recipes.OneStepOff  # noqa: B018
-    ro = rb.Rollouts.from_lists([[1]], [[2]])
-    with pytest.raises(TypeError, match=r"step: old_logprobs= is no longer a keyword; use "):
-        policy.step(ro, torch.zeros(1), loss_fn=rb.losses.clipped_surrogate, old_logprobs=None)
 
 
 def test_the_resharder_of_run_options_moves_the_weights_and_none_means_a_new_one():
