@@ -12,9 +12,10 @@ process group (the tool and any program it started), is answered ``"Error: ... d
 finish"``, and the next call starts a fresh worker. When a call's answer comes back, its
 process is gone: nothing of a timed-out call outlives it (a program that a call which did
 return left running lives on until the worker is replaced or the runner closed). A worker
-that dies (a segfault, ``os._exit``) fails its call, not the caller. Design choices, the same as
-`rlblocks.rewards.ProcessPool`'s and for the same reasons: no ``fork`` of the training process
-(torch, CUDA and Ray state), no ``spawn`` (it re-runs an unguarded ``__main__``).
+that dies (a segfault, ``os._exit``) fails its call, not the caller. The worker process itself (no
+``fork`` of the training process, no ``spawn``; its start, its socket, the kill, the guards
+inside it) is `rlblocks.isolation`'s, shared with `rlblocks.rewards.ProcessPool`; what is this
+module's is what a call asks and how its answer reads (`rlblocks.envs.tool_worker`).
 
 **How a tool travels** (cloudpickle, `pickled_tool`): by value when it is code of yours (a
 notebook's or a script's function, a closure, a function of a module outside the standard
@@ -42,29 +43,23 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import pickle
 import signal
-import subprocess
 import sys
 import sysconfig
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from multiprocessing.connection import Connection
 from pathlib import Path
-from socket import socketpair
 from types import ModuleType
 from typing import Any, Protocol
 
 import rlblocks.envs.calculator as calculator_module
-from rlblocks.envs.tool_worker import describe, run, shown
-
-LOAD_LIMIT = 120.0  # seconds a worker may take to load a tool (its imports included)
-WORKER_SCRIPT = Path(__file__).with_name("tool_worker.py")
-# Run the worker file without importing the rlblocks package (whose __init__ imports torch).
-BOOTSTRAP = "import runpy, sys; del sys.argv[0]; runpy.run_path(sys.argv[0], run_name='__main__')"
+import rlblocks.envs.tool_worker as handler  # the worker side of a call (rlblocks.isolation)
+from rlblocks.envs.tool_worker import run, shown
+from rlblocks.isolation.process import LOAD_LIMIT, WorkerProcess, kill_all
+from rlblocks.isolation.worker import describe
 
 
 class ToolRunner(Protocol):
@@ -94,7 +89,7 @@ class ProcessRunner:
         self._slot: list[_Worker] = []  # the live worker, if any; the finalizer empties it
         self._tools: dict[int, tuple[Callable[..., Any], bytes]] = {}  # id(fn) -> (fn, pickled)
         self._lock = threading.Lock()  # one call at a time
-        self._finalizer = weakref.finalize(self, _kill_all, self._slot)
+        self._finalizer = weakref.finalize(self, kill_all, self._slot)
 
     def prepare(self, fn: Callable[..., Any]) -> None:
         """Pickle ``fn`` now: a tool that cannot travel to the worker is refused when the
@@ -133,11 +128,11 @@ class ProcessRunner:
     @property
     def pid(self) -> int | None:
         """The worker's process id (also its process group's), None before the first call."""
-        return self._slot[0].proc.pid if self._slot else None
+        return self._slot[0].process.pid if self._slot else None
 
     def close(self) -> None:
         """Kill the worker with its process group; a later call starts a new one."""
-        _kill_all(self._slot)
+        kill_all(self._slot)
 
     def __reduce__(self) -> tuple:
         return (ProcessRunner, ())
@@ -151,7 +146,7 @@ class ProcessRunner:
         return self._tools[id(fn)][1]
 
     def _worker(self) -> _Worker:
-        if self._slot and self._slot[0].proc.poll() is not None:  # died while idle
+        if self._slot and self._slot[0].process.proc.poll() is not None:  # died while idle
             self._retire(self._slot[0])
         if not self._slot:
             self._slot.append(_Worker())
@@ -175,18 +170,10 @@ class ProcessRunner:
 
 
 class _Worker:
-    """One worker process and the runner's end of its socket."""
+    """One worker process (`rlblocks.isolation.WorkerProcess`) and the tools it has loaded."""
 
     def __init__(self) -> None:
-        ours, theirs = socketpair()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-c", BOOTSTRAP, str(WORKER_SCRIPT), str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # its own process group: killpg reaches its children too
-        )
-        theirs.close()
-        self.conn = Connection(ours.detach())
+        self.process = WorkerProcess(handler)
         self.loaded: set[int] = set()  # keys of the tools it has unpickled
 
     def ask(self, message: Any, timeout: float) -> tuple | None:
@@ -194,11 +181,12 @@ class _Worker:
         reply: the reply, ``("failed", what happened)`` if the worker ended or its reply is not
         the worker's JSON (it is then killed), None if time ran out."""
         deadline = time.monotonic() + timeout
+        conn = self.process.conn
         try:
-            self.conn.send_bytes(message if isinstance(message, bytes) else pickle.dumps(message))
-            if not self.conn.poll(max(deadline - time.monotonic(), 0.0)):
+            self.process.send(message)
+            if not conn.poll(max(deadline - time.monotonic(), 0.0)):
                 return None
-            reply = self.conn.recv_bytes()
+            reply = conn.recv_bytes()
         except (EOFError, OSError):
             return ("failed", f"ended its worker process ({_death_note(self.kill())})")
         try:
@@ -208,17 +196,8 @@ class _Worker:
             return ("failed", "wrote on its worker's socket; the worker was stopped")
 
     def kill(self) -> int:
-        """SIGKILL the worker's whole process group, reap the worker, return its exit status
-        (once: a reaped worker's id may belong to another process by now)."""
-        if self.proc.returncode is not None:
-            return self.proc.returncode
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:  # the group is already empty
-            pass
-        code = self.proc.wait()
-        self.conn.close()
-        return code
+        """Kill the worker with its process group (`WorkerProcess.kill`); its exit status."""
+        return self.process.kill()
 
 
 def pickled_tool(fn: Callable[..., Any]) -> bytes:
@@ -278,11 +257,6 @@ def _death_note(code: int) -> str:
     if code < 0:
         return f"killed by {signal.Signals(-code).name}"
     return f"exit code {code}"
-
-
-def _kill_all(workers: list[_Worker]) -> None:
-    while workers:
-        workers.pop().kill()
 
 
 class ThreadRunner:

@@ -49,7 +49,8 @@ from rlblocks.envs.base import (
     last_answer,
 )
 from rlblocks.envs.runners import ProcessRunner, ThreadRunner, ToolRunner, tool_name
-from rlblocks.envs.tool_worker import MAX_RESULT_CHARS, describe, shown
+from rlblocks.envs.tool_worker import MAX_RESULT_CHARS, shown
+from rlblocks.isolation.worker import describe
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 MAX_DEPTH = 32

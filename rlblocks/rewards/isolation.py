@@ -8,16 +8,15 @@ threads. What that buys, over threads:
   run) die with it; a fresh worker takes the worker's place;
 - a worker that dies (segfault, ``os._exit``, out of memory) fails its row, not the caller;
 - ``fn`` calling ``os.fork()`` forks a worker, never the training driver, and the worker's
-  fork guard makes sure only one copy of the worker answers (see `isolation_worker`).
+  fork guard makes sure only one copy of the worker answers (`rlblocks.isolation.worker`).
 
-Design choices, and why:
+Design choices, and why (the worker process itself, its start, its socket, the kill and the
+guards inside it, is `rlblocks.isolation`'s, shared with `rlblocks.envs.ProcessRunner`; what
+is this module's is handing rows to workers and reading their outcomes):
 
-- **fresh interpreters, not fork.** Workers are started by `subprocess.Popen` (fork + exec at
-  once), each with ``start_new_session=True`` so its process group is its own to kill. Forking
-  the driver (multiprocessing's ``fork``) would copy torch's thread pools, CUDA and Ray's
-  connections into each worker, which deadlocks or corrupts them; ``spawn`` and
-  ``forkserver`` re-import the user's ``__main__`` script, which runs an unguarded training
-  script once more in every worker.
+- **fresh interpreters, not fork** (`rlblocks.isolation.process`): a forked driver would copy
+  torch's thread pools, CUDA and Ray's connections into each worker; ``spawn`` and
+  ``forkserver`` re-run an unguarded training script in every worker.
 - **cloudpickle ships ``fn``.** Functions defined in a notebook, lambdas and closures cannot be
   pickled by reference; cloudpickle (a dependency of Ray) pickles them by value. Functions of
   importable modules still travel by reference: workers get the caller's ``sys.path``.
@@ -36,10 +35,8 @@ leaves running after it returns live until that worker is replaced or the pool i
 
 from __future__ import annotations
 
-import os
 import pickle
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -47,55 +44,32 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-from pathlib import Path
-from socket import socketpair
 
+import rlblocks.rewards.isolation_worker as handler  # the worker side of a row (rlblocks.isolation)
+from rlblocks.isolation.process import LOAD_LIMIT, WorkerProcess, kill_all
 from rlblocks.rewards.outcome import Failure, Outcome, checked_score
 
-LOAD_LIMIT = 120.0  # seconds a fresh worker may take to start and unpickle fn (imports included)
 LOADING = -1  # a worker's "row" while it loads the reward function
-WORKER_SCRIPT = Path(__file__).with_name("isolation_worker.py")
-# Run the worker file without importing the rlblocks package (whose __init__ imports torch) and
-# without putting rlblocks/rewards/ on sys.path (its math.py would shadow the standard library).
-BOOTSTRAP = "import runpy, sys; del sys.argv[0]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
 class _Worker:
-    """One worker process, the pool's end of its socket, and the row it is scoring."""
+    """One worker process (`rlblocks.isolation.WorkerProcess`) and the row it is scoring."""
 
     def __init__(self) -> None:
-        ours, theirs = socketpair()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-c", BOOTSTRAP, str(WORKER_SCRIPT), str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # its own process group: killpg reaches its children too
-        )
-        theirs.close()
-        self.conn = Connection(ours.detach())
+        self.process = WorkerProcess(handler)
+        self.conn = self.process.conn
         self.fn_bytes: bytes | None = None  # the pickled fn this worker has loaded
         self.row: int | None = None  # the row it scores, or LOADING while it loads fn
         self.deadline = float("inf")
 
     def send(self, message: tuple, *, row: int, limit: float | None) -> None:
-        self.conn.send_bytes(pickle.dumps(message))
+        self.process.send(message)
         self.row = row
         self.deadline = float("inf") if limit is None else time.monotonic() + limit
 
     def kill(self) -> int:
-        """SIGKILL the worker's whole process group, reap the worker, return its exit status.
-
-        A worker that already exited keeps its status: SIGKILL does not change a process that
-        is already exiting, and the group is killed before the worker is reaped, so its pid
-        (the group's id) cannot have been reused by an unrelated process.
-        """
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:  # the group is already empty
-            pass
-        code = self.proc.wait()
-        self.conn.close()
-        return code
+        """Kill the worker with its process group (`WorkerProcess.kill`); its exit status."""
+        return self.process.kill()
 
 
 def _death_note(code: int) -> str:
@@ -124,7 +98,7 @@ class ProcessPool:
         self._lock = threading.Lock()  # one batch at a time: rows of two calls never mix
         self._closed = False
         # Kills whatever is in the list at exit or garbage collection; holds no ref to self.
-        self._finalizer = weakref.finalize(self, _kill_all, self._idle)
+        self._finalizer = weakref.finalize(self, kill_all, self._idle)
 
     def map(
         self, fn: Callable[..., float], completions: list[str], rows: list[dict], *,
@@ -142,14 +116,14 @@ class ProcessPool:
                 f"ProcessPool: cannot pickle the reward function ({e}); define it at module level "
                 "or make what it captures picklable"
             ) from e
-        load = ("load", fn_bytes, list(sys.path))
+        load = ("load", handler.FN, fn_bytes, list(sys.path))
         with self._lock:
             return _Batch(self._idle, self.workers, load, completions, rows, timeout).run()
 
     @property
     def pids(self) -> list[int]:
         """Process ids of the workers between calls (each is also its process group's id)."""
-        return [w.proc.pid for w in self._idle]
+        return [w.process.pid for w in self._idle]
 
     def close(self) -> None:
         """Kill every worker with its process group. The pool cannot be used afterwards."""
@@ -167,11 +141,6 @@ class ProcessPool:
 
     def __repr__(self) -> str:
         return f"ProcessPool(workers={self.workers})"
-
-
-def _kill_all(workers: list[_Worker]) -> None:
-    while workers:
-        workers.pop().kill()
 
 
 class _Batch:
@@ -201,7 +170,7 @@ class _Batch:
                     self._receive(self.busy.pop(conn))  # type: ignore[call-overload]  # wait() returns items of the list it got: Connections
                 self._stop_overdue()
         finally:  # an error or Ctrl-C: a worker still busy would answer into the next batch
-            _kill_all(list(self.busy.values()))
+            kill_all(list(self.busy.values()))
             self.busy.clear()
         return self.outcomes  # type: ignore[return-value]  # every row got an outcome
 
@@ -210,7 +179,7 @@ class _Batch:
         while self.idle and self.todo:
             worker = self.idle.pop()
             limit: float | None
-            if worker.fn_bytes != self.load[1]:
+            if worker.fn_bytes != self.load[2]:
                 message, row, limit = self.load, LOADING, LOAD_LIMIT
             else:
                 row, limit = self.todo.popleft(), self.timeout
@@ -251,7 +220,7 @@ class _Batch:
                 "in a module the worker can import (its sys.path is the caller's)"
             )
         if reply[0] == "loaded":
-            worker.fn_bytes = self.load[1]
+            worker.fn_bytes = self.load[2]
         else:
             self.outcomes[reply[1]] = _outcome(reply)
         worker.row = None

@@ -32,8 +32,9 @@ from rlblocks.envs import (
     ToolEnv,
     calculator,
     parse_tool_calls,
+    tool_worker,
 )
-from rlblocks.envs.runners import BOOTSTRAP, WORKER_SCRIPT
+from rlblocks.isolation.process import worker_command
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -283,8 +284,8 @@ def test_the_worker_kills_itself_and_its_programs_when_its_runner_dies(tmp_path,
         "from multiprocessing.connection import Connection\n"
         "from socket import socketpair\n"
         "ours, theirs = socketpair()\n"
-        "worker = subprocess.Popen([sys.executable, '-u', '-c', sys.argv[1], sys.argv[2],\n"
-        "    str(theirs.fileno())], pass_fds=(theirs.fileno(),), start_new_session=True)\n"
+        "worker = subprocess.Popen([*sys.argv[1:], str(theirs.fileno())],\n"
+        "    pass_fds=(theirs.fileno(),), start_new_session=True)\n"
         "conn = Connection(ours.detach())\n"
         "conn.send_bytes(pickle.dumps(('load', 0, pickle.dumps(subprocess.run), sys.path)))\n"
         "assert json.loads(conn.recv_bytes()) == ['loaded']\n"
@@ -293,7 +294,7 @@ def test_the_worker_kills_itself_and_its_programs_when_its_runner_dies(tmp_path,
         "time.sleep(60)\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, str(runner), BOOTSTRAP, str(WORKER_SCRIPT)], stdout=subprocess.PIPE
+        [sys.executable, str(runner), *worker_command(tool_worker)], stdout=subprocess.PIPE
     )
     worker = int(proc.stdout.readline())
     deadline = time.monotonic() + 5.0
