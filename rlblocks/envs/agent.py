@@ -67,7 +67,6 @@ from rlblocks.interfaces import (
     dispatch,
 )
 from rlblocks.models.context import context_length
-from rlblocks.renamed import moved_keywords
 from rlblocks.rollout.prompts import check_metadata
 from rlblocks.rollouts import Rollouts
 
@@ -164,7 +163,6 @@ class AgentEngine:
 
     # ------------------------------------------------------------------ RolloutEngine
     @dispatch(Dispatch.PROMPTS)
-    @moved_keywords(n="group_size=")
     def generate(
         self,
         prompts: Sequence[Prompt],

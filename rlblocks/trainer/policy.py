@@ -56,7 +56,6 @@ from torch import Tensor, nn
 from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, dispatch
 from rlblocks.models import loading
 from rlblocks.models.regional import compile_blocks
-from rlblocks.renamed import moved_keywords
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.allocator import keep_freed_memory, opted_in
 from rlblocks.trainer.batches import scored_in_pieces, token_advantages
@@ -93,9 +92,6 @@ if TYPE_CHECKING:
     from peft import LoraConfig
 
 Reference = Literal["auto", "copy"] | nn.Module | None
-
-#: π_old travels with the rows: where ``step(old_logprobs=)`` went.
-OLD_LOGPROBS_MOVED = "rollouts.replace(old_logprobs=...): π_old travels with the rows"
 
 
 class PolicyTrainer:
@@ -303,7 +299,6 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------ the update
     @dispatch(Dispatch.ALL)
-    @moved_keywords(old_logprobs=OLD_LOGPROBS_MOVED)
     def step(
         self,
         rollouts: Rollouts,
@@ -362,7 +357,6 @@ class PolicyTrainer:
         }
 
     @dispatch(Dispatch.ALL)
-    @moved_keywords(old_logprobs=OLD_LOGPROBS_MOVED)
     def forward_backward(
         self,
         rollouts: Rollouts,

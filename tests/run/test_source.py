@@ -271,9 +271,6 @@ def test_the_old_keywords_fail_naming_their_new_place(keyword, value, where):
         rb.recipes.grpo(policy, engine, REWARD, [], steps=1, **{keyword: value})
     with pytest.raises(AttributeError, match=r"OneStepOff: moved; use rb.run.RunOptions"):
         rb.recipes.OneStepOff  # noqa: B018
-    ro = rb.Rollouts.from_lists([[1]], [[2]])
-    with pytest.raises(TypeError, match=r"step: old_logprobs= is no longer a keyword; use "):
-        policy.step(ro, torch.zeros(1), loss_fn=rb.losses.clipped_surrogate, old_logprobs=None)
 
 
 def test_the_resharder_of_run_options_moves_the_weights_and_none_means_a_new_one():
