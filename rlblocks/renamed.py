@@ -7,9 +7,9 @@ a message that names its new place.
     ppo(..., samples_per_prompt=4)
     # TypeError: ppo: samples_per_prompt= is no longer a keyword; use group_size=
 
-    __getattr__ = gone_attributes(__name__)  # rlblocks.advantage; its old names: GONE
-    rb.advantage.reverse_kl
-    # AttributeError: rlblocks.advantage.reverse_kl: renamed; use rb.advantage.teacher_kl (...)
+    __getattr__ = gone_attributes(__name__)  # rlblocks.recipes; its old names: GONE
+    rb.recipes.OneStepOff
+    # AttributeError: rlblocks.recipes.OneStepOff: moved; use rb.run.RunOptions(staleness=1, ...)
 
 A base helper (it imports nothing of rlblocks): every layer may use it, so that a user who
 meets an old name learns the new one instead of Python's bare "unexpected keyword argument".
@@ -47,13 +47,6 @@ def moved_keywords(**where: str) -> Callable[[F], F]:
 #: Every attribute a module of rlblocks no longer has, in one table: module -> old name ->
 #: (what happened to it, what to use now).
 GONE: dict[str, dict[str, tuple[str, str]]] = {
-    "rlblocks.advantage": {
-        # one name for one contract
-        "reverse_kl": (
-            "renamed",
-            "rb.advantage.teacher_kl (rb.losses.reverse_kl is the per-token loss)",
-        ),
-    },
     "rlblocks.recipes": {
         # moved to the run floor
         "OneStepOff": (

@@ -37,17 +37,14 @@ Provenance, stamped by the run's rollout source (`rlblocks.run.source`), None el
 rollout the tool's observation tokens are real tokens (attended to) that the policy did not
 generate, so they are False in ``response_mask``.
 
-This module imports nothing else from rlblocks but `rlblocks.rollouts_checks` (its field
-checks) and, on first use of ``to_records``, `rlblocks.rollouts_table`; neither imports
-anything of rlblocks.
+This module imports nothing else from rlblocks but `rlblocks.rollouts_checks` (its checks),
+`rlblocks.rollouts_rows` (padding, row indices, `balanced_partition`) and, on first use
+of ``to_records``, `rlblocks.rollouts_table`; none of them imports anything of rlblocks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import heapq
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,12 +54,30 @@ from torch import Tensor
 
 from rlblocks.rollouts_checks import (
     check_extra,
+    check_no_counted_padding,
+    check_parts_alike,
+    derived,
     expect_bool,
     expect_dims,
     expect_dtype,
     expect_shape,
     shape_of,
 )
+from rlblocks.rollouts_rows import (
+    balanced_partition,
+    cat_padded,
+    padded_lists,
+    row_index,
+)
+
+__all__ = [
+    "OPTIONAL_FIELDS",
+    "ROW_FIELDS",
+    "TOKEN_FIELDS",
+    "Index",
+    "Rollouts",
+    "balanced_partition",  # defined in rlblocks.rollouts_rows
+]
 
 Index = Tensor | Sequence[int] | slice
 
@@ -152,16 +167,7 @@ class Rollouts:
         if self.sampler is not None:
             expect_shape("sampler", self.sampler, (b, 3), "(temperature, top_k, top_p) per row")
             expect_dtype("sampler", self.sampler, integer=False)
-        counted_padding = self.response_mask & ~self.attention_mask[:, tp:]
-        # Value checks need data: a batch on the meta device (shape planning) skips them, and
-        # so does one derived from a checked batch (``_derived``): on a GPU each is a host read.
-        derived = getattr(_derivation, "active", False)
-        if counted_padding.device.type != "meta" and not derived and counted_padding.any():
-            row = int(counted_padding.any(-1).nonzero()[0])
-            raise ValueError(
-                f"Rollouts.response_mask: True on padding (attention_mask False) in row {row}; "
-                "set it False there (a token that counts in the loss must be a real token)"
-            )
+        check_no_counted_padding(self.response_mask, self.attention_mask[:, tp:])
         for name in ("prompts", "completions", "metadata"):
             n = len(getattr(self, name))
             if n != b:
@@ -216,7 +222,7 @@ class Rollouts:
         mask is replaced)."""
         if "attention_mask" in changes or "response_mask" in changes:
             return dataclasses.replace(self, **changes)
-        with _derived():
+        with derived():
             child = dataclasses.replace(self, **changes)
         if "_lengths" in self.__dict__ and "prompt_ids" not in changes:
             child._keep_lengths(self.__dict__["_lengths"])
@@ -296,9 +302,9 @@ class Rollouts:
         if isinstance(index, slice):
             rows, picked = index, list(range(b)[index])
         else:
-            rows, picked = _as_row_index(index, b)
+            rows, picked = row_index(index, b)
         kept = self._lengths_of(picked) if "_lengths" in self.__dict__ else None
-        with _derived():  # rows of a checked batch: its value checks hold
+        with derived():  # rows of a checked batch: its value checks hold
             child = self.replace(
                 prompt_ids=self.prompt_ids[rows],
                 response_ids=self.response_ids[rows],
@@ -362,7 +368,7 @@ class Rollouts:
             first = int(prompt_used[0]) if len(prompt_used) else tp
             response_used = self.response_attention_mask.any(0).nonzero()
             t = int(response_used[-1]) + 1 if len(response_used) else 0
-        with _derived():  # unused columns dropped: the value checks still hold
+        with derived():  # unused columns dropped: the value checks still hold
             child = self.replace(
                 prompt_ids=self.prompt_ids[:, first:],
                 response_ids=self.response_ids[:, :t],
@@ -387,7 +393,7 @@ class Rollouts:
             for f in dataclasses.fields(self)
             if isinstance(getattr(self, f.name), Tensor)
         }
-        with _derived():  # the same values, moved
+        with derived():  # the same values, moved
             child = self.replace(**moved, extras={k: v.to(device) for k, v in self.extras.items()})
         return (
             child._keep_lengths(self.__dict__["_lengths"]) if "_lengths" in self.__dict__ else child
@@ -402,23 +408,12 @@ class Rollouts:
         first = parts[0]
         tp = max(p.prompt_ids.shape[1] for p in parts)
         t = max(p.response_ids.shape[1] for p in parts)
+        check_parts_alike(parts, (*OPTIONAL_FIELDS, "sampler"))
         present = [name for name in OPTIONAL_FIELDS if getattr(first, name) is not None]
-        for name in (*OPTIONAL_FIELDS, "sampler"):
-            if len({getattr(p, name) is not None for p in parts}) > 1:
-                raise ValueError(
-                    f"Rollouts.concat: some parts have {name} and some do not; give it to "
-                    "every part or to none"
-                )
         keys = set(first.extras)
-        for i, p in enumerate(parts):
-            if set(p.extras) != keys:
-                raise ValueError(
-                    f"Rollouts.concat: part {i} has extras {sorted(p.extras)}, "
-                    f"part 0 has {sorted(keys)}; give every part the same extras"
-                )
 
         def cat(name: str, left: bool, width: int, value: float | bool = 0) -> Tensor:
-            return torch.cat([_pad(getattr(p, name), width, left, value) for p in parts])
+            return cat_padded([getattr(p, name) for p in parts], width, left, value)
 
         pad = first.pad_token_id
         return Rollouts(
@@ -426,15 +421,10 @@ class Rollouts:
             response_ids=cat("response_ids", False, t, pad),
             attention_mask=torch.cat(
                 [
-                    torch.cat(
-                        [
-                            _pad(p.prompt_mask, tp, True, False),
-                            _pad(p.response_attention_mask, t, False, False),
-                        ],
-                        dim=1,
-                    )
-                    for p in parts
-                ]
+                    cat("prompt_mask", True, tp, False),
+                    cat("response_attention_mask", False, t, False),
+                ],
+                dim=1,
             ),
             response_mask=cat("response_mask", False, t, False),
             group_ids=torch.cat([p.group_ids for p in parts]),
@@ -446,7 +436,7 @@ class Rollouts:
             prompts=[s for p in parts for s in p.prompts],
             completions=[s for p in parts for s in p.completions],
             metadata=[m for p in parts for m in p.metadata],
-            extras={k: torch.cat([_pad(p.extras[k], t, False, 0) for p in parts]) for k in keys},
+            extras={k: cat_padded([p.extras[k] for p in parts], t, False, 0) for k in keys},
             pad_token_id=pad,
         )
 
@@ -469,42 +459,17 @@ class Rollouts:
         ``response_masks`` defaults to every response token counting; ``group_ids`` to one
         group per row (``0..b-1``).
         """
-        b = len(prompt_ids)
-        if len(response_ids) != b:
-            raise ValueError(
-                f"Rollouts.from_lists: {b} prompts but {len(response_ids)} responses; pass one response "
-                "per prompt"
-            )
-        masks = response_masks or [[True] * len(r) for r in response_ids]
-        for name, ragged in (("response_masks", masks), ("rollout_logprobs", rollout_logprobs)):
-            if ragged is None:
-                continue
-            for i, (r, m) in enumerate(zip(response_ids, ragged, strict=True)):
-                if len(r) != len(m):
-                    raise ValueError(
-                        f"Rollouts.from_lists: row {i} has {len(r)} response tokens but {name} "
-                        f"has {len(m)} entries; give one entry per response token"
-                    )
-        tp = max((len(p) for p in prompt_ids), default=0)
-        t = max((len(r) for r in response_ids), default=0)
-        p_ids = _ragged(prompt_ids, tp, True, pad_token_id, torch.long)
-        r_ids = _ragged(response_ids, t, False, pad_token_id, torch.long)
-        attention = torch.cat(
-            [
-                _ragged([[True] * len(p) for p in prompt_ids], tp, True, False, torch.bool),
-                _ragged([[True] * len(r) for r in response_ids], t, False, False, torch.bool),
-            ],
-            dim=1,
+        fields = padded_lists(
+            prompt_ids,
+            response_ids,
+            pad_token_id=pad_token_id,
+            response_masks=response_masks,
+            rollout_logprobs=rollout_logprobs,
         )
+        b = len(prompt_ids)
         return cls(
-            prompt_ids=p_ids,
-            response_ids=r_ids,
-            attention_mask=attention,
-            response_mask=_ragged(masks, t, False, False, torch.bool),
+            **fields,  # prompt_ids, response_ids, the masks, rollout_logprobs
             group_ids=torch.arange(b) if group_ids is None else torch.as_tensor(group_ids),
-            rollout_logprobs=None
-            if rollout_logprobs is None
-            else _ragged(rollout_logprobs, t, False, 0.0, torch.float32),
             prompts=list(prompts or []),
             completions=list(completions or []),
             metadata=[dict(m) for m in metadata] if metadata is not None else [],
@@ -512,67 +477,7 @@ class Rollouts:
         )
 
 
-# ---------------------------------------------------------------------- splitting over workers
-def balanced_partition(lengths: Sequence[int], parts: int) -> list[list[int]]:
-    """Row indices for each of ``parts`` workers, every list sorted, balanced by ``lengths``.
-
-    The cost of a forward/backward pass grows with a row's real tokens, so each worker should get
-    about the same number of tokens. Longest processing time first (Graham 1969, "Bounds on
-    multiprocessing timing anomalies"): rows in decreasing length, each to the worker with the
-    fewest tokens so far; the largest load is at most 4/3 of the best possible one. (verl's
-    ``get_seqlen_balanced_partitions`` is a Karmarkar-Karp split; LPT is simpler and close.)
-    Every worker gets a row when there are at least ``parts`` rows; ties go to the lower
-    worker and the earlier row, so the split is deterministic.
-    """
-    if parts < 1:
-        raise ValueError(f"balanced_partition: parts={parts}; use parts >= 1")
-    loads = [(0, rank) for rank in range(parts)]  # (tokens so far, rank): a min-heap
-    out: list[list[int]] = [[] for _ in range(parts)]
-    for row in sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i)):
-        load, rank = heapq.heappop(loads)
-        out[rank].append(row)
-        heapq.heappush(loads, (load + int(lengths[row]), rank))
-    return [sorted(rows) for rows in out]
-
-
 # ---------------------------------------------------------------------- helpers
-def _as_row_index(index: Index, b: int) -> tuple[Tensor, list[int]]:
-    """The rows a bool mask or a list/tensor of indices picks (a slice is ``select``'s own
-    case), as an index tensor and as a list (read once)."""
-    rows = torch.as_tensor(index)
-    if rows.dtype == torch.bool:
-        if rows.shape != (b,):
-            raise ValueError(
-                f"Rollouts.select: bool mask has shape {shape_of(rows)}, expected ({b},); pass "
-                "one bool per row"
-            )
-        rows = rows.nonzero().flatten()
-    values = rows.long().flatten().tolist()  # one read: the range check and the rows' lists
-    if values and (min(values) < -b or max(values) >= b):
-        raise IndexError(
-            f"Rollouts.select: row index out of range for a batch of {b}; pass indices in "
-            f"{-b}..{b - 1}"
-        )
-    picked = [v % b for v in values]
-    return torch.tensor(picked, dtype=torch.long, device=rows.device), picked
-
-
-_derivation = threading.local()
-
-
-@contextlib.contextmanager
-def _derived() -> Any:
-    """Batches built inside are derived from a checked one (its rows, its used columns, or
-    fields other than the masks replaced): their shape checks run, the checks of the masks'
-    values (a read of the data) are skipped."""
-    before = getattr(_derivation, "active", False)
-    _derivation.active = True
-    try:
-        yield
-    finally:
-        _derivation.active = before
-
-
 def _rows(x: Tensor | None, rows: slice | Tensor) -> Tensor | None:
     return None if x is None else x[rows]
 
@@ -580,23 +485,3 @@ def _rows(x: Tensor | None, rows: slice | Tensor) -> Tensor | None:
 def _columns(x: Tensor | None, t: int) -> Tensor | None:
     """The first ``t`` response columns of a (b t) field; a (b) field as it is."""
     return None if x is None or x.dim() == 1 else x[:, :t]
-
-
-def _pad(x: Tensor, width: int, left: bool, value: float | bool) -> Tensor:
-    """Pad dim 1 of ``x`` to ``width`` (1-D tensors are returned as they are)."""
-    if x.dim() == 1 or x.shape[1] == width:
-        return x
-    filler = torch.full((x.shape[0], width - x.shape[1], *x.shape[2:]), value, dtype=x.dtype)
-    filler = filler.to(x.device)
-    return torch.cat([filler, x] if left else [x, filler], dim=1)
-
-
-def _ragged(
-    rows: Sequence[Sequence[Any]], width: int, left: bool, value: Any, dtype: torch.dtype
-) -> Tensor:
-    out = torch.full((len(rows), width), value, dtype=dtype)
-    for i, row in enumerate(rows):
-        if len(row):
-            target = out[i, width - len(row) :] if left else out[i, : len(row)]
-            target.copy_(torch.as_tensor(list(row), dtype=dtype))
-    return out

@@ -31,7 +31,7 @@ BOXES = {
 #: (from, to, label)
 ARROWS = [
     ("data", "engine", "prompts"),
-    ("engine", "rollouts", "generate(n=g)"),
+    ("engine", "rollouts", "generate(\ngroup_size=g)"),
     ("rollouts", "reward", "reward_fn(ro)"),
     ("reward", "advantage", "rewards (b)"),
     ("advantage", "trainer", "advantages (b t)"),

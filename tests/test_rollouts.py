@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 import torch
 
-from rlblocks.rollouts import OPTIONAL_FIELDS, ROW_FIELDS, Rollouts, balanced_partition
+from rlblocks.rollouts import OPTIONAL_FIELDS, ROW_FIELDS, Rollouts
 
 
 def make(n_rows: int = 4) -> Rollouts:
@@ -256,30 +256,6 @@ def test_the_sampler_record_is_a_row_field_carried_through_row_operations():
     with pytest.raises(ValueError, match="some parts have sampler and some do not"):
         Rollouts.concat([ro, make()])
     assert make().sampler is None
-
-
-# ---------------------------------------------------------------------- balanced_partition
-def test_longest_first_to_the_least_loaded_rank():
-    # Lengths 9 1 5 5 4 2 over 2 ranks, longest first (ties: earlier row first):
-    # 9 (row 0) -> r0 [9]; 5 (row 2) -> r1 [5]; 5 (row 3) -> r1 [10]; 4 (row 4) -> r0 [13];
-    # 2 (row 5) -> r1 [12]; 1 (row 1) -> r1 [13]. Loads 13 / 13; rows sorted within a rank.
-    assert balanced_partition([9, 1, 5, 5, 4, 2], 2) == [[0, 4], [1, 2, 3, 5]]
-
-
-def test_split_by_rows_would_be_unbalanced_by_tokens():
-    lengths = [100, 90, 80, 5, 4, 3, 2, 1]
-    parts = balanced_partition(lengths, 2)
-    loads = [sum(lengths[i] for i in rows) for rows in parts]
-    halves = [sum(lengths[:4]), sum(lengths[4:])]  # a split by rows: 275 / 10
-    assert max(loads) - min(loads) <= max(lengths)  # LPT's guarantee
-    assert max(loads) - min(loads) < max(halves) - min(halves)
-    assert sorted(i for rows in parts for i in rows) == list(range(8))
-
-
-def test_every_rank_gets_a_row_when_there_are_enough():
-    for b in range(4, 12):
-        lengths = torch.randint(1, 50, (b,), generator=torch.Generator().manual_seed(b)).tolist()
-        assert all(balanced_partition(lengths, 4))
 
 
 # ---------------------------------------------------------------------- data out

@@ -36,7 +36,7 @@ def test_groups_of_one_are_reported_at_every_call(estimator, caplog):
         with caplog.at_level(logging.WARNING):
             advantages, _ = estimator(rewards, mask, torch.tensor([7, 3, 5, 1]))
         assert "every group has one row (4 rows, 4 distinct group ids)" in caplog.text
-        assert "n=G) with G >= 2" in caplog.text
+        assert "(group_size=G with G >= 2, in engine.generate or a recipe)" in caplog.text
         assert not advantages.any()  # the reason: nothing to learn from
     caplog.clear()
     with caplog.at_level(logging.WARNING):

@@ -35,7 +35,6 @@ from rlblocks.advantage.returns import discounted_returns, outcome_scores, token
 from rlblocks.advantage.rloo import rloo
 from rlblocks.advantage.whiten import whiten
 from rlblocks.interfaces import Advantages
-from rlblocks.renamed import gone_attributes
 
 ESTIMATORS: dict[str, Callable[..., Advantages]] = {
     "gae": gae,
@@ -75,5 +74,3 @@ __all__ = [
     "token_rewards",
     "whiten",
 ]
-
-__getattr__ = gone_attributes(__name__)  # renamed names: rlblocks.renamed.GONE

@@ -7,11 +7,9 @@ from torch import Tensor
 
 from rlblocks.interfaces import Advantages
 from rlblocks.losses.distill import reverse_kl as reverse_kl_per_token
-from rlblocks.renamed import moved_keywords
 
 
 @torch.no_grad()
-@moved_keywords(coef="kl_coef=")
 def teacher_kl(
     student_logprobs: Tensor,
     teacher_logprobs: Tensor,

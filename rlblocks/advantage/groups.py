@@ -38,8 +38,8 @@ def warn_if_no_group(group_ids: Tensor, *, estimator: str) -> None:
         logger.warning(
             "%s: every group has one row (%d rows, %d distinct group ids), so every "
             "group-relative advantage is 0 and nothing is learnt; sample several responses "
-            "per prompt (engine.generate(..., n=G) with G >= 2, a recipe's group_size) and give "
-            "the rows of one prompt one group id",
+            "per prompt (group_size=G with G >= 2, in engine.generate or a recipe) and give the "
+            "rows of one prompt one group id",
             estimator, b, b,
         )  # fmt: skip
 

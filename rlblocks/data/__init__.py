@@ -5,7 +5,7 @@
     ds = rb.data.gsm8k("gsm8k/train.parquet")               # ground truth = number after ####
     ds = rb.data.arithmetic_prompts(1000, difficulty=2)     # built-in offline task, no download
     for batch in rb.data.PromptBatches(ds, prompts_per_step=8, seed=0):
-        ro = engine.generate(batch.prompts, n=4, metadata=batch.metadata)
+        ro = engine.generate(batch.prompts, group_size=4, metadata=batch.metadata)
     sft = rb.data.sft_data("chats.jsonl", tokenizer, max_tokens=1024)  # or prompt/completion
     for batch in rb.data.SFTBatches(sft, batch_size=8, epochs=3):  # Rollouts; response_mask
         logs = policy.step(batch, zeros, loss_fn=nll)               # True on assistant tokens

@@ -2,7 +2,7 @@
 
     batches = rb.data.PromptBatches(dataset, prompts_per_step=8, seed=0)
     for batch in batches:
-        ro = engine.generate(batch.prompts, n=4, metadata=batch.metadata)
+        ro = engine.generate(batch.prompts, group_size=4, metadata=batch.metadata)
         ...
         checkpoint["data"] = batches.state_dict()   # {"epoch": 3, "position": 16, ...}
 

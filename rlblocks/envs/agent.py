@@ -1,15 +1,15 @@
 """`AgentEngine`: multi-turn episodes in an `Environment`, sampled by any `RolloutEngine`.
 
-``AgentEngine(engine, env)`` is itself a rollout engine: ``generate(prompts, n=...)`` runs ``n``
-episodes per prompt and returns ONE ``Rollouts`` row per episode, so every recipe, estimator,
-loss and trainer takes multi-turn rollouts unchanged (``rb.recipes.grpo(policy,
+``AgentEngine(engine, env)`` is itself a rollout engine: ``generate(prompts, group_size=g)``
+runs ``g`` episodes per prompt and returns ONE ``Rollouts`` row per episode, so every recipe,
+estimator, loss and trainer takes multi-turn rollouts unchanged (``rb.recipes.grpo(policy,
 AgentEngine(engine, env), rb.envs.env_reward, batches, ...)``).
 
 One call, turn by turn:
 
 1. Each episode's conversation comes from ``env.reset(prompt, metadata)`` and is rendered with
    the chat template (tools included: `rlblocks.envs.chat`) into the prompt ids.
-2. Every active episode's ids so far go to ``engine.generate(ids, n=1)`` at once (one batched
+2. Every active episode's ids so far go to ``engine.generate(ids, group_size=1)`` at once (one batched
    call per turn; prompts as token ids, so nothing sampled is ever re-tokenized). The sampled
    ids and their log-probs are appended as they are, ``response_mask`` True.
 3. The turn's text (decoded, special tokens skipped) and its tool calls (read by the
@@ -67,7 +67,6 @@ from rlblocks.interfaces import (
     dispatch,
 )
 from rlblocks.models.context import context_length
-from rlblocks.renamed import moved_keywords
 from rlblocks.rollout.prompts import check_metadata
 from rlblocks.rollouts import Rollouts
 
@@ -164,7 +163,6 @@ class AgentEngine:
 
     # ------------------------------------------------------------------ RolloutEngine
     @dispatch(Dispatch.PROMPTS)
-    @moved_keywords(n="group_size=")
     def generate(
         self,
         prompts: Sequence[Prompt],

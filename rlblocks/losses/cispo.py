@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlblocks.losses.ppo import _check_inputs, _finish, _prepare, _ratio_metrics
+from rlblocks.losses.ppo import check_loss_inputs, finish_loss, prepare_loss_inputs, ratio_metrics
 from rlblocks.masked import masked_mean
 
 
@@ -52,13 +52,13 @@ def cispo(
         ``clip_frac_low`` and ``clip_frac_high``; ``approx_kl``, ``approx_kl_k3``,
         ``ratio_mean``, ``ratio_max``.
     """
-    _check_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
+    check_loss_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
     eps_low, eps_high = clip
-    lp, old, adv, w = _prepare(logprobs, old_logprobs, advantages, mask, is_weights)
+    lp, old, adv, w = prepare_loss_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
     log_ratio = (lp.detach() - old).clamp(-log_ratio_clamp, log_ratio_clamp)
     ratio = torch.exp(log_ratio)  # detached: CISPO's weight carries no gradient
     weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    loss = _finish(-weight * adv * lp, mask, w)
+    loss = finish_loss(-weight * adv * lp, mask, w)
 
     with torch.no_grad():
         low = ratio < 1.0 - eps_low
@@ -67,6 +67,6 @@ def cispo(
             "clip_frac": masked_mean(low | high, mask),
             "clip_frac_low": masked_mean(low, mask),
             "clip_frac_high": masked_mean(high, mask),
-            **_ratio_metrics(log_ratio, mask),
+            **ratio_metrics(log_ratio, mask),
         }
     return loss, metrics

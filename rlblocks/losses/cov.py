@@ -37,12 +37,12 @@ import torch
 from torch import Tensor
 
 from rlblocks.losses.ppo import (
-    _check_inputs,
-    _clip_metrics,
-    _finish,
-    _prepare,
-    _ratio_metrics,
-    _surrogate_terms,
+    check_loss_inputs,
+    clip_metrics,
+    finish_loss,
+    prepare_loss_inputs,
+    ratio_metrics,
+    surrogate_terms,
 )
 from rlblocks.masked import masked_mean
 
@@ -106,9 +106,9 @@ def clip_cov(
         fractions (``clip_frac``, ``clip_frac_low``, ``clip_frac_high``, ``dual_clip_frac``),
         ``approx_kl``, ``approx_kl_k3``, ``ratio_mean``, ``ratio_max``.
     """
-    _check_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
-    lp, old, adv, w = _prepare(logprobs, old_logprobs, advantages, mask, is_weights)
-    terms = _surrogate_terms(
+    check_loss_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
+    lp, old, adv, w = prepare_loss_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
+    terms = surrogate_terms(
         lp, old, adv, clip=clip, dual_clip=dual_clip, log_ratio_clamp=log_ratio_clamp
     )
     with torch.no_grad():
@@ -118,11 +118,11 @@ def clip_cov(
         keys = _selection_keys(old, seed)  # int64 in [0, 2**32)
         keys = torch.where(eligible, keys, torch.full_like(keys, _MASK32 + 1))  # others last
         picked = eligible & (_ranks(keys, descending=False) < _pick_count(clip_ratio, mask))
-    loss = _finish(torch.where(picked, terms.loss.detach(), terms.loss), mask, w)
+    loss = finish_loss(torch.where(picked, terms.loss.detach(), terms.loss), mask, w)
     metrics = {
         "clip_cov_frac": masked_mean(picked, mask),
-        **_clip_metrics(terms, mask),
-        **_ratio_metrics(terms.log_ratio, mask),
+        **clip_metrics(terms, mask),
+        **ratio_metrics(terms.log_ratio, mask),
     }
     return loss, metrics
 
@@ -172,20 +172,20 @@ def kl_cov(
         ``metrics`` over valid tokens: ``kl_cov_frac`` (fraction penalised), ``abs_kl`` (mean
         |logπ_θ − logπ_old|), ``approx_kl``, ``approx_kl_k3``, ``ratio_mean``, ``ratio_max``.
     """
-    _check_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
-    lp, old, adv, w = _prepare(logprobs, old_logprobs, advantages, mask, is_weights)
+    check_loss_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
+    lp, old, adv, w = prepare_loss_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
     log_ratio = (lp - old).clamp(-log_ratio_clamp, log_ratio_clamp)
     abs_kl = (lp - old).abs()
     with torch.no_grad():
         cov = _centered_cov(adv, lp.detach(), mask)  # −inf where masked: ranked last
         picked = mask & (_ranks(cov, descending=True) < _pick_count(k_fraction, mask))
     penalty = torch.where(picked, kl_coef * abs_kl, torch.zeros_like(abs_kl))
-    loss = _finish(-adv * torch.exp(log_ratio) + penalty, mask, w)
+    loss = finish_loss(-adv * torch.exp(log_ratio) + penalty, mask, w)
     with torch.no_grad():
         metrics = {
             "kl_cov_frac": masked_mean(picked, mask),
             "abs_kl": masked_mean(abs_kl, mask),
-            **_ratio_metrics(log_ratio, mask),
+            **ratio_metrics(log_ratio, mask),
         }
     return loss, metrics
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from rlblocks.losses.ppo import _check_inputs, _finish, _prepare, _ratio_metrics
+from rlblocks.losses.ppo import check_loss_inputs, finish_loss, prepare_loss_inputs, ratio_metrics
 
 # Only used for the metrics: keeps exp() finite when the policies are far apart.
 _METRICS_LOG_RATIO_CLAMP = 20.0
@@ -47,8 +47,8 @@ def gpg_loss(
         ``metrics`` over valid tokens: ``approx_kl``, ``approx_kl_k3``, ``ratio_mean``,
         ``ratio_max`` (log-ratio clamped to ±20 for these).
     """
-    _check_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
-    lp, old, adv, w = _prepare(logprobs, old_logprobs, advantages, mask, is_weights)
-    loss = _finish(-adv * lp, mask, w)
+    check_loss_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
+    lp, old, adv, w = prepare_loss_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
+    loss = finish_loss(-adv * lp, mask, w)
     log_ratio = (lp.detach() - old).clamp(-_METRICS_LOG_RATIO_CLAMP, _METRICS_LOG_RATIO_CLAMP)
-    return loss, _ratio_metrics(log_ratio, mask)
+    return loss, ratio_metrics(log_ratio, mask)

@@ -12,7 +12,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlblocks.losses.ppo import _check_inputs, _finish, _masked_max, _prepare, _ratio_metrics
+from rlblocks.losses.ppo import (
+    check_loss_inputs,
+    finish_loss,
+    masked_max,
+    prepare_loss_inputs,
+    ratio_metrics,
+)
 from rlblocks.masked import masked_mean, masked_sum
 
 
@@ -63,9 +69,9 @@ def gspo(
         (over valid tokens, for comparison with PPO); ``seq_ratio_mean``, ``seq_ratio_max`` of
         s_i over rows with at least one valid token.
     """
-    _check_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
+    check_loss_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
     eps_low, eps_high = clip
-    lp, old, adv, w = _prepare(logprobs, old_logprobs, advantages, mask, is_weights)
+    lp, old, adv, w = prepare_loss_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
     token_log_ratio = lp - old  # (b t)
     length = mask.sum(-1).clamp(min=1)  # (b)
     seq_log_ratio = masked_sum(token_log_ratio.detach(), mask, -1) / length  # (b)
@@ -76,7 +82,7 @@ def gspo(
     s = torch.exp(log_s)
     unclipped = -adv * s
     clipped_loss = -adv * s.clamp(1.0 - eps_low, 1.0 + eps_high)
-    loss = _finish(torch.maximum(unclipped, clipped_loss), mask, w)
+    loss = finish_loss(torch.maximum(unclipped, clipped_loss), mask, w)
 
     with torch.no_grad():
         clipped = clipped_loss > unclipped
@@ -86,8 +92,8 @@ def gspo(
             "clip_frac": masked_mean(clipped, mask),
             "clip_frac_low": masked_mean(clipped & (s < 1.0), mask),
             "clip_frac_high": masked_mean(clipped & (s > 1.0), mask),
-            **_ratio_metrics(token_log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp), mask),
+            **ratio_metrics(token_log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp), mask),
             "seq_ratio_mean": masked_mean(s_seq, has_tokens),
-            "seq_ratio_max": _masked_max(s_seq, has_tokens),
+            "seq_ratio_max": masked_max(s_seq, has_tokens),
         }
     return loss, metrics

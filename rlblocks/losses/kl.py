@@ -32,7 +32,6 @@ from torch import Tensor
 from rlblocks.interfaces import PolicyLoss
 from rlblocks.losses.inputs import forwarding_signature, loss_inputs
 from rlblocks.masked import masked_mean, masked_sum
-from rlblocks.renamed import moved_keywords
 
 KLEstimator = Callable[[Tensor, Tensor], Tensor]
 """``(logprobs, ref_logprobs) -> kl``, all ``(b t)``; the per-token estimate of KL(π_θ ‖ π_ref)."""
@@ -145,7 +144,6 @@ def kl_loss(
     return loss, metrics
 
 
-@moved_keywords(coef="kl_coef=")
 def kl_regularized(
     loss_fn: PolicyLoss, *, kl_coef: float, estimator: KLEstimator = k3
 ) -> PolicyLoss:
@@ -195,7 +193,6 @@ def _last_valid_index(mask: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-@moved_keywords(coef="kl_coef=")
 def kl_penalty_rewards(
     rewards: Tensor,
     logprobs: Tensor,
@@ -257,7 +254,6 @@ class FixedKLController:
     :class:`AdaptiveKLController`'s β is state, and goes on from the saved one).
     """
 
-    @moved_keywords(coef="kl_coef=")
     def __init__(self, kl_coef: float) -> None:
         self.value = float(kl_coef)
 
@@ -288,7 +284,6 @@ class AdaptiveKLController:
     of per-token KLs. State: ``{"value": β}``; ``target`` and ``horizon`` are configuration.
     """
 
-    @moved_keywords(init_coef="init_kl_coef=")
     def __init__(self, init_kl_coef: float, *, target: float, horizon: float) -> None:
         if target <= 0 or horizon <= 0:
             raise ValueError(

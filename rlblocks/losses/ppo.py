@@ -1,8 +1,14 @@
 """PPO's clipped surrogate, with DAPO's clip-higher and dual clip for negative advantages.
 
-The private helpers at the bottom (input checks, NaN-safe masking, ratio metrics, the surrogate
-terms) are shared by the other policy losses of this package (GSPO, CISPO, GPG, Clip-Cov,
-KL-Cov) so that every loss masks, casts and reports in exactly the same way.
+The loss kit at the bottom (input checks, NaN-safe masking, the surrogate terms, clip and ratio
+metrics) is shared by the other policy losses of this package (GSPO, CISPO, GPG, Clip-Cov,
+KL-Cov), and is public for a loss of one's own, so that every loss masks, casts and reports in
+exactly the same way. A loss built from it reads::
+
+    check_loss_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
+    lp, old, adv, w = prepare_loss_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
+    loss = finish_loss(<per-token loss of lp, old, adv>, mask, w)
+    return loss, ratio_metrics(lp - old, mask)
 
 Masking is done with ``torch.where`` *before* any arithmetic: masked-out tokens may hold
 ``-inf``/NaN log-probs (padding, tool observations), and multiplying by a 0/1 mask would turn
@@ -74,23 +80,23 @@ def clipped_surrogate(
         and ``approx_kl_k3`` (mean of r − 1 − log r), both estimates of KL(π_old ‖ π_θ);
         ``ratio_mean`` and ``ratio_max``.
     """
-    _check_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
-    lp, old, adv, w = _prepare(logprobs, old_logprobs, advantages, mask, is_weights)
-    terms = _surrogate_terms(
+    check_loss_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
+    lp, old, adv, w = prepare_loss_inputs(logprobs, old_logprobs, advantages, mask, is_weights)
+    terms = surrogate_terms(
         lp, old, adv, clip=clip, dual_clip=dual_clip, log_ratio_clamp=log_ratio_clamp
     )
-    loss = _finish(terms.loss, mask, w)
-    metrics = {**_clip_metrics(terms, mask), **_ratio_metrics(terms.log_ratio, mask)}
+    loss = finish_loss(terms.loss, mask, w)
+    metrics = {**clip_metrics(terms, mask), **ratio_metrics(terms.log_ratio, mask)}
     return loss, metrics
 
 
 # ---------------------------------------------------------------------------------------------
-# Helpers shared by the policy losses of rlblocks.losses (private: not part of the public API).
+# The loss kit: shared by the policy losses of rlblocks.losses, and by a loss of one's own.
 # ---------------------------------------------------------------------------------------------
 
 
-class _Surrogate(NamedTuple):
-    """Per-token pieces of the clipped surrogate, all ``(b t)``."""
+class SurrogateTerms(NamedTuple):
+    """Per-token pieces of the clipped surrogate (`surrogate_terms`), all ``(b t)``."""
 
     loss: Tensor  # float32, with gradient
     log_ratio: Tensor  # float32, clamped, with gradient
@@ -99,14 +105,19 @@ class _Surrogate(NamedTuple):
     dual_clipped: Tensor  # bool: the dual-clip cap −A·c is active
 
 
-def _check_inputs(
+def check_loss_inputs(
     logprobs: Tensor,
     old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor,
     is_weights: Tensor | None = None,
 ) -> None:
-    """Raise early, with a readable message, on a wrong mask dtype or mismatched shapes."""
+    """Raise early, with a readable message, on a wrong mask dtype or mismatched shapes.
+
+    ``mask`` must be bool; ``old_logprobs``, ``advantages``, ``mask`` and ``is_weights`` (when
+    given) must all have the ``(b t)`` shape of ``logprobs``. ``TypeError`` for the dtype,
+    ``ValueError`` naming the first misshapen input. Reads no values (no host sync).
+    """
     if mask.dtype != torch.bool:
         raise TypeError(
             f"PolicyLoss: mask must be bool (True = token counts), got {mask.dtype}; pass "
@@ -123,17 +134,19 @@ def _check_inputs(
             )
 
 
-def _prepare(
+def prepare_loss_inputs(
     logprobs: Tensor,
     old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor,
     is_weights: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """float32 inputs with masked-out entries replaced by finite constants.
+    """``(lp, old, adv, w)``: the ``(b t)`` inputs in float32, masked-out entries replaced by
+    finite constants (module docstring: ``where`` before any arithmetic).
 
-    ``logprobs`` keeps its gradient (the ``where`` sends exactly 0 to masked entries); the
-    other inputs are detached. Masked log-probs and advantages become 0, masked weights 1.
+    ``lp`` keeps the gradient of ``logprobs`` (the ``where`` sends exactly 0 to masked
+    entries); ``old``, ``adv`` and ``w`` are detached. Masked log-probs and advantages become
+    0, masked weights 1; ``w`` is None when ``is_weights`` is.
     """
     zero = torch.zeros((), dtype=torch.float32, device=logprobs.device)
     lp = torch.where(mask, logprobs.float(), zero)
@@ -143,14 +156,16 @@ def _prepare(
     return lp, old, adv, w
 
 
-def _finish(loss: Tensor, mask: Tensor, is_weights: Tensor | None) -> Tensor:
-    """Apply the optional importance weights and zero the masked-out tokens."""
+def finish_loss(loss: Tensor, mask: Tensor, is_weights: Tensor | None) -> Tensor:
+    """The per-token ``(b t)`` ``loss`` times the optional ``(b t)`` importance weights (as
+    given: pass `prepare_loss_inputs`'s detached ``w``), zero where ``mask`` is False; the
+    gradient flows through ``loss`` as it is."""
     if is_weights is not None:
         loss = loss * is_weights
     return torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
 
 
-def _surrogate_terms(
+def surrogate_terms(
     lp: Tensor,
     old: Tensor,
     adv: Tensor,
@@ -158,8 +173,11 @@ def _surrogate_terms(
     clip: tuple[float, float],
     dual_clip: float | None,
     log_ratio_clamp: float,
-) -> _Surrogate:
-    """The clipped (and optionally dual-clipped) surrogate on already-prepared inputs."""
+) -> SurrogateTerms:
+    """The clipped (and optionally dual-clipped) surrogate of `clipped_surrogate`'s equation on
+    `prepare_loss_inputs`' ``(b t)`` float32 ``lp`` (with gradient), ``old`` and ``adv``
+    (detached). Not yet weighted nor masked (`finish_loss`); ``ratio`` is detached, ``loss``
+    and ``log_ratio`` carry the gradient of ``lp``."""
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(
             f"PolicyLoss: dual_clip must be > 1 (or None), got {dual_clip}; pass a value such "
@@ -178,11 +196,13 @@ def _surrogate_terms(
         negative = adv < 0
         dual_clipped = negative & (loss > cap)
         loss = torch.where(negative, torch.minimum(loss, cap), loss)
-    return _Surrogate(loss, log_ratio, ratio.detach(), clipped, dual_clipped)
+    return SurrogateTerms(loss, log_ratio, ratio.detach(), clipped, dual_clipped)
 
 
-def _clip_metrics(terms: _Surrogate, mask: Tensor) -> dict[str, Tensor]:
-    """Clip fractions over valid tokens; low/high split by which side of 1 the ratio is on."""
+def clip_metrics(terms: SurrogateTerms, mask: Tensor) -> dict[str, Tensor]:
+    """Clip fractions over the valid tokens of ``mask`` ``(b t)``: ``clip_frac``, split by
+    which side of 1 the ratio is on into ``clip_frac_low`` and ``clip_frac_high``, and
+    ``dual_clip_frac``; detached float32 scalars."""
     with torch.no_grad():
         return {
             "clip_frac": masked_mean(terms.clipped, mask),
@@ -192,8 +212,10 @@ def _clip_metrics(terms: _Surrogate, mask: Tensor) -> dict[str, Tensor]:
         }
 
 
-def _masked_max(values: Tensor, mask: Tensor) -> Tensor:
-    """Max of ``values`` where ``mask`` is True, 0 when nothing counts (no host sync)."""
+def masked_max(values: Tensor, mask: Tensor) -> Tensor:
+    """Max of ``values`` where ``mask`` (same shape, bool) is True, 0 when nothing counts: a
+    float32 scalar, with no host sync. Gradient as ``max``'s; the metrics pass detached
+    values."""
     if values.numel() == 0:
         return torch.zeros((), dtype=torch.float32, device=values.device)
     floor = torch.full((), float("-inf"), dtype=torch.float32, device=values.device)
@@ -201,11 +223,13 @@ def _masked_max(values: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.any(), top, torch.zeros_like(top))
 
 
-def _ratio_metrics(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
+def ratio_metrics(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
     """k1 and k3 estimates of KL(π_old ‖ π_θ) and ratio statistics over valid tokens.
 
-    ``log_ratio`` is logπ_θ − logπ_old (already clamped by the caller). With samples from
-    π_old, k1 = −log r and k3 = r − 1 − log r (Schulman 2020, "Approximating KL divergence").
+    ``log_ratio``: ``(b t)`` logπ_θ − logπ_old (already clamped by the caller; detached here);
+    ``mask``: ``(b t)`` bool. With samples from π_old, k1 = −log r and k3 = r − 1 − log r
+    (Schulman 2020, "Approximating KL divergence"). Returns detached float32 scalars
+    ``approx_kl`` (k1), ``approx_kl_k3``, ``ratio_mean`` and ``ratio_max``.
     """
     with torch.no_grad():
         lr = log_ratio.detach().float()
@@ -214,5 +238,18 @@ def _ratio_metrics(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
             "approx_kl": masked_mean(-lr, mask),
             "approx_kl_k3": masked_mean(ratio - 1.0 - lr, mask),
             "ratio_mean": masked_mean(ratio, mask),
-            "ratio_max": _masked_max(ratio, mask),
+            "ratio_max": masked_max(ratio, mask),
         }
+
+
+__all__ = [
+    "SurrogateTerms",
+    "check_loss_inputs",
+    "clip_metrics",
+    "clipped_surrogate",
+    "finish_loss",
+    "masked_max",
+    "prepare_loss_inputs",
+    "ratio_metrics",
+    "surrogate_terms",
+]

@@ -38,7 +38,6 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, TensorSpec, dispatch
 from rlblocks.models import loading
 from rlblocks.models.context import check_lengths, context_length
-from rlblocks.renamed import moved_keywords
 from rlblocks.rollout.casting import check_cast
 from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
 from rlblocks.rollout.sampling import (
@@ -150,7 +149,6 @@ class HFEngine(LocalWeights):
 
     # ------------------------------------------------------------------ RolloutEngine
     @dispatch(Dispatch.PROMPTS)
-    @moved_keywords(n="group_size=")
     def generate(
         self,
         prompts: Sequence[Prompt],

@@ -51,7 +51,6 @@ from torch import Tensor
 
 from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, TensorSpec, dispatch
 from rlblocks.models.context import check_lengths
-from rlblocks.renamed import moved_keywords
 from rlblocks.rollout.casting import check_cast
 from rlblocks.rollout.prompts import check_metadata, render_prompts
 from rlblocks.rollout.sampling import sampler_record
@@ -125,7 +124,6 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ RolloutEngine
     @dispatch(Dispatch.PROMPTS)
-    @moved_keywords(n="group_size=")
     def generate(
         self,
         prompts: Sequence[Prompt],

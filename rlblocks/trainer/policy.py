@@ -7,7 +7,8 @@ is one optimizer step, ``rlblocks.trainer.pi_old``), then epochs × mini-batches
 ``(config.shuffle_seed, step calls so far)``, per mini-batch one normalizer and per
 micro-batch forward, loss, ``aggregate``, backward, then NaN guard, clip, AdamW, schedule.
 That loop is shared with the critic (``rlblocks.trainer.update``); this class supplies the
-loss of one micro-batch (``rlblocks.trainer.policy_loss.micro_loss``).
+loss of one micro-batch (``rlblocks.trainer.policy_loss.micro_loss``) and the scores of π_θ
+and π_ref (``rlblocks.trainer.policy_scoring``).
 
 For a loop of one's own (Tinker's API), :meth:`~PolicyTrainer.forward_backward` is the first
 half of a mini-batch (gradients accumulate over calls) and :meth:`~PolicyTrainer.optim_step`
@@ -56,19 +57,18 @@ from torch import Tensor, nn
 from rlblocks.interfaces import Advantages, Dispatch, PolicyLoss, TensorSpec, dispatch
 from rlblocks.models import loading
 from rlblocks.models.regional import compile_blocks
-from rlblocks.renamed import moved_keywords
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.allocator import keep_freed_memory, opted_in
-from rlblocks.trainer.batches import scored_in_pieces, token_advantages
+from rlblocks.trainer.batches import token_advantages
 from rlblocks.trainer.checkpoint import load_trainer, load_weights, save_trainer, save_weights
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.export import DEFAULT_COMMIT_MESSAGE, push_to_hub, save_pretrained
-from rlblocks.trainer.forward import score_responses
 from rlblocks.trainer.lora import is_peft_model, wrap_lora
 from rlblocks.trainer.numerics import fit_token_budget, resolve_numerics
 from rlblocks.trainer.packing import check_isolation
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
 from rlblocks.trainer.policy_loss import PreparedUpdate, prepare_update
+from rlblocks.trainer.policy_scoring import ref_scores, reference_tensors, score, score_no_grad
 from rlblocks.trainer.policy_state import (
     load_policy_state,
     policy_state,
@@ -93,9 +93,6 @@ if TYPE_CHECKING:
     from peft import LoraConfig
 
 Reference = Literal["auto", "copy"] | nn.Module | None
-
-#: π_old travels with the rows: where ``step(old_logprobs=)`` went.
-OLD_LOGPROBS_MOVED = "rollouts.replace(old_logprobs=...): π_old travels with the rows"
 
 
 class PolicyTrainer:
@@ -244,7 +241,7 @@ class PolicyTrainer:
         Micro-batched like a training step; logits are divided by ``config.temperature``.
         """
         home = rollouts.response_ids.device
-        lp, ent = self._score_no_grad(self.model, rollouts, entropy=entropy, replay=True)
+        lp, ent = score_no_grad(self, self.model, rollouts, entropy=entropy, replay=True)
         lp = lp.float().to(home)
         return (lp, ent.float().to(home)) if ent is not None else lp
 
@@ -256,54 +253,10 @@ class PolicyTrainer:
         adapters disabled (peft's ``disable_adapter()``), i.e. the base model. On the device of
         ``rollouts``, as :meth:`logprobs`.
         """
-        return self._ref_scores(rollouts).float().to(rollouts.response_ids.device)
-
-    def _ref_scores(self, rollouts: Rollouts) -> Tensor:
-        if self._adapter_reference:
-            with self.model.disable_adapter():  # type: ignore[operator]  # Module.__getattr__ is typed Tensor | Module
-                return self._score_no_grad(self.model, rollouts)[0]
-        if self.reference is None:
-            raise ValueError(
-                "PolicyTrainer.ref_logprobs: the trainer has no reference model "
-                "(reference=None); build it with reference='copy' or a module"
-            )
-        return self._score_no_grad(self.reference, rollouts)[0]
-
-    @torch.no_grad()
-    def _score_no_grad(
-        self, model: nn.Module, rollouts: Rollouts, *, entropy: bool = False, replay: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
-        """Micro-batched scores of the whole batch, each micro-batch trimmed of unused padding;
-        ``replay``: of the distribution the engine sampled from (the policy's, never π_ref's)."""
-        rollouts = rollouts.to(self.device)
-        b, t = rollouts.response_ids.shape
-        if b == 0 and self.dp.size == 1:
-            empty = torch.zeros(b, t, device=self.device)
-            return empty, empty if entropy else None
-        score = partial(self._score, model, entropy=entropy, replay=replay)
-        lp, ent = scored_in_pieces(score, rollouts, self.config, self.dp)
-        assert lp is not None  # _score always gives log-probs (only the entropy may be None)
-        return lp, ent
-
-    def _score(
-        self, model: nn.Module, rollouts: Rollouts, *, entropy: bool, replay: bool = True
-    ) -> tuple[Tensor, Tensor | None]:
-        c = self.config
-        return score_responses(
-            model,
-            rollouts,
-            temperature=c.temperature,
-            bf16=bool(c.bf16),
-            chunk_size=c.logprob_chunk_size,
-            entropy=entropy,
-            packing=c.packing,
-            sequence=self.dp.sequence,
-            replay=replay,
-        )
+        return ref_scores(self, rollouts).float().to(rollouts.response_ids.device)
 
     # ------------------------------------------------------------------ the update
     @dispatch(Dispatch.ALL)
-    @moved_keywords(old_logprobs=OLD_LOGPROBS_MOVED)
     def step(
         self,
         rollouts: Rollouts,
@@ -362,7 +315,6 @@ class PolicyTrainer:
         }
 
     @dispatch(Dispatch.ALL)
-    @moved_keywords(old_logprobs=OLD_LOGPROBS_MOVED)
     def forward_backward(
         self,
         rollouts: Rollouts,
@@ -433,9 +385,9 @@ class PolicyTrainer:
             assign(self, batch, minibatches, method=method),
             loss_fn,
             config=self.config,
-            score=partial(self._score, self.model),
-            score_old=lambda ro: self._score_no_grad(self.model, ro, replay=True)[0],
-            score_ref=self._ref_scores if has_ref else None,
+            score=partial(score, self, self.model),
+            score_old=lambda ro: score_no_grad(self, self.model, ro, replay=True)[0],
+            score_ref=partial(ref_scores, self) if has_ref else None,
         )
 
     # ------------------------------------------------------------------ weights and state
@@ -500,7 +452,7 @@ class PolicyTrainer:
         refused while ``forward_backward`` gradients are pending (they are not saved)."""
         self._accumulation.refuse(self, "save_checkpoint")
         save_weights(self, Path(folder) / "model")
-        save_trainer(self, folder, model_state=False, frozen=self._reference_tensors())
+        save_trainer(self, folder, model_state=False, frozen=reference_tensors(self))
 
     @dispatch(Dispatch.ALL)
     def load_checkpoint(self, folder: str | Path) -> None:
@@ -508,14 +460,7 @@ class PolicyTrainer:
         pending ``forward_backward`` gradients are dropped (they belong to other weights)."""
         self._accumulation.drop(self)
         load_weights(self, Path(folder) / "model")
-        load_trainer(self, folder, model_state=False, frozen=self._reference_tensors())
-
-    def _reference_tensors(self) -> list[tuple[str, Tensor]]:
-        """What ``ref_logprobs`` comes from: the reference model, or the frozen base weights."""
-        if self.reference is not None:
-            return list(self.reference.state_dict().items())
-        frozen = self.model.named_parameters() if self._adapter_reference else ()
-        return [(name, p) for name, p in frozen if not p.requires_grad]
+        load_trainer(self, folder, model_state=False, frozen=reference_tensors(self))
 
     def state_dict(self) -> dict[str, Any]:
         """Trainable parameters, optimizer, scheduler, counters and the process's random state
