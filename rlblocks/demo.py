@@ -54,7 +54,9 @@ import rlblocks as rb
 from rlblocks import train
 from rlblocks.data import Difficulty, PromptDataset, arithmetic_prompts
 from rlblocks.interfaces import RewardFn
-from rlblocks.train import CORRECTIONS, DEFAULT_CORRECTION
+from rlblocks.losses.offpolicy import CORRECTIONS, DEFAULT_CORRECTION
+from rlblocks.registry import Registry
+from rlblocks.rollout import ENGINES
 from rlblocks.trainer.allocator import ENV
 
 
@@ -68,15 +70,15 @@ class Task:
     reward: RewardFn = rb.rewards.math_answer
 
 
-TASKS = {  # the edge of the program: names for the command line
-    # Level 1: a sum or difference of two numbers up to 50, as an expression or a short story.
-    # Untrained, SmolLM2-135M gets 0.18 of 256 distinct held-out problems right (greedy), and
-    # more than half its answers run past 32 tokens: room to improve, and some signal (a right
-    # answer among 6 samples) from the first step.
-    "arithmetic": Task(difficulty=1, instruction="Answer with just the number."),
-    # Level 2: three numbers up to 50 with + - *.
-    "arithmetic-hard": Task(difficulty=2, instruction="Answer with just the number."),
-}
+TASKS: Registry[Task] = Registry("task", key="--task")
+"""Name -> built-in task, for ``--task``."""
+# Level 1: a sum or difference of two numbers up to 50, as an expression or a short story.
+# Untrained, SmolLM2-135M gets 0.18 of 256 distinct held-out problems right (greedy), and
+# more than half its answers run past 32 tokens: room to improve, and some signal (a right
+# answer among 6 samples) from the first step.
+TASKS.register("arithmetic", Task(difficulty=1, instruction="Answer with just the number."))
+# Level 2: three numbers up to 50 with + - *.
+TASKS.register("arithmetic-hard", Task(difficulty=2, instruction="Answer with just the number."))
 
 
 HELD_OUT_SEED = 0
@@ -174,7 +176,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--engine",
-        choices=("hf", "vllm"),
+        choices=sorted(ENGINES),
         default="hf",
         help="rollout engine: Hugging Face generate (shares the trainer's model) or vLLM",
     )

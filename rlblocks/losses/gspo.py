@@ -12,10 +12,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlblocks.losses.names import LOSSES
 from rlblocks.losses.ppo import _check_inputs, _finish, _masked_max, _prepare, _ratio_metrics
 from rlblocks.masked import masked_mean, masked_sum
 
 
+@LOSSES.register("gspo")
 def gspo(
     logprobs: Tensor,
     old_logprobs: Tensor,

@@ -4,7 +4,8 @@ A recipe holds its algorithm: the blocks, the algorithm's hyperparameters, and `
 `rlblocks.run.RunOptions`). Each is a step function that the run floor's loop runs
 (`rlblocks.run`: progress, the metrics every recipe reports, ``on_step``, checkpoints, where
 rollouts and π_old come from); `rlblocks.recipes.defaults` holds the defaults they share.
-``kl_regularized`` lives in `rlblocks.losses` and is re-exported here.
+``kl_regularized`` lives in `rlblocks.losses` and is re-exported here. ``RECIPES`` names the
+recipes a config file picks (``recipe: grpo``); each registers itself beside its definition.
 """
 
 from rlblocks.losses import kl_regularized
@@ -12,6 +13,7 @@ from rlblocks.recipes.dapo import InformativeGroups, dapo, sample_informative_gr
 from rlblocks.recipes.distill import distill
 from rlblocks.recipes.evaluate import Evaluation, evaluate
 from rlblocks.recipes.grpo import grpo
+from rlblocks.recipes.names import RECIPES
 from rlblocks.recipes.online_dpo import online_dpo
 from rlblocks.recipes.ppo import ppo
 from rlblocks.recipes.sft import held_out_nll, sft
@@ -19,6 +21,7 @@ from rlblocks.recipes.variants import greedy_baseline_rewards, remax, with_greed
 from rlblocks.renamed import gone_attributes
 
 __all__ = [
+    "RECIPES",
     "Evaluation",
     "InformativeGroups",
     "dapo",

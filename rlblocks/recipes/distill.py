@@ -26,11 +26,13 @@ from rlblocks.advantage import grpo as grpo_advantage
 from rlblocks.advantage import teacher_kl
 from rlblocks.losses import reverse_kl
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
+from rlblocks.recipes.names import RECIPES
 from rlblocks.renamed import moved_keywords
 from rlblocks.rewards import checked
 from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
 
 
+@RECIPES.register("distill")
 @recipe
 @moved_keywords(coef="kl_coef=")  # the one vocabulary
 def distill(

@@ -23,10 +23,12 @@ from typing import Any
 from rlblocks import interfaces
 from rlblocks.advantage import grpo as grpo_advantage
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
+from rlblocks.recipes.names import RECIPES
 from rlblocks.rewards import checked
 from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
 
 
+@RECIPES.register("grpo")
 @recipe
 def grpo(
     policy: interfaces.PolicyTrainer,

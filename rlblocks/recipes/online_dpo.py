@@ -17,11 +17,13 @@ import torch
 import rlblocks.recipes.defaults as defaults  # noqa: PLR0402 (no import of the package)
 from rlblocks.interfaces import PolicyLoss, PolicyTrainer, RewardFn, RolloutEngine, SamplingParams
 from rlblocks.losses import PreferenceLoss, dpo, preference_advantages, ranked_pairs, uses_reference
+from rlblocks.recipes.names import RECIPES
 from rlblocks.renamed import moved_keywords
 from rlblocks.rewards import checked
 from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
 
 
+@RECIPES.register("online_dpo")
 @recipe
 @moved_keywords(samples_per_prompt="group_size=")  # the one vocabulary
 def online_dpo(

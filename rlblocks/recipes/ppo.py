@@ -43,11 +43,13 @@ from rlblocks.losses import (
 )
 from rlblocks.masked import masked_mean
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
+from rlblocks.recipes.names import RECIPES
 from rlblocks.renamed import moved_keywords
 from rlblocks.rewards import checked
 from rlblocks.run import Clock, RolloutSource, RunOptions, Step, recipe, run_config, run_steps
 
 
+@RECIPES.register("ppo")
 @recipe
 @moved_keywords(samples_per_prompt="group_size=")  # the one vocabulary
 def ppo(
