@@ -311,8 +311,8 @@ def _conflicts(config: Namespace) -> list[tuple[str, str]]:
          "(workers 0)")),
         (tp > 1 and (not workers or workers % tp), "trainer.tp", (f"trainer.tp: {tp} splits the "
          f"policy over Ray workers: pass workers, a multiple of {tp} (got {workers})")),
-        (config.rollout == "vllm" and workers, "rollout", ("rollout: vllm runs in this process; "
-         "it does not combine with workers")),
+        (config.rollout != "hf" and workers, "rollout", (f"rollout: {config.rollout} runs in "
+         "this process; it does not combine with workers")),
         ((config.recipe == "distill") != (config.teacher is not None), "teacher", ("recipe "
          "distill takes a teacher (a model folder), and a teacher takes recipe distill")),
     ]  # fmt: skip

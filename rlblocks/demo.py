@@ -323,8 +323,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             f"--tp {args.tp} splits the policy over Ray workers: pass --workers, a multiple of "
             f"{args.tp} (got {args.workers})"
         )
-    if args.engine == "vllm" and args.workers:
-        raise SystemExit("--engine vllm runs in this process; it does not combine with --workers")
+    if args.engine != "hf" and args.workers:  # only HFEngine is built on the workers
+        raise SystemExit(
+            f"--engine {args.engine} runs in this process; it does not combine with --workers"
+        )
     if args.teacher is not None and args.kl_coef:
         raise SystemExit("--kl-coef is GRPO's KL term; distillation (--teacher) has its own")
     if args.steps < 0 or (args.steps == 0 and not args.sft_steps):

@@ -14,9 +14,9 @@ The command line, the YAML config and the demo only read registries. Code keeps 
 functions themselves (docs/contributing.md): a name is for the edge of a program. A registry is
 a ``dict`` (``name in``, ``[name]``, ``sorted``, ``monkeypatch.setitem`` work as on the plain
 tables it replaced) that refuses a name registered twice, naming both places, and whose failed
-lookup names the key that asked and the known names. Registries are process-global:
-`restored` undoes what a test registered. This module imports nothing of rlblocks, so any
-block may import it.
+lookup names the key that asked and the known names (the same line registering again, a
+notebook cell run twice, replaces its entry). Registries are process-global: `restored` undoes
+what a test registered. This module imports nothing of rlblocks, so any block may import it.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class Registry(dict[str, T]):
 
         def add(block: Any) -> Any:
             chosen = name if name is not None else block.__name__
-            if chosen in self:
+            if chosen in self and self.where.get(chosen) != here:  # the same line again (a
+                # module reloaded, a notebook cell run twice) replaces its own entry
                 raise ValueError(
                     f"Registry.register: the {self.kind} {chosen!r} ({self.key}) is registered "
                     f"twice, at {self.where.get(chosen, 'an unknown place')} and at {here}; "

@@ -115,6 +115,9 @@ def test_an_unknown_name_lists_the_known_ones_and_the_key_that_asked():
     def blue() -> None: ...
 
     assert list(registry) == ["red", "blue"] and registry["blue"] is blue
+    for value in (5, 6):  # the same line again (a notebook cell run twice): replaced
+        registry.register("cell", value)
+    assert registry.unregister("cell") == 6
     with pytest.raises(
         KeyError, match=r"paint.name: unknown colour 'green'; one of \['blue', 'red'\]"
     ):
