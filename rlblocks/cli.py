@@ -41,70 +41,28 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
-from rlblocks import recipes
 from rlblocks.advantage import ESTIMATORS
 from rlblocks.config_yaml import MODE, DuplicateKeyError, check_unique_keys
-from rlblocks.data import arithmetic_prompts, gsm8k, load_prompts
+from rlblocks.data import DATA
 from rlblocks.interfaces import SamplingParams
 from rlblocks.job import (
     SFT_TARGETS,
 )
-from rlblocks.losses import (
-    AGGREGATIONS,
-    MaskedIS,
-    TruncatedIS,
-    cispo,
-    clip_cov,
-    clipped_surrogate,
-    dpo,
-    gpg_loss,
-    gspo,
-    ipo,
-    kl_cov,
-    simpo,
-)
-from rlblocks.losses.offpolicy import ASYNC_DEFAULT
+from rlblocks.losses import AGGREGATIONS, CORRECTIONS, LOSSES, PREFERENCES
+from rlblocks.losses.offpolicy import DEFAULT_CORRECTION
 from rlblocks.models import resolve_device
-from rlblocks.rollout import HFEngine
+from rlblocks.recipes import RECIPES
+from rlblocks.rollout import ENGINES, HFEngine
 from rlblocks.run.state import LOOP_ARGUMENTS
 from rlblocks.trainer import TrainConfig
 
-# The edge of the program: names for a config file. Everything else takes the functions.
-RECIPES: dict[str, Callable[..., list[dict[str, Any]]]] = {
-    "grpo": recipes.grpo,
-    "dapo": recipes.dapo,
-    "remax": recipes.remax,
-    "ppo": recipes.ppo,
-    "online_dpo": recipes.online_dpo,
-    "distill": recipes.distill,  # on-policy distillation from ``teacher`` (a model folder)
-}
-"""Name -> recipe function for ``recipe:``."""
-
-DATA: dict[str, Callable[..., Any]] = {
-    "arithmetic": arithmetic_prompts,
-    "file": load_prompts,  # source: a .jsonl / .json / .csv / .parquet file
-    "gsm8k": gsm8k,
-}
-"""Name -> prompt-dataset builder for ``data.name``; the other keys are its arguments."""
-
-LOSSES: dict[str, Callable[..., Any]] = {
-    "clipped_surrogate": clipped_surrogate,
-    "gspo": gspo,
-    "cispo": cispo,
-    "clip_cov": clip_cov,
-    "kl_cov": kl_cov,
-    "gpg": gpg_loss,
-}
-"""Name -> policy loss for ``loss.name``; the other keys are its keyword arguments."""
-
-PREFERENCES: dict[str, Callable[..., Any]] = {"dpo": dpo, "ipo": ipo, "simpo": simpo}
-"""Name -> pair loss for ``preference.name`` (online DPO); the other keys are its keywords."""
-
+# The edge of the program: names for a config file. Each registry lives beside its blocks
+# (rlblocks.registry), which register themselves; this file only reads them.
 BUILT = frozenset(
     {
         *("policy", "critic", "engine", "reward_fn", "batches", "sampling", "advantage"),
@@ -116,40 +74,6 @@ BUILT = frozenset(
 NOT_CONFIGURABLE = LOOP_ARGUMENTS | {"resharder", "kl_controller", "kl_estimator"}
 """Recipe arguments that take objects a YAML value cannot name; the defaults are used."""
 
-
-class Correction(NamedTuple):
-    """A ``correction`` by name: what it does, and the `RunOptions` that do it."""
-
-    does: str
-    old_logprobs: Literal["auto", "recompute", "rollout"]
-    correction: Any
-
-
-#: ``correction``: the blocks of `rlblocks.losses.offpolicy`, applied by the recipe
-#: (`RunOptions.correction`). Each needs π_old recomputed by the trainer (its ratio is π_old
-#: against the engine's log-probs), except ``rollout``, where π_old *is* the engine's and the
-#: PPO clip alone bounds the ratio to the sampling weights.
-CORRECTIONS = {
-    "rollout": Correction("pi_old = the engine's log-probs, clipped by PPO", "rollout", None),
-    "none": Correction("pi_old recomputed, no importance weight", "recompute", None),
-    "tis": Correction(
-        "pi_old recomputed, tokens weighted by min(pi_old / pi_rollout, 2)",
-        "auto",
-        partial(TruncatedIS, cap=2.0),
-    ),
-    "icepop": Correction(
-        "pi_old recomputed, tokens with pi_old / pi_rollout outside [1/2, 2] masked",
-        "auto",
-        ASYNC_DEFAULT,
-    ),
-    "seq-mask": Correction(
-        "pi_old recomputed, responses with a geometric-mean ratio outside [1/2, 2] masked",
-        "auto",
-        partial(MaskedIS, low=0.5, high=2.0, level="geometric"),
-    ),
-}
-#: The correction a k-steps-off run gets when none is named: RunOptions' own default.
-DEFAULT_CORRECTION = "icepop"
 
 RUN_KEYS = {
     "out": (str, "runs/train", "the run's folder: config.yaml, metrics.jsonl, checkpoints/"),
@@ -176,10 +100,10 @@ RUN_KEYS = {
         "0: everything in this process; N: the policy (FSDP2) and the engine on N Ray workers",
     ),
     "rollout": (
-        Literal["hf", "vllm"],
+        Literal[tuple(ENGINES)],
         "hf",
         (
-            "the rollout engine: hf (rlblocks.rollout.HFEngine with the engine section's keywords; "
+            "the rollout engine by name (ENGINES): hf (rlblocks.rollout.HFEngine with the engine section's keywords; "
             "it shares the policy's model in this process) or vllm (VLLMEngine: its own copy of "
             "the weights, synced after every update)"
         ),
@@ -216,6 +140,11 @@ RUN_KEYS = {
 }
 
 
+NAMED_RUN_KEYS: dict[str, Mapping[str, Any]] = {"rollout": ENGINES, "correction": CORRECTIONS}
+"""Run keys that take a registry's names (RUN_KEYS' type is the import-time list: the parser
+reads the registry when it is built)."""
+
+
 @dataclasses.dataclass
 class Model:
     """The ``model:`` section: what `PolicyTrainer.from_pretrained` loads."""
@@ -241,6 +170,9 @@ def parser(recipe: str, names: Mapping[str, str] | None = None) -> ArgumentParse
     p.add_argument("--config", action=ActionConfigFile, help="a YAML file (the positional one)")
     p.add_argument("--recipe", type=Literal[tuple(RECIPES)], default=recipe, help="RECIPES")
     for key, (kind, default, help_) in RUN_KEYS.items():
+        if key in NAMED_RUN_KEYS:  # the registry's names now, a block registered late included
+            choices: Any = Literal[tuple(NAMED_RUN_KEYS[key])]  # built when called
+            kind = choices if default is not None else choices | None
         p.add_argument(f"--{key}", type=kind, default=default, help=help_)
     if (
         "loss_fn" in params and "kl_coef" not in params
@@ -379,8 +311,8 @@ def _conflicts(config: Namespace) -> list[tuple[str, str]]:
          "(workers 0)")),
         (tp > 1 and (not workers or workers % tp), "trainer.tp", (f"trainer.tp: {tp} splits the "
          f"policy over Ray workers: pass workers, a multiple of {tp} (got {workers})")),
-        (config.rollout == "vllm" and workers, "rollout", ("rollout: vllm runs in this process; "
-         "it does not combine with workers")),
+        (config.rollout != "hf" and workers, "rollout", (f"rollout: {config.rollout} runs in "
+         "this process; it does not combine with workers")),
         ((config.recipe == "distill") != (config.teacher is not None), "teacher", ("recipe "
          "distill takes a teacher (a model folder), and a teacher takes recipe distill")),
     ]  # fmt: skip

@@ -54,7 +54,9 @@ import rlblocks as rb
 from rlblocks import train
 from rlblocks.data import Difficulty, PromptDataset, arithmetic_prompts
 from rlblocks.interfaces import RewardFn
-from rlblocks.train import CORRECTIONS, DEFAULT_CORRECTION
+from rlblocks.losses.offpolicy import CORRECTIONS, DEFAULT_CORRECTION
+from rlblocks.registry import Registry
+from rlblocks.rollout import ENGINES
 from rlblocks.trainer.allocator import ENV
 
 
@@ -68,15 +70,15 @@ class Task:
     reward: RewardFn = rb.rewards.math_answer
 
 
-TASKS = {  # the edge of the program: names for the command line
-    # Level 1: a sum or difference of two numbers up to 50, as an expression or a short story.
-    # Untrained, SmolLM2-135M gets 0.18 of 256 distinct held-out problems right (greedy), and
-    # more than half its answers run past 32 tokens: room to improve, and some signal (a right
-    # answer among 6 samples) from the first step.
-    "arithmetic": Task(difficulty=1, instruction="Answer with just the number."),
-    # Level 2: three numbers up to 50 with + - *.
-    "arithmetic-hard": Task(difficulty=2, instruction="Answer with just the number."),
-}
+TASKS: Registry[Task] = Registry("task", key="--task")
+"""Name -> built-in task, for ``--task``."""
+# Level 1: a sum or difference of two numbers up to 50, as an expression or a short story.
+# Untrained, SmolLM2-135M gets 0.18 of 256 distinct held-out problems right (greedy), and
+# more than half its answers run past 32 tokens: room to improve, and some signal (a right
+# answer among 6 samples) from the first step.
+TASKS.register("arithmetic", Task(difficulty=1, instruction="Answer with just the number."))
+# Level 2: three numbers up to 50 with + - *.
+TASKS.register("arithmetic-hard", Task(difficulty=2, instruction="Answer with just the number."))
 
 
 HELD_OUT_SEED = 0
@@ -174,7 +176,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--engine",
-        choices=("hf", "vllm"),
+        choices=sorted(ENGINES),
         default="hf",
         help="rollout engine: Hugging Face generate (shares the trainer's model) or vLLM",
     )
@@ -321,8 +323,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             f"--tp {args.tp} splits the policy over Ray workers: pass --workers, a multiple of "
             f"{args.tp} (got {args.workers})"
         )
-    if args.engine == "vllm" and args.workers:
-        raise SystemExit("--engine vllm runs in this process; it does not combine with --workers")
+    if args.engine != "hf" and args.workers:  # only HFEngine is built on the workers
+        raise SystemExit(
+            f"--engine {args.engine} runs in this process; it does not combine with --workers"
+        )
     if args.teacher is not None and args.kl_coef:
         raise SystemExit("--kl-coef is GRPO's KL term; distillation (--teacher) has its own")
     if args.steps < 0 or (args.steps == 0 and not args.sft_steps):

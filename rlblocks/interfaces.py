@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -45,6 +45,7 @@ __all__ = [
     "Checkpointable",
     "Critic",
     "Dispatch",
+    "EngineMemory",
     "Handle",
     "Placement",
     "PolicyLoss",
@@ -57,6 +58,7 @@ __all__ = [
     "Rollouts",
     "SamplingParams",
     "Shardable",
+    "SizedEngine",
     "Stateful",
     "Teacher",
     "TensorSpec",
@@ -316,6 +318,37 @@ class RolloutEngine(Protocol):
 
     def wake_up(self) -> None:
         """Take the memory back; ``generate`` and ``update_weights`` wake a sleeping engine."""
+        ...
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """How a rollout engine holds memory: what `rlblocks.planner.plan` sizes for it.
+
+    ``kv_cache``: ``"rows"``, the keys and values of the rows one ``generate`` samples (rows ×
+    tokens × layers × key and value width × dtype bytes, plus two float32 score rows per row),
+    freed after the call (``HFEngine``); ``"pool"``, a share of the device taken once
+    (``gpu_memory_utilization``), its weights included (vLLM). ``own_weights``: it holds a
+    copy of the weights rather than sampling with the trainer's module. ``sleeps``: it can
+    free its memory while a colocated trainer updates. ``name``: how a plan names it."""
+
+    name: str
+    kv_cache: Literal["rows", "pool"] = "rows"
+    own_weights: bool = False
+    sleeps: bool = False
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@runtime_checkable
+class SizedEngine(Protocol):
+    """An engine (its class or an instance) that tells the planner how it holds memory: every
+    engine ``rlblocks.rollout.ENGINES`` names is one, and ``rb.plan(engine=...)`` takes it."""
+
+    def memory_model(self) -> EngineMemory:
+        """What the engine keeps per device (:class:`EngineMemory`); a classmethod, so the
+        class answers before any engine is built."""
         ...
 
 

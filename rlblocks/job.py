@@ -25,7 +25,7 @@ from rlblocks.data import PromptDataset, PromptRow, SFTBatches, sft_data
 from rlblocks.interfaces import RewardFn, SamplingParams
 from rlblocks.placement import Local
 from rlblocks.recipes import evaluate, sft
-from rlblocks.rollout import HFEngine
+from rlblocks.rollout import ENGINES, HFEngine
 from rlblocks.run import RunOptions
 from rlblocks.runlog import write_atomic
 
@@ -312,7 +312,7 @@ def memory_plan(
             reference=reference,
             world=workers or 1,
             tp=tp,
-            engine=engine,
+            engine=ENGINES[engine],  # the planner asks the class for its memory model
             engine_copy=engine_copy,
             colocated=not workers,
             rollout_rows=rollout_rows,

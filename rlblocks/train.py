@@ -11,7 +11,7 @@ recipe (`main`). ``python -m rlblocks.demo`` is this command with every key give
 
 from __future__ import annotations
 
-__all__ = [  # the command's names, its parser's (rlblocks.cli) included
+__all__ = [  # the command's names, its parser's (rlblocks.cli) and the registries it reads
     "CORRECTIONS",
     "DATA",
     "DEFAULT_CORRECTION",
@@ -49,13 +49,7 @@ from rlblocks.checkpoint import Checkpointer
 from rlblocks.checkpoint.lock import FolderInUseError
 from rlblocks.cli import (
     BUILT,
-    CORRECTIONS,
-    DATA,
-    DEFAULT_CORRECTION,
-    LOSSES,
     NOT_CONFIGURABLE,
-    PREFERENCES,
-    RECIPES,
     RUN_KEYS,
     bound,
     dump,
@@ -67,7 +61,7 @@ from rlblocks.cli import (
     train_config,
 )
 from rlblocks.critic import CriticTrainer
-from rlblocks.data import PromptBatches
+from rlblocks.data import DATA, PromptBatches
 from rlblocks.extras import is_installed
 from rlblocks.interfaces import RewardFn
 from rlblocks.job import (
@@ -78,13 +72,18 @@ from rlblocks.job import (
     sft_stage,
 )
 from rlblocks.losses import (
+    CORRECTIONS,
+    LOSSES,
+    PREFERENCES,
     kl_regularized,
     uses_reference,
 )
+from rlblocks.losses.offpolicy import DEFAULT_CORRECTION
 from rlblocks.models import load_tokenizer, resolve_device
 from rlblocks.placement import Local
+from rlblocks.recipes import RECIPES
 from rlblocks.rewards import REWARDS
-from rlblocks.rollout import HFEngine, VLLMEngine
+from rlblocks.rollout import ENGINES, HFEngine
 from rlblocks.run import RunOptions
 from rlblocks.runlog import write_atomic
 from rlblocks.tracking import Tracker
@@ -204,8 +203,8 @@ def _engine(config: Namespace, policy: Any, placement: Any, device: torch.device
             "rollout",
             partial(HFEngine.from_pretrained, config.model.name, device=device, **kwargs),
         )
-    if config.rollout == "vllm":
-        return VLLMEngine(config.model.name, chat=kwargs.get("chat"))
+    if config.rollout != "hf":  # an engine with weights of its own (vllm), built from the name
+        return ENGINES[config.rollout](config.model.name, chat=kwargs.get("chat"))
     if config.staleness:
         if device.type == "cpu":
             torch.set_num_threads(max(1, torch.get_num_threads() // 2))

@@ -34,7 +34,7 @@ SHAPE = re.compile(r"^[A-Za-z_][\w.\[\]'\"=]*: ")
 # blocks gets it as ``owner``). Only these expressions count as a block name there.
 BLOCK_NAME_VALUES = {
     "owner",
-    "name",  # rlblocks/renamed.py: the decorated function's __qualname__
+    "name",  # a helper given the name of the block it serves
     "self.name",  # placement/handle.py: the method called on a pool
     "type(self).__name__",
     "type(trainer).__name__",

@@ -1,6 +1,5 @@
 """One vocabulary across the blocks: samples per prompt is ``group_size`` and the KL weight
-``kl_coef`` everywhere. The recipes' old keywords fail with a message naming the new one
-(rlblocks.renamed); elsewhere an old keyword is Python's plain "unexpected keyword argument"."""
+``kl_coef`` everywhere (an old keyword is Python's plain "unexpected keyword argument")."""
 
 from __future__ import annotations
 
@@ -10,19 +9,6 @@ import pytest
 import torch
 
 import rlblocks as rb
-from rlblocks.renamed import moved_keywords
-
-
-def test_a_moved_keyword_names_its_replacement_and_the_rest_passes_through():
-    @moved_keywords(old="new=")
-    def fn(*, new: int = 0) -> int:
-        """Doc."""
-        return new
-
-    assert fn(new=3) == 3
-    assert fn.__doc__ == "Doc." and list(inspect.signature(fn).parameters) == ["new"]
-    with pytest.raises(TypeError, match=r"fn: old= is no longer a keyword; use new="):
-        fn(old=3)
 
 
 def test_samples_per_prompt_is_group_size_in_engines_and_recipes():
@@ -32,7 +18,7 @@ def test_samples_per_prompt_is_group_size_in_engines_and_recipes():
     assert len(engine.generate(["a", "b"], group_size=3, sampling=sampling)) == 6
     for recipe in (rb.recipes.grpo, rb.recipes.ppo, rb.recipes.online_dpo, rb.recipes.distill):
         assert "group_size" in inspect.signature(recipe).parameters, recipe.__name__
-    with pytest.raises(TypeError, match=r"ppo: samples_per_prompt= is no longer a keyword"):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'samples_per_prompt'"):
         rb.recipes.ppo(None, None, engine, None, [], steps=1, samples_per_prompt=2)
 
 
@@ -45,7 +31,7 @@ def test_the_kl_weight_is_kl_coef_everywhere():
     mask = torch.ones(1, 2, dtype=torch.bool)
     lp = torch.zeros(1, 2)
     rb.losses.kl_penalty_rewards(torch.ones(1), lp, lp, mask, kl_coef=0.1)
-    with pytest.raises(TypeError, match=r"distill: coef= is no longer a keyword; use kl_coef="):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'coef'"):
         rb.recipes.distill(None, None, None, [], steps=1, coef=1.0)
 
 

@@ -5,14 +5,11 @@ Every estimator follows docs/conventions.md: ``rewards`` is ``(b)`` or ``(b t)``
 ``Advantages(advantages, returns)``, both ``(b t)`` float32, zero where ``mask`` is False, and
 detached. Variants are ``functools.partial``s: ``partial(grpo, scale_by_std=False)`` is Dr.GRPO.
 
-``ESTIMATORS`` maps a name to an estimator for config files and CLIs only; code should import
-the function itself.
+``ESTIMATORS`` (`rlblocks.advantage.names`) maps a name to an estimator for config files and
+CLIs only; each estimator registers itself beside its definition. Code imports the function.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from functools import partial
 
 from rlblocks.advantage.distill import teacher_kl
 from rlblocks.advantage.gae import gae
@@ -27,6 +24,7 @@ from rlblocks.advantage.groups import (
     group_sum,
 )
 from rlblocks.advantage.grpo import grpo
+from rlblocks.advantage.names import ESTIMATORS
 from rlblocks.advantage.opo import opo
 from rlblocks.advantage.passk import grpo_passk
 from rlblocks.advantage.reinforce_pp import reinforce_pp, reinforce_pp_baseline
@@ -35,19 +33,6 @@ from rlblocks.advantage.returns import discounted_returns, outcome_scores, token
 from rlblocks.advantage.rloo import rloo
 from rlblocks.advantage.whiten import whiten
 from rlblocks.interfaces import Advantages
-
-ESTIMATORS: dict[str, Callable[..., Advantages]] = {
-    "gae": gae,
-    "grpo": grpo,
-    "dr_grpo": partial(grpo, scale_by_std=False),
-    "rloo": rloo,
-    "reinforce_pp": reinforce_pp,
-    "reinforce_pp_baseline": reinforce_pp_baseline,
-    "remax": remax,
-    "opo": opo,
-    "gpg": gpg,
-    "grpo_passk": grpo_passk,
-}
 
 __all__ = [
     "ESTIMATORS",

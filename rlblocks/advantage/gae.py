@@ -5,10 +5,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlblocks.advantage.names import ESTIMATORS
 from rlblocks.advantage.returns import check_inputs, masked_discounted_cumsum, token_rewards
 from rlblocks.interfaces import Advantages
 
 
+@ESTIMATORS.register("gae")
 @torch.no_grad()
 def gae(
     rewards: Tensor,

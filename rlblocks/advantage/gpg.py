@@ -6,10 +6,12 @@ import torch
 from torch import Tensor
 
 from rlblocks.advantage.groups import group_max, group_mean, group_min, group_std
+from rlblocks.advantage.names import ESTIMATORS
 from rlblocks.advantage.returns import group_scores, outcome_advantages
 from rlblocks.interfaces import Advantages
 
 
+@ESTIMATORS.register("gpg")
 @torch.no_grad()
 def gpg(
     rewards: Tensor,

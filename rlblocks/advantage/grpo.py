@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import Tensor
 
 from rlblocks.advantage.groups import group_mean, group_size, group_std
+from rlblocks.advantage.names import ESTIMATORS
 from rlblocks.advantage.returns import group_scores, outcome_advantages
 from rlblocks.interfaces import Advantages
 
 
+@ESTIMATORS.register("grpo")
 @torch.no_grad()
 def grpo(
     rewards: Tensor,
@@ -50,3 +54,7 @@ def grpo(
         centered = centered / (group_std(scores, group_ids) + eps)
     centered = torch.where(group_size(group_ids) > 1, centered, 0.0)
     return outcome_advantages(centered.float(), rewards, mask)
+
+
+# Dr.GRPO (Liu et al. 2025): the group mean subtracted, no division by the group's std.
+ESTIMATORS.register("dr_grpo", partial(grpo, scale_by_std=False))

@@ -6,10 +6,12 @@ import torch
 from torch import Tensor
 
 from rlblocks.advantage.groups import group_mean, group_size
+from rlblocks.advantage.names import ESTIMATORS
 from rlblocks.advantage.returns import group_scores, outcome_advantages
 from rlblocks.interfaces import Advantages
 
 
+@ESTIMATORS.register("opo")
 @torch.no_grad()
 def opo(rewards: Tensor, mask: Tensor, group_ids: Tensor, /) -> Advantages:
     """On-Policy RL with Optimal reward baseline (Hao et al. 2025, arXiv 2505.23585).

@@ -6,10 +6,12 @@ import torch
 from torch import Tensor
 
 from rlblocks.advantage.groups import group_max, group_size, group_std, group_sum
+from rlblocks.advantage.names import ESTIMATORS
 from rlblocks.advantage.returns import group_scores, outcome_advantages
 from rlblocks.interfaces import Advantages
 
 
+@ESTIMATORS.register("grpo_passk")
 @torch.no_grad()
 def grpo_passk(
     rewards: Tensor,

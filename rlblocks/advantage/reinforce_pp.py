@@ -6,11 +6,13 @@ import torch
 from torch import Tensor
 
 from rlblocks.advantage.groups import group_mean, group_size
+from rlblocks.advantage.names import ESTIMATORS
 from rlblocks.advantage.returns import broadcast, check_inputs, discounted_returns, group_scores
 from rlblocks.advantage.whiten import whiten
 from rlblocks.interfaces import Advantages
 
 
+@ESTIMATORS.register("reinforce_pp")
 @torch.no_grad()
 def reinforce_pp(
     rewards: Tensor,
@@ -48,6 +50,7 @@ def reinforce_pp(
     return Advantages(whiten(returns, mask), returns)
 
 
+@ESTIMATORS.register("reinforce_pp_baseline")
 @torch.no_grad()
 def reinforce_pp_baseline(rewards: Tensor, mask: Tensor, group_ids: Tensor, /) -> Advantages:
     """REINFORCE++ with a group-mean baseline (Hu 2025, arXiv 2501.03262, "REINFORCE++-baseline";

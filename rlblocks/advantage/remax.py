@@ -5,10 +5,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlblocks.advantage.names import ESTIMATORS
 from rlblocks.advantage.returns import check_inputs, outcome_advantages, outcome_scores
 from rlblocks.interfaces import Advantages
 
 
+@ESTIMATORS.register("remax")
 @torch.no_grad()
 def remax(
     rewards: Tensor,

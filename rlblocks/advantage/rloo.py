@@ -6,10 +6,12 @@ import torch
 from torch import Tensor
 
 from rlblocks.advantage.groups import group_size, group_sum
+from rlblocks.advantage.names import ESTIMATORS
 from rlblocks.advantage.returns import group_scores, outcome_advantages
 from rlblocks.interfaces import Advantages
 
 
+@ESTIMATORS.register("rloo")
 @torch.no_grad()
 def rloo(rewards: Tensor, mask: Tensor, group_ids: Tensor, /) -> Advantages:
     """REINFORCE Leave-One-Out advantage (Ahmadian et al. 2024, "Back to Basics", arXiv

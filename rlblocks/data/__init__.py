@@ -21,6 +21,7 @@
   token ids with a mask of the assistant tokens, rendered as the RL prompts are.
 - `arithmetic`: seeded integer word problems with disjoint train / test splits.
 - `gsm8k`: the GSM8K layout (``#### 72`` answers).
+- `names`: ``DATA``, the builders a config file names (each registers itself).
 """
 
 from rlblocks.data.arithmetic import (
@@ -34,6 +35,7 @@ from rlblocks.data.batches import PromptBatch, PromptBatches, SFTBatches
 from rlblocks.data.dataset import PromptDataset, PromptRow
 from rlblocks.data.gsm8k import gsm8k, gsm8k_final_answer
 from rlblocks.data.length import limit_prompt_length, prompt_token_ids
+from rlblocks.data.names import DATA
 from rlblocks.data.prompts import (
     BOXED_INSTRUCTION,
     HASH_INSTRUCTION,
@@ -45,6 +47,7 @@ from rlblocks.data.sft import SFTData, SFTExample, sft_data
 
 __all__ = [
     "BOXED_INSTRUCTION",
+    "DATA",
     "HASH_INSTRUCTION",
     "LEVELS",
     "TEST_FRACTION",

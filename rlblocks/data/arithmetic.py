@@ -35,6 +35,7 @@ from typing import Any
 from datasets import Dataset
 
 from rlblocks.data.dataset import PromptDataset
+from rlblocks.data.names import DATA
 from rlblocks.data.prompts import (
     HASH_INSTRUCTION,
     instruction_template,
@@ -163,6 +164,7 @@ expressions ("a + b": a start of 49, "+" of 2, b of 50) come once in 49 · 2 · 
 draws, so 100,000 draws miss a remaining one with a chance of e^(-100,000 / 4,900) ≈ 1e-9."""
 
 
+@DATA.register("arithmetic")
 def arithmetic_prompts(
     n: int = 1000,
     *,

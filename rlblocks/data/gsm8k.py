@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlblocks.data.dataset import PromptDataset
+from rlblocks.data.names import DATA
 from rlblocks.data.prompts import (
     HASH_INSTRUCTION,
     Source,
@@ -35,6 +36,7 @@ def gsm8k_final_answer(solution: str) -> str | None:
     return answer or None
 
 
+@DATA.register("gsm8k")
 def gsm8k(
     source: Source,
     *,

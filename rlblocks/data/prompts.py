@@ -47,6 +47,7 @@ from datasets import Dataset, DatasetDict
 from rlblocks.data.dataset import PromptDataset, PromptRow
 from rlblocks.data.files import Rows, read_file
 from rlblocks.data.length import Overlong, limit_prompt_length
+from rlblocks.data.names import DATA
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -71,6 +72,7 @@ _RESERVED = ("ground_truth", "data_source")
 Source: TypeAlias = str | os.PathLike[str] | Dataset | Sequence[Mapping[str, Any]]
 
 
+@DATA.register("file")  # source: a .jsonl / .json / .csv / .parquet file
 def load_prompts(
     source: Source,
     *,

@@ -4,6 +4,9 @@ See docs/conventions.md: every loss returns ``(loss, metrics)`` with ``loss`` ``
 zero where ``mask`` is False; :func:`aggregate` turns it into the scalar to back-propagate.
 The pairwise preference losses (:func:`dpo`, :func:`ipo`, :func:`simpo`) are per pair ``(P)``
 instead; :func:`preference_advantages` turns them into per-token advantages for the trainer.
+
+``LOSSES``, ``PREFERENCES``, ``AGGREGATIONS`` and ``CORRECTIONS`` name these blocks for config
+files and command lines (`rlblocks.registry`); each registers itself beside its definition.
 """
 
 from rlblocks.interfaces import Aggregation
@@ -45,7 +48,9 @@ from rlblocks.losses.kl import (
     low_var_kl,
 )
 from rlblocks.losses.mismatch import rollout_mismatch
+from rlblocks.losses.names import LOSSES, PREFERENCES
 from rlblocks.losses.offpolicy import (
+    CORRECTIONS,
     MaskedIS,
     OffPolicyCorrection,
     TruncatedIS,
@@ -67,6 +72,9 @@ from rlblocks.losses.value import value_loss
 
 __all__ = [
     "AGGREGATIONS",
+    "CORRECTIONS",
+    "LOSSES",
+    "PREFERENCES",
     "AdaptiveKLController",
     "Aggregation",
     "FixedKLController",

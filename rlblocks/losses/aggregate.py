@@ -33,6 +33,7 @@ from torch import Tensor
 
 from rlblocks.interfaces import Aggregation
 from rlblocks.masked import masked_sum
+from rlblocks.registry import Registry
 
 
 def _divide(total: Tensor, normalizer: Tensor | float) -> Tensor:
@@ -122,13 +123,12 @@ seq_mean_token_sum = SeqMeanTokenSum()
 seq_mean_token_mean = SeqMeanTokenMean()
 seq_mean_token_sum_norm = SeqMeanTokenSumNorm()
 
-AGGREGATIONS: dict[str, Aggregation] = {
-    "token-mean": token_mean,
-    "seq-mean-token-sum": seq_mean_token_sum,
-    "seq-mean-token-mean": seq_mean_token_mean,
-    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
-}
+AGGREGATIONS: Registry[Aggregation] = Registry("aggregation", key="trainer.aggregation")
 """Config-file names (verl's spelling) to modes. For the edge of a program only."""
+AGGREGATIONS.register("token-mean", token_mean)
+AGGREGATIONS.register("seq-mean-token-sum", seq_mean_token_sum)
+AGGREGATIONS.register("seq-mean-token-mean", seq_mean_token_mean)
+AGGREGATIONS.register("seq-mean-token-sum-norm", seq_mean_token_sum_norm)
 
 
 def aggregate(

@@ -36,6 +36,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
+from rlblocks.losses.names import LOSSES
 from rlblocks.losses.ppo import (
     check_loss_inputs,
     clip_metrics,
@@ -50,6 +51,7 @@ _MASK32 = 0xFFFFFFFF
 _Int = TypeVar("_Int", Tensor, int)  # a Python int or an int64 tensor
 
 
+@LOSSES.register("clip_cov")
 def clip_cov(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -127,6 +129,7 @@ def clip_cov(
     return loss, metrics
 
 
+@LOSSES.register("kl_cov")
 def kl_cov(
     logprobs: Tensor,
     old_logprobs: Tensor,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from rlblocks.losses.names import LOSSES
 from rlblocks.losses.ppo import check_loss_inputs, finish_loss, prepare_loss_inputs, ratio_metrics
 
 # Only used for the metrics: keeps exp() finite when the policies are far apart.
 _METRICS_LOG_RATIO_CLAMP = 20.0
 
 
+@LOSSES.register("gpg")
 def gpg_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlblocks.losses.names import LOSSES
 from rlblocks.losses.ppo import (
     check_loss_inputs,
     finish_loss,
@@ -22,6 +23,7 @@ from rlblocks.losses.ppo import (
 from rlblocks.masked import masked_mean, masked_sum
 
 
+@LOSSES.register("gspo")
 def gspo(
     logprobs: Tensor,
     old_logprobs: Tensor,

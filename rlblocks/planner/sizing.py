@@ -19,9 +19,11 @@ over how rlblocks trains and samples, part by part, per device:
 - **logits**: rlblocks never holds a forward's ``tokens × vocabulary`` logits: the head runs in
   chunks of ``logprob_chunk_size`` tokens, in float32, and the backward recomputes a chunk at a
   time: logits, their softmax and their gradient, 3 × chunk × vocabulary / tp × 4 bytes.
-- **kv cache**: the engine's keys and values, rows × (prompt + response tokens) × layers × key
-  and value width × dtype bytes for the HF engine; vLLM takes ``gpu_memory_utilization`` of the
-  device whatever the batch (its weights and cache pool together).
+- **kv cache**: the engine's keys and values, as its memory model says (``memory_model()``,
+  `rlblocks.interfaces.EngineMemory`; the planner never tests an engine's class): ``"rows"``,
+  rows × (prompt + response tokens) × layers × key and value width × dtype bytes (the HF
+  engine); ``"pool"``, ``gpu_memory_utilization`` of the device whatever the batch, its weights
+  and cache pool together (vLLM).
 - **engine copy**: the engine's own weights when it does not sample with the trainer's model
   (vLLM always; an HF engine given a copy, e.g. for rollouts k steps off).
 
@@ -45,6 +47,7 @@ from typing import Any
 
 import torch
 
+from rlblocks.interfaces import EngineMemory, SizedEngine
 from rlblocks.planner.shapes import ModelShape, model_shape
 
 MARGIN = 0.10
@@ -55,6 +58,9 @@ DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat1
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd": 0}
 TRAIN_PARTS = ("weights", "reference", "gradients", "optimizer", "activations", "logits")
 ENGINE_PARTS = ("engine copy", "kv cache")
+DEFAULT_ENGINE = EngineMemory("hf")
+"""What ``plan`` sizes when no engine is named: one sampling with the trainer's module, keys
+and values per row (``HFEngine.memory_model()``)."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,7 @@ class Setup:
     world: int
     tp: int
     sp: int
-    engine: str | None
+    engine: EngineMemory | None
     rollout_rows: int
     rollout_tokens: int
     engine_copy: bool
@@ -200,7 +206,7 @@ def plan(
     world: int = 1,
     tp: int = 1,
     sp: int = 1,
-    engine: str | None = "hf",
+    engine: EngineMemory | SizedEngine | type[SizedEngine] | None = DEFAULT_ENGINE,
     rollout_rows: int = 64,
     rollout_tokens: int = 1024,
     engine_copy: bool | None = None,
@@ -220,10 +226,13 @@ def plan(
     KL (None: as ``PolicyTrainer`` does, a copy for a full model, none with LoRA); ``tokens``:
     tokens of one training forward (``micro_batch_tokens``, or rows × length padded);
     ``world``: trainer ranks, ``tp`` / ``sp`` their tensor / sequence parallel sizes;
-    ``engine``: ``"hf"``, ``"vllm"`` or None, sampling ``rollout_rows`` rows of up to
+    ``engine``: the engine class or instance (``rb.rollout.HFEngine``, ``VLLMEngine``,
+    ``rb.rollout.ENGINES[name]``: the planner asks its ``memory_model()``), an
+    ``rb.interfaces.EngineMemory``, or None (no engine), sampling ``rollout_rows`` rows of up to
     ``rollout_tokens`` tokens (prompt + response); ``engine_copy``: the engine holds its own
-    weights (None: vLLM does, HF does not); ``colocated``: the engine shares the trainer's
-    devices; ``sleep``: a colocated vLLM frees its memory while the trainer runs;
+    weights (None: as its memory model says); ``colocated``: the engine shares the trainer's
+    devices; ``sleep``: a colocated engine that can sleep (vLLM) frees its memory while the
+    trainer runs;
     ``autocast``: bf16 autocast over ``dtype`` parameters (what ``PolicyTrainer`` runs on a GPU
     for a float32 model): weights, gradients and AdamW state in ``dtype``, activations in
     bf16."""
@@ -255,8 +264,7 @@ def plan(
             f"plan: sp={sp} with {'tp=' + str(tp) if tp > 1 else 'gradient checkpointing'} is "
             "not built (TrainConfig refuses it); use one of them"
         )
-    if engine not in (None, "hf", "vllm"):
-        raise ValueError(f"plan: engine={engine!r}; use 'hf', 'vllm' or None")
+    memory = _memory_model(engine)
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(
             f"plan: gpu_memory_utilization={gpu_memory_utilization}; pass a share in (0, 1]"
@@ -275,12 +283,14 @@ def plan(
         world=world,
         tp=tp,
         sp=sp,
-        engine=engine,
+        engine=memory,
         rollout_rows=rollout_rows,
         rollout_tokens=rollout_tokens,
-        engine_copy=(engine == "vllm") if engine_copy is None else engine_copy,
+        engine_copy=(memory is not None and memory.own_weights)
+        if engine_copy is None
+        else engine_copy,
         colocated=colocated,
-        sleep=sleep and engine == "vllm" and colocated,
+        sleep=sleep and memory is not None and memory.sleeps and colocated,
         gpu_memory_utilization=gpu_memory_utilization,
         autocast=autocast,
     )
@@ -320,12 +330,12 @@ def _size(shape: ModelShape, s: Setup, capacity: int | None) -> Plan:
         "logits": logits,
     }
     engine = {"engine copy": 0, "kv cache": 0}
-    if s.engine == "vllm":
+    if s.engine is not None and s.engine.kv_cache == "pool":
         if capacity is not None:
             engine["engine copy"] = shape.params * b
             pool = int(s.gpu_memory_utilization * capacity)
             engine["kv cache"] = max(pool - engine["engine copy"], 0)
-    elif s.engine == "hf":
+    elif s.engine is not None:
         engine["engine copy"] = shape.params * b if s.engine_copy else 0
         kv = s.rollout_rows * s.rollout_tokens * shape.layers * shape.kv_width * b
         step_logits = 2 * s.rollout_rows * shape.vocab * 4  # the last position's scores, float32
@@ -341,9 +351,25 @@ def _size(shape: ModelShape, s: Setup, capacity: int | None) -> Plan:
         if s.engine is not None:
             peaks["engine"] = engine_total
     unsized = dict(shape.unsized)
-    if s.engine == "vllm" and capacity is None:
-        unsized["kv cache"] = "vLLM takes a share of the device, whose size is unknown"
+    if s.engine is not None and s.engine.kv_cache == "pool" and capacity is None:
+        unsized["kv cache"] = f"{s.engine} takes a share of the device, whose size is unknown"
     return Plan(shape.name, s, trainer, engine, peaks, capacity, unsized=unsized)
+
+
+def _memory_model(
+    engine: EngineMemory | SizedEngine | type[SizedEngine] | None,
+) -> EngineMemory | None:
+    """What ``engine`` says of its memory: its ``memory_model()``, or the model itself. A name
+    is refused: the planner imports no engine (the caller looks it up in ENGINES)."""
+    if engine is None or isinstance(engine, EngineMemory):
+        return engine
+    if isinstance(engine, SizedEngine):
+        return engine.memory_model()
+    raise ValueError(
+        f"plan: engine={engine!r}; pass an engine class or instance with a memory_model() "
+        "(rb.rollout.HFEngine, rb.rollout.ENGINES['vllm']), an rb.interfaces.EngineMemory or "
+        "None: the planner sizes engines by their memory model and imports none by name"
+    )
 
 
 def _activations(shape: ModelShape, s: Setup, tokens: int, head: int) -> int:
@@ -385,9 +411,9 @@ def _smallest_change(
     while tokens > 256:
         tokens //= 2
         changes.append((f"tokens={tokens} per forward", {"tokens": tokens}))
-    if s.engine == "vllm" and s.colocated and not s.sleep:
-        changes.append(("vLLM sleep mode while training", {"sleep": True}))
-    if s.engine == "hf" and s.rollout_rows > 8:
+    if s.engine is not None and s.engine.sleeps and s.colocated and not s.sleep:
+        changes.append((f"{s.engine} sleep mode while training", {"sleep": True}))
+    if s.engine is not None and s.engine.kv_cache == "rows" and s.rollout_rows > 8:
         changes.append((f"rollout_rows={s.rollout_rows // 2}",
                         {"rollout_rows": s.rollout_rows // 2}))  # fmt: skip
     if s.dtype == torch.float32:

@@ -47,6 +47,7 @@ from rlblocks import interfaces
 from rlblocks.advantage import grpo as grpo_advantage
 from rlblocks.losses import TokenMean, clipped_surrogate
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING
+from rlblocks.recipes.names import RECIPES
 from rlblocks.rewards import checked, combine, keep_informative_groups, overlong
 from rlblocks.run import RolloutSource, Run, RunOptions, run_config
 
@@ -123,6 +124,7 @@ def sample_informative_groups(
     return _first_groups(parts, scored, groups_needed or 0, generated, collected, max_rounds)
 
 
+@RECIPES.register("dapo")
 def dapo(
     policy: interfaces.PolicyTrainer,
     engine: interfaces.RolloutEngine,

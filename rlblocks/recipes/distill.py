@@ -26,10 +26,12 @@ from rlblocks.advantage import grpo as grpo_advantage
 from rlblocks.advantage import teacher_kl
 from rlblocks.losses import reverse_kl
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
+from rlblocks.recipes.names import RECIPES
 from rlblocks.rewards import checked
 from rlblocks.run import RolloutSource, Run, RunOptions, run_config
 
 
+@RECIPES.register("distill")
 def distill(
     policy: interfaces.PolicyTrainer,
     engine: interfaces.RolloutEngine,

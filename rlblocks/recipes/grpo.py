@@ -24,10 +24,12 @@ from typing import Any
 from rlblocks import interfaces
 from rlblocks.advantage import grpo as grpo_advantage
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
+from rlblocks.recipes.names import RECIPES
 from rlblocks.rewards import checked
 from rlblocks.run import RolloutSource, Run, RunOptions, run_config
 
 
+@RECIPES.register("grpo")
 def grpo(
     policy: interfaces.PolicyTrainer,
     engine: interfaces.RolloutEngine,

@@ -17,10 +17,12 @@ import torch
 import rlblocks.recipes.defaults as defaults  # noqa: PLR0402 (no import of the package)
 from rlblocks.interfaces import PolicyLoss, PolicyTrainer, RewardFn, RolloutEngine, SamplingParams
 from rlblocks.losses import PreferenceLoss, dpo, preference_advantages, ranked_pairs, uses_reference
+from rlblocks.recipes.names import RECIPES
 from rlblocks.rewards import checked
 from rlblocks.run import RolloutSource, Run, RunOptions, run_config
 
 
+@RECIPES.register("online_dpo")
 def online_dpo(
     policy: PolicyTrainer,
     engine: RolloutEngine,

@@ -43,10 +43,12 @@ from rlblocks.losses import (
 )
 from rlblocks.masked import masked_mean
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
+from rlblocks.recipes.names import RECIPES
 from rlblocks.rewards import checked
 from rlblocks.run import RolloutSource, Run, RunOptions, run_config
 
 
+@RECIPES.register("ppo")
 def ppo(
     policy: interfaces.PolicyTrainer,
     critic: interfaces.Critic,

@@ -28,6 +28,7 @@ import torch
 from rlblocks import interfaces
 from rlblocks.advantage import remax as remax_advantage
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
+from rlblocks.recipes.names import RECIPES
 from rlblocks.rewards import checked
 from rlblocks.run import RolloutSource, Run, RunOptions, run_config
 
@@ -88,6 +89,7 @@ def greedy_baseline_rewards(
     return interfaces.RewardOutput(greedy_rewards.detach().float().cpu()[rows], renamed)
 
 
+@RECIPES.register("remax")
 def remax(
     policy: interfaces.PolicyTrainer,
     engine: interfaces.RolloutEngine,

@@ -20,8 +20,8 @@
   conversation rendered with the reward model's own chat template; `prompts_in_metadata` puts
   the original prompts where it reads them.
 
-``REWARDS`` maps names to ready-made reward functions for config files and CLIs only; in code,
-pass the functions themselves.
+``REWARDS`` (`rlblocks.rewards.names`) maps names to ready-made reward functions for config
+files and CLIs only, each registered where it is built; in code, pass the functions themselves.
 """
 
 from rlblocks.interfaces import RewardFn, RewardOutput
@@ -47,15 +47,10 @@ from rlblocks.rewards.mathverify import (
     require_math_verify,
 )
 from rlblocks.rewards.model import RewardModel, prompts_in_metadata
+from rlblocks.rewards.names import REWARDS
 from rlblocks.rewards.overlong import overlong, overlong_penalty
 from rlblocks.rewards.remote_sandbox import RemoteSandbox
 from rlblocks.rewards.sandbox import RunResult, Sandbox, SandboxLimits
-
-REWARDS: dict[str, RewardFn] = {
-    "math_answer": math_answer,
-    "think_answer_format": think_answer_format,
-}
-"""Name -> reward function, for config files only (every entry takes a `Rollouts`)."""
 
 __all__ = [
     "REWARDS",

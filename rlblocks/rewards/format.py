@@ -11,6 +11,7 @@ import re
 
 from rlblocks.interfaces import RewardFn
 from rlblocks.rewards.guard import per_sample
+from rlblocks.rewards.names import REWARDS
 
 THINK_ANSWER = r"^<think>.*?</think>\s*<answer>.*?</answer>$"
 """Reasoning in ``<think>``, then the answer in ``<answer>``, nothing before or after."""
@@ -49,5 +50,5 @@ def format_reward(
     return per_sample(format_match, timeout=timeout, name="format")
 
 
-think_answer_format: RewardFn = format_reward()
+think_answer_format: RewardFn = REWARDS.register("think_answer_format", format_reward())
 """The default format reward: ``<think>…</think>`` then ``<answer>…</answer>``, 1.0 or 0.0."""

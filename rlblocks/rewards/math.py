@@ -28,6 +28,7 @@ from fractions import Fraction
 
 from rlblocks.interfaces import RewardFn
 from rlblocks.rewards.guard import per_sample
+from rlblocks.rewards.names import REWARDS
 
 # ---------------------------------------------------------------------- extraction
 _BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -207,5 +208,5 @@ def math_answer_reward(
     return per_sample(math_answer, timeout=timeout, fallback=fallback, name=name)
 
 
-math_answer: RewardFn = math_answer_reward()
+math_answer: RewardFn = REWARDS.register("math_answer", math_answer_reward())
 """The default math reward: ``metadata[i]["ground_truth"]``, rel_tol 1e-6, 5 s per row."""

@@ -35,10 +35,18 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, TensorSpec, dispatch
+from rlblocks.interfaces import (
+    Dispatch,
+    EngineMemory,
+    Prompt,
+    SamplingParams,
+    TensorSpec,
+    dispatch,
+)
 from rlblocks.models import loading
 from rlblocks.models.context import check_lengths, context_length
 from rlblocks.rollout.casting import check_cast
+from rlblocks.rollout.names import ENGINES
 from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
 from rlblocks.rollout.sampling import (
     generation_config,
@@ -97,6 +105,7 @@ class LocalWeights:
         """Nothing to take back (see :meth:`sleep`)."""
 
 
+@ENGINES.register("hf")
 class HFEngine(LocalWeights):
     """Samples responses with ``model.generate``; implements ``RolloutEngine``.
 
@@ -113,6 +122,12 @@ class HFEngine(LocalWeights):
     """
 
     serves_adapters = False
+
+    @classmethod
+    def memory_model(cls) -> EngineMemory:
+        """Keys and values of the rows it samples, freed after each call; the trainer's
+        module, no copy of its own (the planner counts one when a run gives it a copy)."""
+        return EngineMemory("hf", kv_cache="rows")
 
     def __init__(
         self,

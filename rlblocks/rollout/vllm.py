@@ -49,9 +49,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, TensorSpec, dispatch
+from rlblocks.interfaces import (
+    Dispatch,
+    EngineMemory,
+    Prompt,
+    SamplingParams,
+    TensorSpec,
+    dispatch,
+)
 from rlblocks.models.context import check_lengths
 from rlblocks.rollout.casting import check_cast
+from rlblocks.rollout.names import ENGINES
 from rlblocks.rollout.prompts import check_metadata, render_prompts
 from rlblocks.rollout.sampling import sampler_record
 from rlblocks.rollouts import Rollouts
@@ -59,6 +67,7 @@ from rlblocks.rollouts import Rollouts
 DEFAULT_SAMPLING = SamplingParams()
 
 
+@ENGINES.register("vllm")
 class VLLMEngine:
     """Samples responses with ``vllm.LLM``; implements ``RolloutEngine``.
 
@@ -73,6 +82,12 @@ class VLLMEngine:
     """
 
     model = None  # the weights live inside vLLM, not in a torch module of this process
+
+    @classmethod
+    def memory_model(cls) -> EngineMemory:
+        """Its own copy of the weights inside ``gpu_memory_utilization`` of the device, the
+        rest a paged KV cache; with sleep mode it frees both while the trainer updates."""
+        return EngineMemory("vllm", kv_cache="pool", own_weights=True, sleeps=True)
 
     def __init__(
         self,

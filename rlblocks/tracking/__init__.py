@@ -11,13 +11,13 @@ library is imported only when it is asked for: ``pip install "rlblocks[tracking]
 all four. What each one writes and how it resumes: docs/tracking.md.
 """
 
-from rlblocks.tracking.backend import TrackingBackend
+from rlblocks.tracking.backend import BACKENDS, TrackingBackend
 from rlblocks.tracking.jsonl import JsonlFiles
 from rlblocks.tracking.mlflow import MLflow
 from rlblocks.tracking.prometheus import Prometheus
 from rlblocks.tracking.samples import Sample, pick_samples
 from rlblocks.tracking.tensorboard import TensorBoard
-from rlblocks.tracking.tracker import BACKENDS, Tracker
+from rlblocks.tracking.tracker import Tracker
 from rlblocks.tracking.trackio import Trackio
 from rlblocks.tracking.wandb import Wandb
 

@@ -9,11 +9,18 @@ of a tracker's ``report_to`` entries.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
+from rlblocks.registry import Registry
 from rlblocks.tracking.samples import Sample
+
+#: The backends ``report_to`` names, with the module each one needs (for ``"all"``): each
+#: backend registers itself below its class (``BACKENDS.register("wandb", (Wandb, "wandb"))``).
+BACKENDS: Registry[tuple[Callable[..., TrackingBackend], str]] = Registry(
+    "tracking backend", key="tracking"
+)
 
 #: What to install for every backend at once.
 EXTRA = 'pip install "rlblocks[tracking]"'

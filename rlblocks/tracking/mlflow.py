@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlblocks.tracking.backend import require
+from rlblocks.tracking.backend import BACKENDS, require
 from rlblocks.tracking.samples import Sample
 
 #: MLflow's limit on a parameter's value, in characters.
@@ -111,3 +111,6 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+BACKENDS.register("mlflow", (MLflow, "mlflow"))

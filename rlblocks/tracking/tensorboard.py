@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlblocks.tracking.backend import require
+from rlblocks.tracking.backend import BACKENDS, require
 from rlblocks.tracking.samples import Sample
 
 
@@ -72,3 +72,6 @@ def markdown_table(rows: Sequence[Sample]) -> str:
 def _code(text: str) -> str:
     # Indented by four spaces: a Markdown code block, so the JSON shows as written.
     return "\n".join("    " + line for line in text.splitlines())
+
+
+BACKENDS.register("tensorboard", (TensorBoard, "tensorboard"))

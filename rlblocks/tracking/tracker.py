@@ -13,33 +13,21 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlblocks.checkpoint.lock import FolderLock
 from rlblocks.extras import is_installed
 from rlblocks.runlog import RunLog
-from rlblocks.tracking.backend import TrackingBackend
+from rlblocks.tracking.backend import BACKENDS, TrackingBackend
 from rlblocks.tracking.jsonl import METRICS, JsonlFiles
-from rlblocks.tracking.mlflow import MLflow
 from rlblocks.tracking.samples import Sample, pick_samples
-from rlblocks.tracking.tensorboard import TensorBoard
-from rlblocks.tracking.trackio import Trackio
-from rlblocks.tracking.wandb import Wandb
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
     from rlblocks.rollouts import Rollouts
-
-#: The backends ``report_to`` names, with the module each one needs (for ``"all"``).
-BACKENDS: dict[str, tuple[Callable[..., TrackingBackend], str]] = {
-    "tensorboard": (TensorBoard, "tensorboard"),
-    "wandb": (Wandb, "wandb"),
-    "mlflow": (MLflow, "mlflow"),
-    "trackio": (Trackio, "trackio"),
-}
 
 ReportTo = str | TrackingBackend | Sequence[str | TrackingBackend]
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlblocks.tracking.backend import require
+from rlblocks.tracking.backend import BACKENDS, require
 from rlblocks.tracking.wandb import Wandb
 
 
@@ -69,3 +69,6 @@ class Trackio:
     log_metrics = Wandb.log_metrics
     log_samples = Wandb.log_samples
     close = Wandb.close
+
+
+BACKENDS.register("trackio", (Trackio, "trackio"))

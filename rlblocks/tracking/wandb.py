@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlblocks.tracking.backend import require
+from rlblocks.tracking.backend import BACKENDS, require
 from rlblocks.tracking.samples import Sample
 
 
@@ -80,3 +80,6 @@ def log_samples_table(library: Any, run: Any, step: int, rows: Sequence[Sample])
     ``samples`` of ``run`` at ``step``: how W&B and trackio (which copies W&B's API) take it."""
     table = library.Table(columns=["prompt", "completion", "reward"], data=[list(r) for r in rows])
     run.log({"samples": table}, step=step)
+
+
+BACKENDS.register("wandb", (Wandb, "wandb"))

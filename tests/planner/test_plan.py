@@ -20,6 +20,7 @@ from transformers import PretrainedConfig
 import rlblocks as rb
 from rlblocks.models import tiny_config, tiny_tokenizer
 from rlblocks.planner import model_shape, plan
+from rlblocks.rollout import HFEngine, VLLMEngine
 
 PARAMS = 98880
 MIB = 2**20
@@ -103,7 +104,7 @@ def test_the_lora_trace_in_bf16_equals_a_real_forward(config):
 
 
 def test_each_part_by_hand(config):
-    p = plan(config, dtype="fp32", tokens=1024, engine="hf", rollout_rows=64,
+    p = plan(config, dtype="fp32", tokens=1024, engine=HFEngine, rollout_rows=64,
              rollout_tokens=1024, device_memory=None)  # fmt: skip
     assert p.trainer["weights"] == p.trainer["reference"] == p.trainer["gradients"] == 4 * PARAMS
     assert p.trainer["optimizer"] == 2 * 4 * PARAMS  # AdamW's two moments in float32
@@ -138,11 +139,11 @@ def test_fsdp_shards_the_weights_and_gathers_the_root_and_two_layers(config):
 
 def test_vllm_takes_its_share_and_sleeps_while_training(config):
     capacity = 1024 * MIB
-    awake = plan(config, dtype="fp32", engine="vllm", gpu_memory_utilization=0.5,
+    awake = plan(config, dtype="fp32", engine=VLLMEngine, gpu_memory_utilization=0.5,
                  device_memory=capacity)  # fmt: skip
     assert awake.engine["engine copy"] == 4 * PARAMS
     assert awake.engine["kv cache"] == capacity // 2 - 4 * PARAMS
-    asleep = plan(config, dtype="fp32", engine="vllm", gpu_memory_utilization=0.5,
+    asleep = plan(config, dtype="fp32", engine=VLLMEngine, gpu_memory_utilization=0.5,
                   device_memory=capacity, sleep=True)  # fmt: skip
     training = sum(asleep.trainer.values())
     assert awake.peak == training + capacity // 2
@@ -170,7 +171,7 @@ def test_a_custom_module_is_sized_as_far_as_it_can_be(config):
             self.proj = nn.Linear(8, 8)
             self.config = config
 
-    p = plan(Custom(), dtype="fp32", engine="hf", device_memory=1024 * MIB)
+    p = plan(Custom(), dtype="fp32", engine=HFEngine, device_memory=1024 * MIB)
     assert p.trainer["weights"] == 4 * (8 * 8 + 8)
     assert set(p.unsized) == {"activations"}
     assert p.fits is None
@@ -187,7 +188,7 @@ def test_an_unknown_architecture_names_what_it_could_not_size():
             self.hidden_size, self.num_hidden_layers, self.num_attention_heads = 64, 2, 2
             self.vocab_size = 100
 
-    p = plan(Unknown(), dtype="fp32", engine="hf", rollout_rows=4, rollout_tokens=16)
+    p = plan(Unknown(), dtype="fp32", engine=HFEngine, rollout_rows=4, rollout_tokens=16)
     assert {"weights", "gradients", "optimizer", "activations"} <= set(p.unsized)
     assert "Unknown" in p.unsized["weights"]
     # The KV cache comes from the config alone: 4 rows × 16 tokens × 2 layers × (2 · 2 heads

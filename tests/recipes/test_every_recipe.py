@@ -184,7 +184,7 @@ def test_no_recipe_imports_another_or_probes_a_block(module):
                 kinds = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
                 assert not kinds & BLOCK_CLASSES, (module, kinds, node.lineno)
     recipes = {m for m in imported if m.startswith("rlblocks.recipes.")}
-    assert recipes <= {"rlblocks.recipes.defaults"}, recipes
+    assert recipes <= {"rlblocks.recipes.defaults", "rlblocks.recipes.names"}, recipes
     assert "inspect" not in imported and "rlblocks.losses.inputs" not in imported
     assert "rlblocks.critic" not in imported  # PPO's critic is an interfaces.Critic
     concrete = {"rlblocks.trainer", "rlblocks.rollout", "rlblocks.critic", "rlblocks.placement"}
