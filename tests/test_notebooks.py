@@ -72,6 +72,22 @@ def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
     ]
     # The dashboard leaves its final figure in the notebook as a static PNG.
     assert images and all(img[:4] == b"\x89PNG" for img in images), "no dashboard figure"
+    if path == NOTEBOOKS[0]:
+        restarted_kernel_resumes_the_training_cell(path, tmp_path)
+
+
+def restarted_kernel_resumes_the_training_cell(path: Path, folder: Path) -> None:
+    """Notebook 01 ran in ``folder``; a fresh kernel (a restart) runs its cells up to the
+    training cell again: the run resumes from the checkpoints the first kernel left, and
+    trains no step twice."""
+    nb = nbformat.read(path, as_version=4)
+    training = next(i for i, c in enumerate(nb.cells) if "run.driving(" in c.source)
+    nb.cells = nb.cells[: training + 1]
+    NotebookClient(
+        nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
+    ).execute()
+    printed = "".join(out.get("text", "") for out in nb.cells[training].get("outputs", []))
+    assert "steps done: 2 of 2, this time from step 2" in printed, printed
 
 
 def test_rendered_copies_hold_the_tutorials_cells():

@@ -67,16 +67,15 @@ torch.manual_seed(0)
 # %% [markdown]
 # ## The blocks
 #
-# The engine shares the trainer's model, so the resharder has nothing to copy: it only records
-# the weight version. With vLLM installed, `rb.rollout.VLLMEngine(MODEL, chat=True)` on that line
-# is the only change: the engine then holds its own copy and the resharder streams the new
-# weights into it after every step. Sums of two numbers up to 10 keep the task within reach of
+# The engine shares the trainer's model, so the weight sync after each step has nothing to
+# copy: it only records the weight version. With vLLM installed,
+# `rb.rollout.VLLMEngine(MODEL, chat=True)` on that line is the only change: the engine then
+# holds its own copy and the sync streams the new weights into it after every step. Sums of two numbers up to 10 keep the task within reach of
 # a 135M model, so that GRPO has a learning signal from the first step.
 
 # %%
 policy = rb.trainer.PolicyTrainer.from_pretrained(MODEL, lr=3e-5, micro_batch_size=8, reference=None)
 engine = rb.rollout.HFEngine(policy.model, policy.tokenizer, chat=True)  # or: rb.rollout.VLLMEngine(MODEL, chat=True)
-resharder = rb.resharder.Resharder()
 reward = rb.rewards.math_answer                                   # 1 if the last number is right
 advantage = rb.advantage.grpo                                     # group-standardized reward
 loss = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))    # DAPO's clip-higher
@@ -135,20 +134,28 @@ print(f"held-out accuracy before: {before.score:.3f}")
 # %% [markdown]
 # ## Train: one line per block
 #
-# The dashboard shows the curves live; re-run the cell to train more.
+# `rb.run.Run` drives the loop: the dashboard shows the curves live, and the run checkpoints
+# into `runs/01_grpo_quickstart/checkpoints`. Re-run the cell (after a crash, or a kernel
+# restart and the cells above) and it resumes there; raise `STEPS` to train more. To sample
+# the next batch while the trainer updates, give the source `staleness=1` and the engine its
+# own copy of the weights (`rb.rollout.HFEngine(copy.deepcopy(policy.model), ...)`).
 
 # %%
 dash = rb.notebook.Dashboard(total_steps=STEPS)
-for step, batch in zip(range(STEPS), batches):
-    ro = engine.generate(batch.prompts, group_size=GROUP_SIZE, sampling=sampling, metadata=batch.metadata)
-    rewards, reward_metrics = reward(ro)
-    adv, _ = advantage(rewards, ro.response_mask, ro.group_ids)
-    metrics = policy.step(ro, adv, loss_fn=loss)
-    metrics |= resharder.sync(policy, engine)
-    metrics |= reward_metrics | {"accuracy": reward_metrics["reward/mean"],
-                                 "response_length": ro.response_lengths.float().mean().item()}
-    dash.update(step, metrics, ro.replace(rewards=rewards))
+source = rb.run.RolloutSource(engine, policy, batches, group_size=GROUP_SIZE, sampling=sampling)
+run = rb.run.Run("grpo", steps=STEPS, blocks={"policy": policy}, on_step=dash, resume="auto",
+                 checkpoint=rb.checkpoint.Checkpointer("runs/01_grpo_quickstart/checkpoints", every=4))
+with run.driving(source):
+    for step in run:
+        ro = source.draw()  # π_old: the engine's log-probs (it samples with the trainer's model)
+        rewards, reward_metrics = reward(ro)
+        adv, _ = advantage(rewards, ro.response_mask, ro.group_ids)
+        metrics = policy.step(ro, adv, loss_fn=loss)
+        metrics |= source.sync()
+        run.record(metrics | reward_metrics | {"accuracy": reward_metrics["reward/mean"]},
+                   ro.replace(rewards=rewards))
 dash.close()
+print(f"steps done: {len(run.history)} of {STEPS}, this time from step {run.start}")
 
 # %% [markdown]
 # ## The last batch, token by token
@@ -182,7 +189,7 @@ for prompt, completion, score in after.samples(3):
 # ## Save the policy and the metrics
 #
 # The trained policy as a Hugging Face folder, which transformers, peft and vLLM load without
-# rlblocks (`docs/export.md`), and the dashboard's per-step metrics as JSON lines, both under
+# rlblocks (`docs/export.md`), and the run's per-step metrics as JSON lines, both under
 # `runs/01_grpo_quickstart/` next to this notebook.
 
 # %%
@@ -191,10 +198,10 @@ from pathlib import Path
 
 RUN = Path("runs/01_grpo_quickstart")
 folder = policy.save_pretrained(RUN / "policy")
-(RUN / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in dash.history))
+(RUN / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in run.history))
 (RUN / "eval.json").write_text(json.dumps({"before": before.score, "after": after.score}))
 print("wrote", folder, sorted(p.name for p in folder.iterdir()))
-print("wrote", RUN / "metrics.jsonl", f"({len(dash.history)} steps) and", RUN / "eval.json")
+print("wrote", RUN / "metrics.jsonl", f"({len(run.history)} steps) and", RUN / "eval.json")
 print(f"load it back: transformers.AutoModelForCausalLM.from_pretrained('{folder}')")
 print(f"          or: rb.trainer.PolicyTrainer.from_pretrained('{folder}', lr=3e-5)")
 print(f"the curves:   rb.plot('{RUN / 'metrics.jsonl'}', 'curves.png')")

@@ -64,6 +64,7 @@ WORKERS = 2
 
 # %%
 from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -78,7 +79,9 @@ torch.manual_seed(0)
 #
 # `build` makes the two heavy blocks where a placement says; `train` is the quickstart loop,
 # every line as in notebook 01, on whatever `policy` and `engine` are at the time. The
-# batches are one iterator for the whole run, so each call goes on with the next ones.
+# batches are one iterator for the whole run, so each call goes on with the next ones, and the
+# run's folder (`runs/05_scale_with_ray/checkpoints`) holds the steps done: each call resumes
+# there, whichever placement the blocks are on now.
 
 # %%
 def build(placement):
@@ -109,17 +112,20 @@ history = []  # every step's metrics, here and on the workers
 def train(steps: int) -> None:
     """`steps` more steps of the loop on the `policy` and `engine` of the moment."""
     dash = rb.notebook.Dashboard(total_steps=steps, metrics=[*rb.notebook.CURVES, ("sync/seconds", "weight sync (s)")])
-    for step, batch in zip(range(len(history), len(history) + steps), batches):
-        ro = engine.generate(batch.prompts, group_size=GROUP_SIZE, sampling=sampling, metadata=batch.metadata)
-        rewards, reward_metrics = reward(ro)
-        adv, _ = advantage(rewards, ro.response_mask, ro.group_ids)
-        metrics = policy.step(ro, adv, loss_fn=loss)
-        metrics |= resharder.sync(policy, engine)
-        metrics |= reward_metrics | {"accuracy": reward_metrics["reward/mean"], "batch": batch.step,
-                                     "response_length": ro.response_lengths.float().mean().item()}
-        dash.update(step, metrics, ro.replace(rewards=rewards))
+    source = rb.run.RolloutSource(engine, policy, batches, group_size=GROUP_SIZE, sampling=sampling, resharder=resharder)
+    run = rb.run.Run("grpo", steps=len(history) + steps, blocks={"policy": policy}, on_step=dash, resume="auto",
+                     checkpoint=Path("runs/05_scale_with_ray/checkpoints").absolute(), progress=False)
+    with run.driving(source):
+        for step in run:
+            ro = source.draw()
+            rewards, reward_metrics = reward(ro)
+            adv, _ = advantage(rewards, ro.response_mask, ro.group_ids)
+            metrics = policy.step(ro, adv, loss_fn=loss)
+            metrics |= source.sync()
+            run.record(metrics | reward_metrics | {"accuracy": reward_metrics["reward/mean"]},
+                       ro.replace(rewards=rewards))
     dash.close()
-    history.extend(dash.history)
+    history[:] = run.history
 
 
 # %% [markdown]
@@ -184,9 +190,9 @@ train(STEPS)
 # %%
 model_bytes = sum(t.numel() * t.element_size() for _, t in policy.named_weights())
 print(f"model: {model_bytes / 2**20:.2f} MiB in float32")
-for h in history:
+for step, h in enumerate(history):
     print(
-        f"step {h['step']} (batch {h['batch']:.0f}): sync/seconds {h['sync/seconds']:.3f}  "
+        f"step {step}: sync/seconds {h['sync/seconds']:.3f}  "
         f"sync/bytes {h['sync/bytes'] / 2**20:.2f} MiB  version {h['sync/version']:.0f}"
     )
 
@@ -337,5 +343,5 @@ placement.shutdown()
 # 2. **One worker.** Set `WORKERS = 1` in the parameters. What does `balanced_partition` print
 #    for the batch, and how do `sync/bytes` and the step time change?
 # 3. **Smaller weight buckets.** Build the resharder with `rb.resharder.Resharder(bucket_mb=1)`:
-#    how many buckets does a sync take now (`sync/buckets` in `dash.history`), and what happens
+#    how many buckets does a sync take now (`sync/buckets` in `history`), and what happens
 #    to `sync/seconds`?

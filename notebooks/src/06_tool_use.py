@@ -151,20 +151,26 @@ before = check("with the tool, before:")
 # ## GRPO on multi-turn episodes
 #
 # The loop of notebook 01 with the agent as the engine and the environment's reward
-# (`rb.envs.env_reward`, which also logs the tool-call rate and errors).
+# (`rb.envs.env_reward`, which also logs the tool-call rate and errors). It checkpoints into
+# `runs/06_tool_use/checkpoints`: re-run the cell and it resumes there.
 
 # %%
 advantage = rb.advantage.grpo
 loss = partial(rb.losses.clipped_surrogate, clip=(0.2, 0.28))
 batches = PromptBatches(train, prompts_per_step=PROMPTS_PER_STEP, seed=SEED)
 dash = rb.notebook.Dashboard(total_steps=STEPS)
-for step, batch in zip(range(STEPS), batches):
-    ro = agent.generate(batch.prompts, group_size=GROUP_SIZE, sampling=sampling, metadata=batch.metadata)
-    rewards, reward_metrics = rb.envs.env_reward(ro)
-    adv, _ = advantage(rewards, ro.response_mask, ro.group_ids)
-    metrics = policy.step(ro, adv, loss_fn=loss)  # the agent samples with policy.model: no sync
-    metrics |= reward_metrics | {"accuracy": reward_metrics["reward/mean"]}
-    dash.update(step, metrics, ro.replace(rewards=rewards))
+source = rb.run.RolloutSource(agent, policy, batches, group_size=GROUP_SIZE, sampling=sampling)
+run = rb.run.Run("grpo", steps=STEPS, blocks={"policy": policy}, on_step=dash, resume="auto",
+                 checkpoint=rb.checkpoint.Checkpointer("runs/06_tool_use/checkpoints", every=4))
+with run.driving(source):
+    for step in run:
+        ro = source.draw()  # multi-turn episodes; π_old: the agent's log-probs (the same model)
+        rewards, reward_metrics = rb.envs.env_reward(ro)
+        adv, _ = advantage(rewards, ro.response_mask, ro.group_ids)
+        metrics = policy.step(ro, adv, loss_fn=loss)
+        metrics |= source.sync()  # the agent samples with policy.model: a version count only
+        run.record(metrics | reward_metrics | {"accuracy": reward_metrics["reward/mean"]},
+                   ro.replace(rewards=rewards))
 dash.close()
 
 # %% [markdown]
@@ -207,10 +213,10 @@ from pathlib import Path
 
 RUN = Path("runs/06_tool_use")
 folder = policy.save_pretrained(RUN / "policy")
-(RUN / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in dash.history))
+(RUN / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in run.history))
 (RUN / "eval.json").write_text(json.dumps({"without_tool": alone.score, "before": before, "after": after}))
 print("wrote", folder, sorted(p.name for p in folder.iterdir()))
-print("wrote", RUN / "metrics.jsonl", f"({len(dash.history)} steps) and", RUN / "eval.json")
+print("wrote", RUN / "metrics.jsonl", f"({len(run.history)} steps) and", RUN / "eval.json")
 print(f"load it back: transformers.AutoModelForCausalLM.from_pretrained('{folder}')")
 print(f"          or: rb.trainer.PolicyTrainer.from_pretrained('{folder}', lr=5e-5)")
 
@@ -227,5 +233,5 @@ print(f"          or: rb.trainer.PolicyTrainer.from_pretrained('{folder}', lr=5e
 #    episodes). How often does it call the tool before training, and does GRPO teach it the
 #    format?
 # 3. **Hotter sampling.** Set `TEMPERATURE = 1.0` in the parameters. Do the sampled episodes
-#    make more tool errors (`agent/tool_errors` in `dash.history`), and does training still
+#    make more tool errors (`agent/tool_errors` in `run.history`), and does training still
 #    reach the same accuracy?

@@ -170,21 +170,13 @@ def dapo(
         raise ValueError(f"dapo: group_size={group_size}; dynamic sampling needs group_size >= 2")
     _warn_unless_token_mean(policy)
     config = run_config("dapo", locals())  # logged once, checked on resume
+    run = Run("dapo", steps=steps, blocks={"policy": policy}, config=config, options=run)
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
     loss_fn: interfaces.PolicyLoss = partial(clipped_surrogate, clip=clip)  # clip-higher, §3.1
     task = _scored_once(reward_fn)  # scored once, read by the shaped reward and the filter
     shaped = _shaped_reward(task, sampling, max_length, cache_length, overlong_factor)
-    options = run or RunOptions()
-    source = RolloutSource(
-        engine,
-        policy,
-        batches,
-        group_size=group_size,
-        sampling=sampling,
-        **options.source_options(),
-    )
+    source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
     loss_fn = source.corrected(loss_fn)  # RunOptions.correction: for stale rows (k steps off)
-    run = Run("dapo", steps=steps, blocks={"policy": policy}, config=config, options=options)
     with run.driving(source):  # the run also ends when the prompt batches run out
         for step in run:
             with run.phase("rollout"):  # 1.-2. dynamic sampling, shaped reward

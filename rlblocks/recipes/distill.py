@@ -60,18 +60,10 @@ def distill(
     resharder's and the loop's (the teacher's scoring is ``time/logprobs``).
     """
     config = run_config("distill", locals())
+    run = Run("distill", steps=steps, blocks={"policy": policy}, config=config, options=run)
     reward_fn = checked(reward_fn) if reward_fn is not None else None
-    options = run or RunOptions()
-    source = RolloutSource(
-        engine,
-        policy,
-        batches,
-        group_size=group_size,
-        sampling=sampling,
-        **options.source_options(),
-    )
+    source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
     loss_fn = source.corrected(loss_fn)  # RunOptions.correction: for stale rows (k steps off)
-    run = Run("distill", steps=steps, blocks={"policy": policy}, config=config, options=options)
     with run.driving(source):
         for step in run:
             rollouts = source.draw()  # 1.

@@ -58,18 +58,10 @@ def grpo(
     ``kl/token`` when the loss has a KL term, and ``async/*`` with a background sampler.
     """
     config = run_config("grpo", locals())  # logged once, checked on resume
-    options = run or RunOptions()
+    run = Run("grpo", steps=steps, blocks={"policy": policy}, config=config, options=run)
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
-    source = RolloutSource(
-        engine,
-        policy,
-        batches,
-        group_size=group_size,
-        sampling=sampling,
-        **options.source_options(),
-    )
+    source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
     loss_fn = source.corrected(loss_fn)  # IcePop's mask when k steps off (RunOptions.correction)
-    run = Run("grpo", steps=steps, blocks={"policy": policy}, config=config, options=options)
     with run.driving(source):  # lock; resume, or save step 0
         for step in run:  # progress bar, watchdog, the step's clock
             rollouts = source.draw()  # 1. G samples per prompt, π_old as the source says

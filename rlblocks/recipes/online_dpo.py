@@ -42,6 +42,7 @@ def online_dpo(
     pairs trained on), the trainer's and resharder's. ``run`` and the rest as in
     `rlblocks.recipes.grpo`."""
     config = run_config("online_dpo", locals())
+    run = Run("online_dpo", steps=steps, blocks={"policy": policy}, config=config, options=run)
     if group_size < 2:  # ranked_pairs needs two responses to a prompt
         raise ValueError(
             f"online_dpo: group_size={group_size} samples one response per prompt, so no pair "
@@ -49,17 +50,8 @@ def online_dpo(
         )
     reward_fn = checked(reward_fn)
     anchored = uses_reference(preference)  # SimPO needs no π_ref
-    options = run or RunOptions()
-    source = RolloutSource(
-        engine,
-        policy,
-        batches,
-        group_size=group_size,
-        sampling=sampling,
-        **options.source_options(),
-    )
+    source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
     loss_fn = source.corrected(loss_fn)  # RunOptions.correction: for stale rows (k steps off)
-    run = Run("online_dpo", steps=steps, blocks={"policy": policy}, config=config, options=options)
     with run.driving(source):
         for step in run:
             rollouts = source.draw()  # 1. responses from the current policy

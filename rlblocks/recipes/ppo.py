@@ -97,18 +97,10 @@ def ppo(
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
     controller = kl_controller or FixedKLController(kl_coef)
     estimator = kl_estimator or (k1 if kl_in_reward else k3)
-    options = run or RunOptions()
-    source = RolloutSource(
-        engine,
-        policy,
-        batches,
-        group_size=group_size,
-        sampling=sampling,
-        **options.source_options(),
-    )
-    loss_fn = source.corrected(loss_fn)  # RunOptions.correction: for stale rows (k steps off)
     blocks = {"policy": policy, "critic": critic, "kl_controller": controller}
-    run = Run("ppo", steps=steps, blocks=blocks, config=config, options=options)
+    run = Run("ppo", steps=steps, blocks=blocks, config=config, options=run)
+    source = RolloutSource(engine, policy, batches, run, group_size=group_size, sampling=sampling)
+    loss_fn = source.corrected(loss_fn)  # RunOptions.correction: for stale rows (k steps off)
     with run.driving(source):
         for step in run:
             rollouts = source.draw()  # 1.

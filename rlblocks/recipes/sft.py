@@ -45,9 +45,8 @@ def sft(
     usual likelihood.
     """
     config = run_config("sft", locals())
+    run = Run("sft", steps=steps, blocks={"policy": policy}, config=config, options=run)
     source = Batches(batches)
-    options = run or RunOptions()
-    run = Run("sft", steps=steps, blocks={"policy": policy}, config=config, options=options)
     with run.driving(source):
         for step in run:
             batch = source.draw()  # the run ends when the batches run out

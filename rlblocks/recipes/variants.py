@@ -121,23 +121,22 @@ def remax(
     ``run``: as in `rlblocks.recipes.grpo`.
     """
     config = run_config("remax", locals())  # logged once, checked on resume
+    run = Run("remax", steps=steps, blocks={"policy": policy}, config=config, options=run)
     reward_fn = checked(reward_fn)  # the RewardFn contract; a NaN/inf row gets 0.0, counted
 
     def sample(batch: Any) -> interfaces.Rollouts:
         return with_greedy_answers(engine, batch, group_size=group_size, sampling=sampling)
 
-    options = run or RunOptions()
     source = RolloutSource(
         engine,
         policy,
         batches,
+        run,
         group_size=group_size,
         sampling=sampling,
         sample=sample,
-        **options.source_options(),
     )
     loss_fn = source.corrected(loss_fn)  # RunOptions.correction: for stale rows (k steps off)
-    run = Run("remax", steps=steps, blocks={"policy": policy}, config=config, options=options)
     with run.driving(source):
         for step in run:
             drawn = source.draw()  # the samples, then the greedy answers

@@ -286,6 +286,11 @@ class Run:
         if tracker is not None:  # a rerun drops that run's records, as a resume from 0 would
             tracker.start(self.config, resume_step=self._start if resumed or rerun else None)
 
+    @property
+    def start(self) -> int:
+        """The step this pass of the loop started from: 0, or the step resumed after."""
+        return self._start
+
     def _state(self) -> dict[str, Any]:
         return {**self.blocks, **self._source.blocks()}
 

@@ -64,7 +64,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -81,7 +81,13 @@ from rlblocks.interfaces import (
 )
 from rlblocks.losses.offpolicy import ASYNC_DEFAULT, OffPolicyCorrection
 from rlblocks.run.loop import OutOfData, Run
-from rlblocks.run.options import Correction, OldLogprobs, check_sampling, describe_sampling
+from rlblocks.run.options import (
+    Correction,
+    OldLogprobs,
+    RunOptions,
+    check_sampling,
+    describe_sampling,
+)
 from rlblocks.run.state import Drawn
 
 #: ``sample(batch) -> Rollouts``: how one prompt batch becomes rollouts.
@@ -203,8 +209,10 @@ class RolloutSource:
 
     ``batches``: prompt batches (``.prompts``, ``.metadata``), drawn as the steps need them;
     ``group_size`` samples per prompt with ``sampling``, or ``sample(batch)`` when given (ReMax
-    also samples greedy answers with the same weights). The sampling policy (the fields of the
-    same names in `rlblocks.run.RunOptions`, where a recipe's caller sets them):
+    also samples greedy answers with the same weights). The sampling policy, as keywords or
+    from ``run`` (a recipe's `rlblocks.run.RunOptions`, or the `rlblocks.run.Run` built with
+    them: its fields of the same names, which the recipe's caller set; one or the other, not
+    both):
     ``staleness`` (0: sampled in the step; k: k steps off), ``background``, ``old_logprobs``
     (where π_old comes from), ``correction`` (of the loss, `corrected`) and ``resharder`` (moves
     the trainer's weights into the engine; None: a new `rlblocks.resharder.Resharder`). A
@@ -219,16 +227,34 @@ class RolloutSource:
         engine: RolloutEngine,
         policy: PolicyTrainer,
         batches: Iterable[Any],
+        run: Run | RunOptions | None = None,
         *,
         group_size: int,
         sampling: SamplingParams,
         sample: Sample | None = None,
-        staleness: int = 0,
-        background: bool = False,
-        old_logprobs: OldLogprobs = "auto",
-        correction: Correction = "auto",
+        staleness: int | None = None,
+        background: bool | None = None,
+        old_logprobs: OldLogprobs | None = None,
+        correction: Correction | Literal["unset"] = "unset",
         resharder: Resharder | None = None,
     ) -> None:
+        keywords: dict[str, Any] = {"staleness": staleness, "background": background}
+        keywords |= {"old_logprobs": old_logprobs, "resharder": resharder}
+        given = [k for k, v in keywords.items() if v is not None] + (
+            ["correction"] if correction != "unset" else []
+        )
+        options = run.options if isinstance(run, Run) else run
+        if options is not None and given:
+            raise TypeError(
+                f"RolloutSource: {', '.join(sorted(given))} given both as a keyword and in the "
+                "run's RunOptions; pass one of the two"
+            )
+        defaults = options or RunOptions()  # RunOptions' defaults are the source's
+        staleness = defaults.staleness if staleness is None else staleness
+        background = defaults.background if background is None else background
+        old_logprobs = defaults.old_logprobs if old_logprobs is None else old_logprobs
+        correction = defaults.correction if correction == "unset" else correction
+        resharder = defaults.resharder if resharder is None else resharder
         check_sampling("RolloutSource", staleness, old_logprobs, correction)
         shares_weights = samples_with_policy(policy, engine, sampling)
         if staleness and shares_weights:
