@@ -113,17 +113,26 @@ def build(
     # A reference only for a KL term or a pair loss against one: else nothing is kept or scored.
     anchored = preference is not None and uses_reference(preference)
     teacher = _teacher(config, device) if config.teacher is not None else None
-    policy = placement.build(
-        "actor",
-        partial(
-            PolicyTrainer.from_pretrained,
+
+    def trainer(role: str, cls: Any, section: Namespace, **kwargs: Any) -> Any:
+        """``cls`` (`PolicyTrainer`, `CriticTrainer`) of the model, configured by ``section``,
+        built where ``placement`` puts ``role``."""
+        load = partial(
+            cls.from_pretrained,
             model.name,
             dtype=dtype,
             device=device,
-            config=train_config(config.trainer),
-            reference="auto" if kl_coef or "critic" in params or anchored else None,
-            lora=_lora(config),
-        ),
+            config=train_config(section),
+            **kwargs,
+        )
+        return placement.build(role, load)
+
+    policy = trainer(
+        "actor",
+        PolicyTrainer,
+        config.trainer,
+        reference="auto" if kl_coef or "critic" in params or anchored else None,
+        lora=_lora(config),
     )
     engine = _engine(config, policy, placement, device)
     data_kwargs = section_kwargs(config.data)
@@ -143,16 +152,7 @@ def build(
     if teacher is not None:
         arguments["teacher"] = teacher
     if "critic" in params:
-        arguments["critic"] = placement.build(
-            "critic",
-            partial(
-                CriticTrainer.from_pretrained,
-                model.name,
-                dtype=dtype,
-                device=device,
-                config=train_config(config.critic),
-            ),
-        )
+        arguments["critic"] = trainer("critic", CriticTrainer, config.critic)
     if "advantage" in params:
         arguments["advantage"] = bound(ESTIMATORS, config.advantage, "advantage")
     if preference is not None:

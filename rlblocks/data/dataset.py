@@ -9,11 +9,50 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, Self, TypeVar, overload
 
 from rlblocks.interfaces import Prompt
 
 __all__ = ["PromptDataset", "PromptRow"]
+
+T = TypeVar("T")
+
+
+class _Kept(Sequence[T]):
+    """The rows a length filter kept, and the source indices of those it dropped: the sequence
+    part of `PromptDataset` and `SFTData`, which name their rows ``_noun`` and give them by
+    ``_items`` (``rows``, ``examples``), the same kind over a slice of them by ``_sliced``."""
+
+    _noun = "rows"
+    dropped: Sequence[int]  # source indices of rows removed by overlong="filter"
+
+    def _items(self) -> list[T]:
+        raise NotImplementedError
+
+    def _sliced(self, items: list[T]) -> Self:
+        raise NotImplementedError
+
+    @property
+    def num_dropped(self) -> int:
+        """How many source rows were dropped for being too long."""
+        return len(self.dropped)
+
+    def __len__(self) -> int:
+        return len(self._items())
+
+    @overload
+    def __getitem__(self, key: int) -> T: ...
+    @overload
+    def __getitem__(self, key: slice) -> Self: ...
+    def __getitem__(self, key: int | slice) -> T | Self:
+        items = self._items()
+        return self._sliced(items[key]) if isinstance(key, slice) else items[key]
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self._items())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self)} {self._noun}, {self.num_dropped} dropped)"
 
 
 @dataclass(frozen=True)
@@ -30,17 +69,12 @@ class PromptRow:
     """Row index in the source, for error messages and for reporting filtered rows."""
 
 
-class PromptDataset(Sequence[PromptRow]):
+class PromptDataset(_Kept[PromptRow]):
     """A list of `PromptRow` with the source indices of the rows a length filter dropped."""
 
     def __init__(self, rows: Iterable[PromptRow], *, dropped: Sequence[int] = ()) -> None:
         self.rows = list(rows)
         self.dropped = list(dropped)  # source indices of rows removed by overlong="filter"
-
-    @property
-    def num_dropped(self) -> int:
-        """How many source rows were dropped for being too long."""
-        return len(self.dropped)
 
     @property
     def prompts(self) -> list[Prompt]:
@@ -57,20 +91,8 @@ class PromptDataset(Sequence[PromptRow]):
         """One metadata dict per row: ``engine.generate(..., metadata=ds.metadata)``."""
         return [row.metadata for row in self.rows]
 
-    def __len__(self) -> int:
-        return len(self.rows)
+    def _items(self) -> list[PromptRow]:
+        return self.rows
 
-    @overload
-    def __getitem__(self, key: int) -> PromptRow: ...
-    @overload
-    def __getitem__(self, key: slice) -> PromptDataset: ...
-    def __getitem__(self, key: int | slice) -> PromptRow | PromptDataset:
-        if isinstance(key, slice):
-            return PromptDataset(self.rows[key], dropped=self.dropped)
-        return self.rows[key]
-
-    def __iter__(self) -> Iterator[PromptRow]:
-        return iter(self.rows)
-
-    def __repr__(self) -> str:
-        return f"PromptDataset({len(self)} rows, {self.num_dropped} dropped)"
+    def _sliced(self, items: list[PromptRow]) -> PromptDataset:
+        return PromptDataset(items, dropped=self.dropped)

@@ -43,11 +43,12 @@ Choices made here:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, overload
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from rlblocks.data.dataset import _Kept
 from rlblocks.data.length import Overlong, prompt_token_ids
 from rlblocks.data.prompts import Source, _text, _unicode, _value, read_rows
 from rlblocks.interfaces import Prompt
@@ -70,8 +71,10 @@ class SFTExample(NamedTuple):
     """Row index in the source, for error messages and ``Rollouts.metadata``."""
 
 
-class SFTData(Sequence[SFTExample]):
+class SFTData(_Kept[SFTExample]):
     """A list of `SFTExample` with the tokenizer that made them, and the source rows dropped."""
+
+    _noun = "examples"
 
     def __init__(
         self,
@@ -84,28 +87,11 @@ class SFTData(Sequence[SFTExample]):
         self.tokenizer = tokenizer
         self.dropped = tuple(dropped)  # source indices of rows removed by overlong="filter"
 
-    @property
-    def num_dropped(self) -> int:
-        """How many source rows were dropped for being too long."""
-        return len(self.dropped)
+    def _items(self) -> list[SFTExample]:
+        return self.examples
 
-    def __len__(self) -> int:
-        return len(self.examples)
-
-    @overload
-    def __getitem__(self, key: int) -> SFTExample: ...
-    @overload
-    def __getitem__(self, key: slice) -> SFTData: ...
-    def __getitem__(self, key: int | slice) -> SFTExample | SFTData:
-        if isinstance(key, slice):
-            return SFTData(self.examples[key], self.tokenizer, dropped=self.dropped)
-        return self.examples[key]
-
-    def __iter__(self) -> Iterator[SFTExample]:
-        return iter(self.examples)
-
-    def __repr__(self) -> str:
-        return f"SFTData({len(self)} examples, {self.num_dropped} dropped)"
+    def _sliced(self, items: list[SFTExample]) -> SFTData:
+        return SFTData(items, self.tokenizer, dropped=self.dropped)
 
     def rollouts(self, indices: Sequence[int] | None = None) -> Rollouts:
         """The examples at ``indices`` (positions in this dataset; all if None) as one batch.

@@ -56,7 +56,48 @@ def clock_time(seconds: float) -> str:
     return str(datetime.timedelta(seconds=round(seconds)))
 
 
-class TerminalView:
+class _Frame(NamedTuple):
+    """What a view draws: the status, the history, the samples and the step they come from."""
+
+    status: Status
+    history: Sequence[Mapping[str, float]]
+    samples: Sequence[Sample]
+    step: int  # the samples' step
+
+
+class _View:
+    """The two calls a `Dashboard` makes on its view (module docstring), passed on as one
+    `_Frame`, the samples' step resolved, to the view's ``_draw`` and ``_finish``."""
+
+    def update(
+        self,
+        status: Status,
+        history: Sequence[Mapping[str, float]],
+        samples: Sequence[Sample],
+        redraw: bool,
+        samples_step: int | None = None,
+    ) -> None:
+        """Show the latest step (the curves re-rendered only when ``redraw``)."""
+        self._draw(_Frame(status, history, samples, _step(samples_step, status)), redraw)
+
+    def close(
+        self,
+        status: Status,
+        history: Sequence[Mapping[str, float]],
+        samples: Sequence[Sample],
+        samples_step: int | None = None,
+    ) -> None:
+        """Show the finished run."""
+        self._finish(_Frame(status, history, samples, _step(samples_step, status)))
+
+    def _draw(self, frame: _Frame, redraw: bool) -> None:
+        raise NotImplementedError
+
+    def _finish(self, frame: _Frame) -> None:
+        raise NotImplementedError
+
+
+class TerminalView(_View):
     """A tqdm bar and one concise ``key=value`` line per step, printed above the bar."""
 
     def __init__(self, *, total: int | None, curves: Curves, file: IO[str] | None = None) -> None:
@@ -68,35 +109,22 @@ class TerminalView:
         self.file = file
         self.bar = tqdm(total=total, desc="train", unit="step", file=file, dynamic_ncols=True)
 
-    def update(
-        self,
-        status: Status,
-        history: Sequence[Mapping[str, float]],
-        samples: Sequence[Sample],
-        redraw: bool,
-        samples_step: int | None = None,
-    ) -> None:
+    def _draw(self, frame: _Frame, redraw: bool) -> None:
         """Print the latest step's curve values and the status, advance the bar."""
-        latest = history[-1]
+        status, latest = frame.status, frame.history[-1]
         values = [f"{k}={latest[k]:.4g}" for k, _ in self.curves if k in latest]
         line = "  ".join([f"step {status.step}", *values, f"[{status.describe()}]"])
         self._tqdm.write(line, file=self.file)
         self.bar.update(status.count - self.bar.n)
 
-    def close(
-        self,
-        status: Status,
-        history: Sequence[Mapping[str, float]],
-        samples: Sequence[Sample],
-        samples_step: int | None = None,
-    ) -> None:
+    def _finish(self, frame: _Frame) -> None:
         """Close the bar and print the summary line."""
         self.bar.close()
-        if status.count:
-            self._tqdm.write(status.summary(), file=self.file)
+        if frame.status.count:
+            self._tqdm.write(frame.status.summary(), file=self.file)
 
 
-class WidgetView:
+class WidgetView(_View):
     """``IntProgress`` + status line, the curves as an ``Image`` widget, the samples as ``HTML``.
 
     The curves are a PNG in an ``ipywidgets.Image``: setting its value is one comm message, which
@@ -127,45 +155,33 @@ class WidgetView:
         self.box = w.VBox([self.row, self.image, self.samples])
         self.display(self.box)
 
-    def update(
-        self,
-        status: Status,
-        history: Sequence[Mapping[str, float]],
-        samples: Sequence[Sample],
-        redraw: bool,
-        samples_step: int | None = None,
-    ) -> None:
+    def _draw(self, frame: _Frame, redraw: bool) -> None:
         """Move the bar, rewrite the status and samples; re-render the curves if ``redraw``."""
+        status = frame.status
         if status.total is None:
             self.progress.max = max(status.count, 1)
         self.progress.value = min(status.count, self.progress.max)
         self.progress.description = str(status.count)
         self.status.value = html.escape(status.describe())
-        self.samples.value = samples_html(samples, step=_step(samples_step, status))
-        if redraw and (png := self._png(history)):
+        self.samples.value = samples_html(frame.samples, step=frame.step)
+        if redraw and (png := self._png(frame.history)):
             self.image.value = png
             self.image.layout.display = None
 
-    def close(
-        self,
-        status: Status,
-        history: Sequence[Mapping[str, float]],
-        samples: Sequence[Sample],
-        samples_step: int | None = None,
-    ) -> None:
+    def _finish(self, frame: _Frame) -> None:
         """Keep the finished bar; display the final figure and samples as static outputs."""
         from IPython.display import HTML, Image
 
-        png = self._png(history)
+        png = self._png(frame.history)
         self.box.children = (self.row,)
         self.image.close()
         self.samples.close()
         self.progress.bar_style = "success"
-        self.status.value = html.escape(status.summary())
+        self.status.value = html.escape(frame.status.summary())
         if png:
             self.display(Image(data=png, format="png"))
-        if samples:
-            self.display(HTML(samples_html(samples, step=_step(samples_step, status))))
+        if frame.samples:
+            self.display(HTML(samples_html(frame.samples, step=frame.step)))
 
     def _png(self, history: Sequence[Mapping[str, float]]) -> bytes | None:
         if not present_curves(history, self.curves):
