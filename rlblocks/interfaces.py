@@ -288,8 +288,16 @@ class RolloutEngine(Protocol):
         sampling: SamplingParams | None = None,
         metadata: Sequence[Mapping[str, Any]] | None = None,
     ) -> Rollouts:
-        """``group_size`` samples per prompt; rows of one prompt share a group id. ``metadata[i]`` is
-        copied onto every row of prompt ``i``. Rollout log-probs are float32 (b t)."""
+        """``group_size`` (g) samples for each prompt: a ``Rollouts`` of ``b = len(prompts) · g`` rows.
+
+        Rows ``i·g … i·g+g−1`` belong to prompt ``i`` and carry group id ``i``; each gets a
+        fresh (shallow) copy of ``metadata[i]``. ``prompts`` holds the rendered prompt text,
+        ``completions`` the decoded response (special tokens skipped). ``rollout_logprobs`` (b t)
+        float32 = log softmax(z_t / T)[y_t] (T = 1 when greedy), 0 after a row's end; with
+        ``sampling.replay``, of the truncated distribution sampled from, and ``sampler`` (b 3)
+        records (T, top_k, top_p) per row. Nothing carries grad. ``sampling`` None: the
+        engine's default; with ``sampling.seed`` the result is reproducible. What can be
+        refused (``group_size < 1``, a prompt past the context) is, before any compute."""
         ...
 
     def update_weights(self, weights: Iterable[tuple[str, Tensor]], *, version: int) -> None:
