@@ -124,30 +124,20 @@ class SamplingParams:
     it by name."""
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(
-                f"SamplingParams.max_new_tokens: must be >= 1, got {self.max_new_tokens}; pass a "
-                "positive count"
-            )
-        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ValueError(
-                f"SamplingParams.min_new_tokens: must be in [0, max_new_tokens = "
-                f"{self.max_new_tokens}], got {self.min_new_tokens}; pass a count in that range"
-            )
-        if self.temperature < 0:
-            raise ValueError(
-                f"SamplingParams.temperature: must be >= 0, got {self.temperature}; pass 0 for "
-                "greedy decoding or a positive value"
-            )
-        if not 0 < self.top_p <= 1:
-            raise ValueError(
-                f"SamplingParams.top_p: must be in (0, 1], got {self.top_p}; pass 1.0 to keep "
-                "every token"
-            )
-        if self.top_k < 0:
-            raise ValueError(
-                f"SamplingParams.top_k: must be >= 0, got {self.top_k}; pass 0 to keep every token"
-            )
+        m = self.max_new_tokens
+        checks = (  # (valid, field, rule, what to pass instead), checked in this order
+            (m >= 1, "max_new_tokens", "must be >= 1", "pass a positive count"),
+            (0 <= self.min_new_tokens <= m, "min_new_tokens",
+             f"must be in [0, max_new_tokens = {m}]", "pass a count in that range"),
+            (self.temperature >= 0, "temperature", "must be >= 0",
+             "pass 0 for greedy decoding or a positive value"),
+            (0 < self.top_p <= 1, "top_p", "must be in (0, 1]", "pass 1.0 to keep every token"),
+            (self.top_k >= 0, "top_k", "must be >= 0", "pass 0 to keep every token"),
+        )  # fmt: skip
+        for valid, name, rule, fix in checks:
+            if not valid:
+                value = getattr(self, name)
+                raise ValueError(f"SamplingParams.{name}: {rule}, got {value}; {fix}")
 
 
 class TensorSpec(NamedTuple):
@@ -288,8 +278,16 @@ class RolloutEngine(Protocol):
         sampling: SamplingParams | None = None,
         metadata: Sequence[Mapping[str, Any]] | None = None,
     ) -> Rollouts:
-        """``group_size`` samples per prompt; rows of one prompt share a group id. ``metadata[i]`` is
-        copied onto every row of prompt ``i``. Rollout log-probs are float32 (b t)."""
+        """``group_size`` (g) samples for each prompt: a ``Rollouts`` of ``b = len(prompts) · g`` rows.
+
+        Rows ``i·g … i·g+g−1`` belong to prompt ``i`` and carry group id ``i``; each gets a
+        fresh (shallow) copy of ``metadata[i]``. ``prompts`` holds the rendered prompt text,
+        ``completions`` the decoded response (special tokens skipped). ``rollout_logprobs`` (b t)
+        float32 = log softmax(z_t / T)[y_t] (T = 1 when greedy), 0 after a row's end; with
+        ``sampling.replay``, of the truncated distribution sampled from, and ``sampler`` (b 3)
+        records (T, top_k, top_p) per row. Nothing carries grad. ``sampling`` None: the
+        engine's default; with ``sampling.seed`` the result is reproducible. What can be
+        refused (``group_size < 1``, a prompt past the context) is, before any compute."""
         ...
 
     def update_weights(self, weights: Iterable[tuple[str, Tensor]], *, version: int) -> None:

@@ -43,10 +43,10 @@ from rlblocks.trainer.checkpoint import load_trainer, save_trainer
 from rlblocks.trainer.config import TrainConfig, apply_config
 from rlblocks.trainer.fsdp import full_state, load_full_state, shard_modules
 from rlblocks.trainer.parallel import DataParallel, SingleProcess
-from rlblocks.trainer.update import assign, rebuild_optimizer, run_update, start_training
+from rlblocks.trainer.update import Trained, assign, run_update, start_training
 
 
-class CriticTrainer:
+class CriticTrainer(Trained):
     """A value model and its optimizer; ``step`` fits V to the returns with PPO's value loss.
 
     ``model``: a :class:`ValueModel`, or a causal LM (a policy's or reward model's) that is
@@ -67,15 +67,6 @@ class CriticTrainer:
         self.model = model.eval()
         self.dp: SingleProcess | DataParallel = SingleProcess()  # see shard()
         start_training(self)  # counters steps, optimizer_steps, skipped_steps; the optimizer
-
-    # Set by start_training and rebuild_optimizer (rlblocks.trainer.update), advanced by its loop.
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR  # optimizer_and_schedule builds a LambdaLR
-    steps: int  # step() calls
-    optimizer_steps: int  # applied updates
-    skipped_steps: int  # updates refused by the NaN guard
-
-    rebuild_optimizer = rebuild_optimizer  # a fresh AdamW and schedule (trainer.update)
 
     @classmethod
     def from_pretrained(

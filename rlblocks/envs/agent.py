@@ -57,16 +57,9 @@ from torch import Tensor, nn
 from rlblocks.envs.base import Environment, Message, ModelTurn, ToolCall, last_answer
 from rlblocks.envs.chat import TOOLS_PROMPT, ChatFormat
 from rlblocks.envs.tools import tool_call_parser
-from rlblocks.interfaces import (
-    Dispatch,
-    Handle,
-    Prompt,
-    RolloutEngine,
-    SamplingParams,
-    WeightSpec,
-    dispatch,
-)
+from rlblocks.interfaces import Handle, Prompt, RolloutEngine, SamplingParams, WeightSpec
 from rlblocks.models.context import context_length
+from rlblocks.rollout.base import EngineBase, Request
 from rlblocks.rollout.prompts import check_metadata
 from rlblocks.rollouts import Rollouts
 
@@ -103,7 +96,7 @@ class _Episode:
         self.logprobs += logprobs
 
 
-class AgentEngine:
+class AgentEngine(EngineBase):
     """Multi-turn episodes of ``env`` sampled by ``engine``; implements ``RolloutEngine``.
 
     ``engine``: any rollout engine (``HFEngine``, ``VLLMEngine``, a placement's handle on one).
@@ -117,6 +110,16 @@ class AgentEngine:
     any other the text the environment sees. ``sampling``:
     the default ``SamplingParams`` (None: the wrapped engine's ``sampling``). ``tools_prompt``:
     how the tools are described to a model whose chat template ignores them (`ChatFormat`).
+
+    ``generate`` (contract: `rlblocks.interfaces.RolloutEngine.generate`) runs ``g`` episodes
+    per prompt, one row each. ``prompt_ids``: the rendered first prompt; ``response_ids``:
+    every later token, model turns and observations, ``response_mask`` True on the model's
+    sampled tokens only, ``rollout_logprobs`` the engine's at those tokens and 0 elsewhere.
+    ``completions``: the decoded response (observations included). ``metadata[r]``: prompt
+    ``i``'s metadata plus ``"agent"``: ``reward`` (the environment's), ``turn_rewards``,
+    ``turns``, ``tool_calls``, ``tool_errors``, ``malformed``, ``end`` (module docstring),
+    ``answer`` (the last model turn's text) and ``messages`` (the conversation).
+    ``extras["turn_rewards"]`` (b t) float32: each per-turn reward on its turn's last token.
     """
 
     def __init__(
@@ -162,35 +165,15 @@ class AgentEngine:
         return None if isinstance(self.engine, Handle) else self.engine.model
 
     # ------------------------------------------------------------------ RolloutEngine
-    @dispatch(Dispatch.PROMPTS)
-    def generate(
-        self,
-        prompts: Sequence[Prompt],
-        *,
-        group_size: int = 1,
-        sampling: SamplingParams | None = None,
-        metadata: Sequence[Mapping[str, Any]] | None = None,
-    ) -> Rollouts:
-        """``group_size`` (g) episodes per prompt: rows ``i·g … i·g+g−1`` are prompt ``i``'s (group id i).
-
-        ``prompt_ids``: the rendered first prompt; ``response_ids``: every later token, model
-        turns and observations, ``response_mask`` True on the model's sampled tokens only,
-        ``rollout_logprobs`` the engine's at those tokens and 0 elsewhere. ``completions``: the
-        decoded response (observations included). ``metadata[r]``: prompt ``i``'s metadata plus
-        ``"agent"``: ``reward`` (the environment's), ``turn_rewards``, ``turns``,
-        ``tool_calls``, ``tool_errors``, ``malformed``, ``end`` (module docstring),
-        ``answer`` (the last model turn's text) and ``messages`` (the conversation).
-        ``extras["turn_rewards"]`` (b t) float32: each per-turn reward on its turn's last token.
-        """
-        params = sampling or self.sampling
-        if group_size < 1:
-            raise ValueError(f"AgentEngine.generate: group_size={group_size}; use group_size >= 1")
+    def _generate(self, request: Request) -> Rollouts:
+        """``generate`` (`EngineBase`): the episodes of every prompt, turn by turn."""
+        prompts, group_size, params = request.prompts, request.group_size, request.sampling
         if isinstance(prompts, (str, Mapping)) or not isinstance(prompts, Sequence) or not prompts:
             raise TypeError(
                 f"AgentEngine.generate: prompts is {type(prompts).__name__} {prompts!r:.80}, not "
                 "a non-empty list of prompts; pass a list (wrap a single prompt in one)"
             )
-        meta = check_metadata(metadata, len(prompts), owner="AgentEngine")
+        meta = check_metadata(request.metadata, len(prompts), owner="AgentEngine")
         episodes = [
             self._start(i, prompt, meta[i])
             for i, prompt in enumerate(prompts)

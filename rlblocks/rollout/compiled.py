@@ -45,14 +45,14 @@ refused when the engine is built, naming `HFEngine` for it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, dispatch
+from rlblocks.interfaces import SamplingParams
 from rlblocks.models import loading
+from rlblocks.rollout.base import Request, check_count
 from rlblocks.rollout.decode import Sampler, StaticKV, additive_mask, choose, decode_step
 from rlblocks.rollout.hf import LocalWeights, _device, generate_in_chunks
 from rlblocks.rollout.prompts import left_pad
@@ -94,9 +94,10 @@ class CompiledEngine(LocalWeights):
     Weights: ``update_weights`` copies in place (a compiled graph reads the parameters it was
     given, so it sees the new values), ``weight_spec`` as `HFEngine`; merged weights only
     (``serves_adapters`` False). :meth:`sleep` frees the KV cache it keeps between calls.
-    """
 
-    serves_adapters = False
+    ``generate`` (contract: `rlblocks.interfaces.RolloutEngine.generate`) returns what
+    `HFEngine.generate` does, log-probs included (module docstring: the random stream differs).
+    """
 
     def __init__(
         self,
@@ -109,20 +110,12 @@ class CompiledEngine(LocalWeights):
         compile: bool | None = None,
         progress: bool = True,
     ) -> None:
-        if max_batch_size is not None and max_batch_size < 1:
-            raise ValueError(
-                f"CompiledEngine: max_batch_size={max_batch_size}; use max_batch_size >= 1, or "
-                "None for one batch"
-            )
+        check_count(max_batch_size, "max_batch_size", owner="CompiledEngine", none="for one batch")
         check_static(model)
-        self.model = model
-        self.tokenizer = tokenizer
-        self.sampling = sampling
-        self.chat = chat
+        super().__init__(model, tokenizer, sampling, chat)
         self.max_batch_size = max_batch_size
         self.compiled = _device(model).type == "cuda" if compile is None else compile
         self.progress = progress
-        self.weights_version = 0
         self._step = _compiled_step(_device(model)) if self.compiled else decode_step
         self._cache: _Cache | None = None
 
@@ -138,22 +131,10 @@ class CompiledEngine(LocalWeights):
             torch.cuda.empty_cache()
 
     # ------------------------------------------------------------------ RolloutEngine
-    @dispatch(Dispatch.PROMPTS)
-    def generate(
-        self,
-        prompts: Sequence[Prompt],
-        *,
-        group_size: int = 1,
-        sampling: SamplingParams | None = None,
-        metadata: Sequence[Mapping[str, Any]] | None = None,
-    ) -> Rollouts:
-        """``group_size`` (g) samples for each prompt, as `HFEngine.generate` returns them: a
-        ``Rollouts`` of ``b = len(prompts) · g`` rows, rows ``i·g … i·g+g−1`` for prompt ``i``
-        with group id ``i`` and a fresh copy of ``metadata[i]``; ``rollout_logprobs`` (b t)
-        float32 = log softmax(z_t / T)[y_t] (T = 1 when greedy), 0 after a row's end, or with
-        ``sampling.replay`` those of the truncated distribution (and ``sampler`` per row)."""
+    def _generate(self, request: Request) -> Rollouts:
+        """``generate`` (`EngineBase`): chunks of rows, each decoded by :meth:`_decode`."""
         return generate_in_chunks(
-            self, prompts, group_size, sampling or self.sampling, metadata,
+            self, request,
             lambda ids, rows, params, pad, eos, bar: self._decode(
                 ids, rows, params, pad, eos, bar.update
             ),

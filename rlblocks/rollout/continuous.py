@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -68,11 +68,12 @@ from torch import Tensor, nn
 from torch.torch_version import TorchVersion
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from rlblocks.interfaces import Dispatch, Prompt, SamplingParams, dispatch
+from rlblocks.interfaces import SamplingParams
 from rlblocks.models import loading
-from rlblocks.models.context import check_lengths, context_length
+from rlblocks.models.context import context_length
+from rlblocks.rollout.base import Request, check_count, checked_prompts
 from rlblocks.rollout.hf import LocalWeights, _device, _generating, _special_ids
-from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
+from rlblocks.rollout.prompts import left_pad
 from rlblocks.rollout.sampling import generation_config, sampler_record, seeded
 from rlblocks.rollout.stopping import stop_ends, valid_tokens
 from rlblocks.rollouts import Rollouts
@@ -121,9 +122,12 @@ class ContinuousBatchingEngine(LocalWeights):
     Weights: ``update_weights``, ``weight_spec`` as `HFEngine` (the module is the engine's
     model); merged weights only (``serves_adapters`` False); the paged cache lives only inside a
     ``generate`` call, so :meth:`sleep` has nothing to free.
-    """
 
-    serves_adapters = False
+    ``generate`` (contract: `rlblocks.interfaces.RolloutEngine.generate`) returns what
+    `HFEngine.generate` does; everything it can refuse is refused before any compute: sampling
+    fields it cannot honour, a prompt past the model's context, a row the paged cache cannot
+    hold alone.
+    """
 
     def __init__(
         self,
@@ -137,21 +141,14 @@ class ContinuousBatchingEngine(LocalWeights):
         progress: bool = True,
     ) -> None:
         for name, value in (("max_concurrent", max_concurrent), ("cache_tokens", cache_tokens)):
-            if value is not None and value < 1:
-                raise ValueError(
-                    f"ContinuousBatchingEngine: {name}={value}; use {name} >= 1, or None to size "
-                    "it from each call's rows"
-                )
+            check_count(value, name, owner="ContinuousBatchingEngine",
+                        none="to size it from each call's rows")  # fmt: skip
         check_paged(model)
         check_sampling(sampling)
-        self.model = model
-        self.tokenizer = tokenizer
-        self.sampling = sampling
-        self.chat = chat
+        super().__init__(model, tokenizer, sampling, chat)
         self.max_concurrent = max_concurrent
         self.cache_tokens = cache_tokens
         self.progress = progress
-        self.weights_version = 0
 
     # from_pretrained(name_or_path, *, dtype=float32, device=None, **kwargs): as HFEngine's
     # (device None: CUDA when torch sees a GPU, else the CPU).
@@ -160,37 +157,12 @@ class ContinuousBatchingEngine(LocalWeights):
     )
 
     # ------------------------------------------------------------------ RolloutEngine
-    @dispatch(Dispatch.PROMPTS)
-    def generate(
-        self,
-        prompts: Sequence[Prompt],
-        *,
-        group_size: int = 1,
-        sampling: SamplingParams | None = None,
-        metadata: Sequence[Mapping[str, Any]] | None = None,
-    ) -> Rollouts:
-        """``group_size`` (g) samples for each prompt: a ``Rollouts`` of ``b = len(prompts) · g``
-        rows, as `HFEngine.generate` returns them (rows ``i·g … i·g+g−1`` for prompt ``i``,
-        group id ``i``, a fresh copy of ``metadata[i]``). ``rollout_logprobs`` (b t) float32 =
-        log softmax(z_t / T)[y_t] (T = 1 when greedy), 0 after a row's end; with
-        ``sampling.replay``, of the top-k / top-p truncated distribution sampled from, and
-        ``sampler`` records (T, top_k, top_p) per row.
-
-        Everything that can be refused is refused before any compute: sampling fields the
-        engine cannot honour, a prompt past the model's context, a row the paged cache cannot
-        hold alone."""
-        params = sampling or self.sampling
-        if group_size < 1:
-            raise ValueError(
-                f"ContinuousBatchingEngine.generate: group_size={group_size}; use group_size >= 1"
-            )
+    def _generate(self, request: Request) -> Rollouts:
+        """``generate`` (`EngineBase`): one ``generate_batch`` over every row."""
+        params, group_size = request.sampling, request.group_size
         check_sampling(params)
-        texts, ids = render_prompts(prompts, self.tokenizer, chat=self.chat)
-        meta = check_metadata(metadata, len(ids), owner="ContinuousBatchingEngine")
-        lengths = [len(p) for p in ids]
-        check_lengths(lengths, new_tokens=params.max_new_tokens, limit=context_length(self.model),
-                      owner="ContinuousBatchingEngine.generate")  # fmt: skip
-        cache = self._cache_config(lengths, group_size, params)
+        texts, ids, meta = checked_prompts(self, request, limit=context_length(self.model))
+        cache = self._cache_config([len(p) for p in ids], group_size, params)
         pad, eos = _special_ids(self.model, self.tokenizer)
         config = generation_config(params, pad_token_id=pad, eos_token_ids=eos)
         # One request per prompt, forked g times after its prefill, where transformers returns

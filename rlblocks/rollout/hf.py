@@ -27,7 +27,7 @@ Choices made here:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -35,19 +35,13 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-from rlblocks.interfaces import (
-    Dispatch,
-    EngineMemory,
-    Prompt,
-    SamplingParams,
-    TensorSpec,
-    dispatch,
-)
+from rlblocks.interfaces import EngineMemory, SamplingParams, TensorSpec
 from rlblocks.models import loading
-from rlblocks.models.context import check_lengths, context_length
+from rlblocks.models.context import context_length
+from rlblocks.rollout.base import EngineBase, Request, check_count, checked_prompts
 from rlblocks.rollout.casting import check_cast
 from rlblocks.rollout.names import ENGINES
-from rlblocks.rollout.prompts import check_metadata, left_pad, render_prompts
+from rlblocks.rollout.prompts import left_pad
 from rlblocks.rollout.sampling import (
     generation_config,
     sampled_logprobs,
@@ -60,14 +54,23 @@ from rlblocks.rollouts import Rollouts
 DEFAULT_SAMPLING = SamplingParams()
 
 
-class LocalWeights:
-    """The weight side of an engine that samples with a model object in this process
-    (``HFEngine``, ``ContinuousBatchingEngine``): copies into ``self.model``, its spec, no
-    adapters, and nothing to free between calls (the cache lives inside a ``generate`` call).
-    Sets ``self.weights_version``."""
+class LocalWeights(EngineBase):
+    """An engine that samples with a model object in this process (``HFEngine``,
+    ``CompiledEngine``, ``ContinuousBatchingEngine``): what it keeps from its constructor, and
+    its weight side: copies into ``self.model``, its spec, no adapters (``serves_adapters``
+    False), and nothing to free between calls (the cache lives inside a ``generate`` call)."""
 
-    model: nn.Module
-    weights_version: int
+    serves_adapters = False
+
+    def __init__(
+        self, model: nn.Module, tokenizer: Any, sampling: SamplingParams, chat: bool | None
+    ) -> None:
+        """Keep the constructor arguments every such engine has; ``weights_version`` 0."""
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.chat = chat
+        self.weights_version = 0
 
     def update_weights(self, weights: Iterable[tuple[str, Tensor]], *, version: int) -> None:
         """Copy ``(name, tensor)`` pairs into the model, like ``load_state_dict``, then record
@@ -117,11 +120,13 @@ class HFEngine(LocalWeights):
     None generates everything at once. ``progress``: a tqdm bar over decoding steps, shown once a
     call has run for more than a second.
 
+    ``generate`` (contract: `rlblocks.interfaces.RolloutEngine.generate`): ``rollout_logprobs``
+    at the raw logits, before top-k / top-p (with ``replay``: of the truncated distribution);
+    nothing carries grad; with ``sampling.seed`` the global RNG is left untouched.
+
     The engine keeps no cache between calls, so :meth:`sleep` has nothing to free; it takes
     merged weights (``serves_adapters`` is False), also from a LoRA policy.
     """
-
-    serves_adapters = False
 
     @classmethod
     def memory_model(cls) -> EngineMemory:
@@ -139,23 +144,15 @@ class HFEngine(LocalWeights):
         max_batch_size: int | None = None,
         progress: bool = True,
     ) -> None:
-        if max_batch_size is not None and max_batch_size < 1:
-            raise ValueError(
-                f"HFEngine: max_batch_size={max_batch_size}; use max_batch_size >= 1, or None "
-                "for one batch"
-            )
+        check_count(max_batch_size, "max_batch_size", owner="HFEngine", none="for one batch")
         if not hasattr(model, "generate"):
             raise TypeError(
                 f"HFEngine: the model is a {type(model).__name__}, which has no .generate; pass "
                 "a Hugging Face causal LM (e.g. policy.model)"
             )
-        self.model = model
-        self.tokenizer = tokenizer
-        self.sampling = sampling
-        self.chat = chat
+        super().__init__(model, tokenizer, sampling, chat)
         self.max_batch_size = max_batch_size
         self.progress = progress
-        self.weights_version = 0
 
     # from_pretrained(name_or_path, *, dtype=float32, device=None, **kwargs): load (a built-in
     # such as "tiny" or a folder), then cls(model, tokenizer=tokenizer, **kwargs); device None:
@@ -163,28 +160,10 @@ class HFEngine(LocalWeights):
     from_pretrained: classmethod[HFEngine, ..., HFEngine] = classmethod(loading.from_pretrained)
 
     # ------------------------------------------------------------------ RolloutEngine
-    @dispatch(Dispatch.PROMPTS)
-    def generate(
-        self,
-        prompts: Sequence[Prompt],
-        *,
-        group_size: int = 1,
-        sampling: SamplingParams | None = None,
-        metadata: Sequence[Mapping[str, Any]] | None = None,
-    ) -> Rollouts:
-        """``group_size`` (g) samples for each prompt: a ``Rollouts`` of ``b = len(prompts) · g`` rows.
-
-        Rows ``i·g … i·g+g−1`` belong to prompt ``i`` and carry group id ``i``; each gets a
-        fresh (shallow) copy of ``metadata[i]`` and nothing else. ``prompts`` holds the rendered
-        prompt text, ``completions`` the decoded response (special tokens skipped).
-        ``rollout_logprobs`` (b t) float32 = log softmax(z_t / T)[y_t] at the raw logits z_t
-        (T = 1 when greedy), before top-k / top-p; 0 after a row's end. With
-        ``sampling.replay``: of the truncated distribution sampled from, and ``sampler`` (b 3)
-        records (T, top_k, top_p) per row. Nothing carries grad.
-        With ``sampling.seed`` set the result is reproducible and the global RNG untouched.
-        """
+    def _generate(self, request: Request) -> Rollouts:
+        """``generate`` (`EngineBase`): chunks of rows, one ``model.generate`` each."""
         return generate_in_chunks(
-            self, prompts, group_size, sampling or self.sampling, metadata,
+            self, request,
             lambda ids, rows, params, pad, eos, bar: self._generate_rows(
                 ids, params, pad, eos, on_step=bar.update
             ),
@@ -250,27 +229,16 @@ class _Engine(Protocol):
 DecodeChunk = Callable[[list[list[int]], Tensor, SamplingParams, int, list[int], Any], dict]
 
 
-def generate_in_chunks(
-    engine: _Engine,
-    prompts: Sequence[Prompt],
-    group_size: int,
-    params: SamplingParams,
-    metadata: Sequence[Mapping[str, Any]] | None,
-    decode: DecodeChunk,
-) -> Rollouts:
+def generate_in_chunks(engine: _Engine, request: Request, decode: DecodeChunk) -> Rollouts:
     """What `HFEngine.generate` and `CompiledEngine.generate` share: the checks made before any
-    compute (errors name the engine's class), prompts to ids, rows ``i·g … i·g+g−1`` for prompt
+    compute (`checked_prompts`; errors name the engine's class), rows ``i·g … i·g+g−1`` for prompt
     ``i`` cut in chunks of ``engine.max_batch_size``, each decoded by ``decode`` in eval mode,
     without grad, under ``params.seed``, with a progress bar over decoding steps."""
-    name = type(engine).__name__
-    if group_size < 1:
-        raise ValueError(f"{name}.generate: group_size={group_size}; use group_size >= 1")
-    texts, ids = render_prompts(prompts, engine.tokenizer, chat=engine.chat)
-    meta = check_metadata(metadata, len(ids), owner=name)
-    limit = context_length(engine.model)  # before any compute: a row past it is an error
-    check_lengths([len(p) for p in ids], new_tokens=params.max_new_tokens, limit=limit,
-                  owner=f"{name}.generate")  # fmt: skip
-    rows = torch.arange(len(ids)).repeat_interleave(group_size)  # (b) prompt index of each row
+    params = request.sampling
+    texts, ids, meta = checked_prompts(engine, request, limit=context_length(engine.model))
+    rows = torch.arange(len(ids)).repeat_interleave(
+        request.group_size
+    )  # (b) prompt index of each row
     size = engine.max_batch_size or len(rows)
     chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
     pad, eos = _special_ids(engine.model, engine.tokenizer)  # before generation_config is swapped

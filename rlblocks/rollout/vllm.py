@@ -42,25 +42,17 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from rlblocks.interfaces import (
-    Dispatch,
-    EngineMemory,
-    Prompt,
-    SamplingParams,
-    TensorSpec,
-    dispatch,
-)
-from rlblocks.models.context import check_lengths
+from rlblocks.interfaces import EngineMemory, SamplingParams, TensorSpec
+from rlblocks.rollout.base import EngineBase, Request, checked_prompts
 from rlblocks.rollout.casting import check_cast
 from rlblocks.rollout.names import ENGINES
-from rlblocks.rollout.prompts import check_metadata, render_prompts
 from rlblocks.rollout.sampling import sampler_record
 from rlblocks.rollouts import Rollouts
 
@@ -68,7 +60,7 @@ DEFAULT_SAMPLING = SamplingParams()
 
 
 @ENGINES.register("vllm")
-class VLLMEngine:
+class VLLMEngine(EngineBase):
     """Samples responses with ``vllm.LLM``; implements ``RolloutEngine``.
 
     ``model``: a built-in name (``"tiny"``, ``"smollm2-135m"``) or a Hugging Face model folder.
@@ -79,6 +71,11 @@ class VLLMEngine:
     ``logprobs_mode``: vLLM's (``"processed_logprobs"``: of the distribution sampled from, what
     sampling replay needs; ``"raw_logprobs"``: of the raw logits, before temperature).
     ``llm_kwargs`` go to ``vllm.LLM`` (``enable_lora=True`` makes ``serves_adapters`` True).
+
+    ``generate`` (contract: `rlblocks.interfaces.RolloutEngine.generate`): the layout of
+    `HFEngine.generate`; with ``sampling.seed`` every row gets its own random stream; replay
+    needs ``logprobs_mode="processed_logprobs"``; with ``enable_sleep_mode=True`` the engine
+    sleeps again before returning.
     """
 
     model = None  # the weights live inside vLLM, not in a torch module of this process
@@ -138,27 +135,9 @@ class VLLMEngine:
         self._spec: dict[str, TensorSpec] | None = None  # weight_spec(), built once
 
     # ------------------------------------------------------------------ RolloutEngine
-    @dispatch(Dispatch.PROMPTS)
-    def generate(
-        self,
-        prompts: Sequence[Prompt],
-        *,
-        group_size: int = 1,
-        sampling: SamplingParams | None = None,
-        metadata: Sequence[Mapping[str, Any]] | None = None,
-    ) -> Rollouts:
-        """``group_size`` (g) samples for each prompt, rows ``i·g … i·g+g−1`` of prompt ``i`` (group id i).
-
-        Same layout as ``HFEngine.generate``: left-padded prompts, right-padded responses,
-        ``response_mask`` True on the sampled tokens, ``rollout_logprobs`` (b t) float32 with 0
-        at padding, a copy of ``metadata[i]`` on each row of prompt ``i``. With
-        ``sampling.seed`` the result is reproducible; every row gets its own random stream.
-        With ``sampling.replay`` each row records its sampler (``sampler``: T, top_k, top_p).
-        An engine built with ``enable_sleep_mode=True`` sleeps again before returning.
-        """
-        params = sampling or self.sampling
-        if group_size < 1:
-            raise ValueError(f"VLLMEngine.generate: group_size={group_size}; use group_size >= 1")
+    def _generate(self, request: Request) -> Rollouts:
+        """``generate`` (`EngineBase`): one ``LLM.generate``, one vLLM request per prompt."""
+        params, group_size = request.sampling, request.group_size
         if params.replay and self.logprobs_mode != "processed_logprobs":
             raise ValueError(
                 f"VLLMEngine.generate: SamplingParams(replay=True) needs the log-probs of the "
@@ -168,11 +147,8 @@ class VLLMEngine:
                 "with replay=False"
             )
         self.wake_up()  # a no-op unless asleep
-        texts, ids = render_prompts(prompts, self.tokenizer, chat=self.chat)
-        meta = check_metadata(metadata, len(ids), owner="VLLMEngine")
         limit = self.llm.llm_engine.model_config.max_model_len  # vLLM's own, may be smaller
-        check_lengths([len(p) for p in ids], new_tokens=params.max_new_tokens, limit=limit,
-                      owner="VLLMEngine.generate")  # fmt: skip
+        texts, ids, meta = checked_prompts(self, request, limit=limit)
         if not ids:
             raise ValueError("VLLMEngine.generate: no prompts; give at least one prompt")
         requests = [{"prompt_token_ids": list(p)} for p in ids]

@@ -77,8 +77,8 @@ from rlblocks.trainer.policy_state import (
 )
 from rlblocks.trainer.update import (
     Accumulation,
+    Trained,
     assign,
-    rebuild_optimizer,
     run_update,
     start_training,
     timing,
@@ -95,7 +95,7 @@ if TYPE_CHECKING:
 Reference = Literal["auto", "copy"] | nn.Module | None
 
 
-class PolicyTrainer:
+class PolicyTrainer(Trained):
     """A policy (Hugging Face causal LM, optionally with peft LoRA) and its optimizer.
 
     The trainer works on the device of ``model``'s parameters; ``from_pretrained`` puts the
@@ -175,15 +175,6 @@ class PolicyTrainer:
         self._chosen_budget = reason is not None
         if reason is not None:
             print(reason)
-
-    # Set by start_training and rebuild_optimizer (rlblocks.trainer.update), advanced by its loop.
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR  # optimizer_and_schedule builds a LambdaLR
-    steps: int  # step() calls
-    optimizer_steps: int  # applied updates
-    skipped_steps: int  # updates refused by the NaN guard
-
-    rebuild_optimizer = rebuild_optimizer  # a fresh AdamW and schedule (trainer.update)
 
     # from_pretrained(name_or_path, *, dtype=float32, device=None, **kwargs): load, then
     # cls(model, tokenizer=tokenizer, **kwargs); the tokenizer is kept as trainer.tokenizer.

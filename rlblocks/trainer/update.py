@@ -97,6 +97,20 @@ def rebuild_optimizer(trainer: Trainable) -> None:
     )
 
 
+class Trained:
+    """The base of ``PolicyTrainer`` and ``CriticTrainer``: the state the update loop keeps on
+    the trainer (set by :func:`start_training` and :func:`rebuild_optimizer`, advanced by
+    :func:`run_update`) and the ``rebuild_optimizer`` method."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR  # optimizer_and_schedule builds a LambdaLR
+    steps: int  # step() calls
+    optimizer_steps: int  # applied updates
+    skipped_steps: int  # updates refused by the NaN guard
+
+    rebuild_optimizer = rebuild_optimizer  # a fresh AdamW and schedule
+
+
 @dataclass(frozen=True)
 class Assignment:
     """This rank's part of an update (all of it in one process)."""
