@@ -123,33 +123,44 @@ SOURCE_FIELDS = frozenset({"staleness", "background", "old_logprobs", "correctio
 
 def check_sampling(owner: str, staleness: Any, old_logprobs: Any, correction: Any) -> None:
     """Refuse a sampling policy that cannot run, naming ``owner``, where it was passed
-    (``RunOptions``, ``RolloutSource``) and the field."""
-    if isinstance(staleness, bool) or not isinstance(staleness, int):
-        raise TypeError(
-            f"{owner}.staleness: {staleness!r} is not a whole number of updates; pass 0 "
-            "(synchronous) or k >= 1 (k steps off)"
-        )
-    if staleness < 0:
-        raise ValueError(
-            f"{owner}.staleness: {staleness} is negative; pass 0 (synchronous) or k >= 1 "
-            "(k steps off)"
-        )
-    if old_logprobs not in ("auto", "recompute", "rollout"):
-        raise ValueError(
-            f"{owner}.old_logprobs: {old_logprobs!r} is not a source of π_old; use 'auto', "
-            "'recompute' or 'rollout'"
-        )
-    if not (correction in ("auto", None) or callable(correction)):
-        raise ValueError(
-            f"{owner}.correction: {correction!r} is not a correction; pass 'auto', None, or a "
-            "loss wrapper such as functools.partial(rb.losses.TruncatedIS, cap=2.0)"
-        )
-    if callable(correction) and old_logprobs == "rollout":
-        raise ValueError(
-            f"{owner}.correction: a correction weights by π_old / π_rollout, but "
+    (``RunOptions``, ``RolloutSource``) and the field: the first failing check of the table,
+    in order (a staleness that is no integer is not compared with 0)."""
+    whole = isinstance(staleness, int) and not isinstance(staleness, bool)
+    checks: list[tuple[bool, type[Exception], str]] = [
+        (
+            not whole,
+            TypeError,
+            f"staleness: {staleness!r} is not a whole number of updates; pass 0 "
+            "(synchronous) or k >= 1 (k steps off)",
+        ),
+        (
+            whole and staleness < 0,
+            ValueError,
+            f"staleness: {staleness} is negative; pass 0 (synchronous) or k >= 1 (k steps off)",
+        ),
+        (
+            old_logprobs not in ("auto", "recompute", "rollout"),
+            ValueError,
+            f"old_logprobs: {old_logprobs!r} is not a source of π_old; use 'auto', "
+            "'recompute' or 'rollout'",
+        ),
+        (
+            not (correction in ("auto", None) or callable(correction)),
+            ValueError,
+            f"correction: {correction!r} is not a correction; pass 'auto', None, or a loss "
+            "wrapper such as functools.partial(rb.losses.TruncatedIS, cap=2.0)",
+        ),
+        (
+            callable(correction) and old_logprobs == "rollout",
+            ValueError,
+            "correction: a correction weights by π_old / π_rollout, but "
             "old_logprobs='rollout' makes π_old the engine's log-probs (the ratio is 1); pass "
-            "old_logprobs='recompute' or 'auto', or correction=None"
-        )
+            "old_logprobs='recompute' or 'auto', or correction=None",
+        ),
+    ]
+    for failed, error, message in checks:
+        if failed:
+            raise error(f"{owner}.{message}")
 
 
 def describe_sampling(
