@@ -5,7 +5,7 @@
     python benchmarks/learning.py --seeds 0 1 2 3 4 --eval-every 4 --out runs/staleness \
         --compare "sync=" "1-off=--staleness 1" "2-off=--staleness 2"
 
-Runs ``python -m rlblocks.demo`` once per seed, one after the other, each in its own folder
+Runs ``python -m rlblocks`` once per seed, one after the other, each in its own folder
 ``--out/seed-<s>`` (the demo's own files: ``summary.json``, ``metrics.jsonl``, ``curves.png``,
 ``checkpoints/``); every flag this script does not know goes to the demo unchanged (``--steps``,
 ``--lr``, ``--task``, ``--model``, ...; not ``--seed`` or ``--out``, which are set here). Then it
@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 import rlblocks as rb
-from rlblocks import demo
+from rlblocks.app import demo
 from rlblocks.data import LEVELS, Difficulty
 from rlblocks.models.builtin import BUILTINS, GGUFModel
 
@@ -96,7 +96,7 @@ def run_seed(seed: int, folder: Path, passthrough: list[str]) -> dict:
     resume = rb.checkpoint.Checkpointer(folder / "checkpoints").latest() is not None
     folder.mkdir(parents=True, exist_ok=True)
     record_file.write_text(json.dumps({"argv": argv}) + "\n")
-    command = [sys.executable, "-m", "rlblocks.demo", *argv, *(["--resume"] if resume else [])]
+    command = [sys.executable, "-m", "rlblocks.app.demo", *argv, *(["--resume"] if resume else [])]
     print(f"seed {seed}: {' '.join(command)}", flush=True)
     start = time.perf_counter()
     subprocess.run(command, check=True)

@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 python benchmarks/replay.py [--engine hf|vllm] [--model tiny]
 
 The main job's setting: the built-in ``smollm2-135m`` (SmolLM2-135M-Instruct from its GGUF,
-float32), chat prompts of the demo's ``arithmetic`` task (``rlblocks.demo.TASKS``), temperature
+float32), chat prompts of the demo's ``arithmetic`` task (``rlblocks.app.demo.TASKS``), temperature
 1, ``--max-new-tokens`` 64, ``--prompts`` × ``--group-size`` rows, a fixed ``--seed``. For each
 sampler (top-p 0.9, top-k 50) one batch is sampled with ``SamplingParams(replay=True)``: its
 rollout log-probs are those of the distribution the engine sampled from, and its
@@ -36,7 +36,7 @@ import time
 import torch
 
 import rlblocks as rb
-from rlblocks.demo import TASKS, problems
+from rlblocks.app.demo import TASKS, problems
 
 SAMPLERS = {"top-p 0.9": {"top_p": 0.9}, "top-k 50": {"top_k": 50}}
 #: A token whose two log-probs differ by more than this is counted (float32 rounding of cached

@@ -9,12 +9,13 @@ Subpackages: ``advantage`` (estimators), ``losses`` (per-token losses and ``aggr
 tiny and built-in models), ``rollout`` (engines), ``trainer`` (``PolicyTrainer``), ``critic`` (value model), ``resharder``,
 ``data`` (prompt datasets, the built-in arithmetic task), ``envs`` (multi-turn environments,
 tools and the agent rollout), ``recipes`` (GRPO...), ``run`` (how a run is driven:
-``RunOptions``, the loop, where rollouts and π_old come from), ``checkpoint``
-(whole-run checkpoints and resume), ``runlog`` (metrics JSONL), ``tracking`` (the ``Tracker``:
-metrics JSONL plus TensorBoard, W&B, MLflow, trackio), ``notebook`` (the live ``Dashboard``),
+``Run`` under your loop, ``RunOptions``, where rollouts and π_old come from), ``checkpoint``
+(whole-run checkpoints and resume), ``tracking`` (the ``Tracker``: metrics JSONL, with
+``tracking.runlog``, plus TensorBoard, W&B, MLflow, trackio), ``notebook`` (the live ``Dashboard``),
 ``planner`` (``rb.plan``: the memory a run needs per device, before it loads anything);
 ``rb.plot`` draws a run's curves. ``interfaces`` holds the block contracts, ``Rollouts`` the
-batch type.
+batch type; ``base`` the helpers under them, ``isolation`` the worker processes rewards and
+tools run in, ``app`` the command line and the main job (``python -m rlblocks``).
 
 The subpackages that pull in transformers or datasets are imported on first use, so that
 ``import rlblocks`` stays fast.
@@ -30,10 +31,13 @@ from rlblocks.rollouts import Rollouts
 __version__ = "0.1.0"
 
 _LAZY = (
+    "app",
+    "base",
     "checkpoint",
     "critic",
     "data",
     "envs",
+    "isolation",
     "models",
     "notebook",
     "planner",
@@ -41,7 +45,6 @@ _LAZY = (
     "resharder",
     "rollout",
     "run",
-    "runlog",
     "tracking",
     "trainer",
 )
@@ -52,11 +55,14 @@ __all__ = [
     "Rollouts",
     "SamplingParams",
     "advantage",
+    "app",
+    "base",
     "checkpoint",
     "critic",
     "data",
     "envs",
     "interfaces",
+    "isolation",
     "losses",
     "models",
     "notebook",
@@ -69,7 +75,6 @@ __all__ = [
     "rewards",
     "rollout",
     "run",
-    "runlog",
     "tracking",
     "trainer",
 ]

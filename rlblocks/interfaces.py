@@ -22,7 +22,7 @@ method's arguments over its workers (:class:`Dispatch`) and what a placement's h
 for the resharder (:class:`Handle`). docs/architecture.md draws the seam.
 
 This module imports nothing else of rlblocks but ``Rollouts`` and ``Dispatch``
-(``rlblocks.dispatch``), both free of rlblocks imports.
+(``rlblocks.base.dispatch``), both free of rlblocks imports.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any, Literal, NamedTuple, Protocol, TypeVar, runtime_checkabl
 import torch
 from torch import Tensor, nn
 
-from rlblocks.dispatch import Dispatch, dispatch, dispatch_of
+from rlblocks.base.dispatch import Dispatch, dispatch, dispatch_of
 from rlblocks.rollouts import Rollouts
 
 __all__ = [

@@ -37,9 +37,9 @@ Provenance, stamped by the run's rollout source (`rlblocks.run.source`), None el
 rollout the tool's observation tokens are real tokens (attended to) that the policy did not
 generate, so they are False in ``response_mask``.
 
-This module imports nothing else from rlblocks but `rlblocks.rollouts_checks` (its checks),
-`rlblocks.rollouts_rows` (padding, row indices, `balanced_partition`) and, on first use
-of ``to_records``, `rlblocks.rollouts_table`; none of them imports anything of rlblocks.
+This module imports nothing else from rlblocks but `rlblocks.base.rollouts_checks` (its checks),
+`rlblocks.base.rollouts_rows` (padding, row indices, `balanced_partition`) and, on first use
+of ``to_records``, `rlblocks.base.rollouts_table`; none of them imports anything of rlblocks.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlblocks.rollouts_checks import (
+from rlblocks.base.rollouts_checks import (
     check_extra,
     check_no_counted_padding,
     check_parts_alike,
@@ -63,7 +63,7 @@ from rlblocks.rollouts_checks import (
     expect_shape,
     shape_of,
 )
-from rlblocks.rollouts_rows import (
+from rlblocks.base.rollouts_rows import (
     balanced_partition,
     cat_padded,
     padded_lists,
@@ -76,7 +76,7 @@ __all__ = [
     "TOKEN_FIELDS",
     "Index",
     "Rollouts",
-    "balanced_partition",  # defined in rlblocks.rollouts_rows
+    "balanced_partition",  # defined in rlblocks.base.rollouts_rows
 ]
 
 Index = Tensor | Sequence[int] | slice
@@ -237,9 +237,9 @@ class Rollouts:
         self, *, rewards: Tensor | None = None, advantages: Tensor | None = None
     ) -> list[dict[str, Any]]:
         """One dict per row: prompt, completion, token counts, reward, advantage, metadata
-        (`rlblocks.rollouts_table.rollout_records`; ``rewards`` / ``advantages`` default to
+        (`rlblocks.base.rollouts_table.rollout_records`; ``rewards`` / ``advantages`` default to
         the batch's own fields)."""
-        from rlblocks.rollouts_table import rollout_records
+        from rlblocks.base.rollouts_table import rollout_records
 
         return rollout_records(self, rewards=rewards, advantages=advantages)
 

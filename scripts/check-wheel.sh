@@ -28,7 +28,7 @@ import pkgutil
 from pathlib import Path
 
 import rlblocks
-from rlblocks.extras import EXTRAS
+from rlblocks.base.extras import EXTRAS
 
 root = Path(rlblocks.__file__).parent
 assert "site-packages" in str(root), f"rlblocks imported from {root}, not from the wheel"
@@ -53,7 +53,7 @@ except ImportError as error:
 else:
     raise AssertionError("ray is installed in the clean environment")
 PY
-HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 "$py" -m rlblocks.demo --model tiny --steps 1 --eval-size 2 \
+HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 "$py" -m rlblocks --model tiny --steps 1 --eval-size 2 \
     --out "$work/run" | tail -n 3
 
 # A tutorial outside a checkout, as on Colab: with rlblocks uninstalled, notebook 01's setup

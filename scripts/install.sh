@@ -15,7 +15,7 @@ venv=${RLBLOCKS_VENV:-.venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 py="$venv/bin/python"
 case "${1:-all}" in
-    main) extras="[plot]" ;;  # python -m rlblocks.demo: the core, and matplotlib for curves.png
+    main) extras="[plot]" ;;  # python -m rlblocks: the core, and matplotlib for curves.png
     all) extras="[dev,ray,notebook,tracking]" ;;
     *) echo "install.sh: unknown argument '$1'; pass nothing (everything) or 'main'" >&2; exit 2 ;;
 esac

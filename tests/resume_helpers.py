@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlblocks.runlog import read_metrics
+from rlblocks.tracking.runlog import read_metrics
 
 ENV = {
     **os.environ,

@@ -10,9 +10,9 @@ import torch
 from toy_tasks import digit_fraction
 
 import rlblocks as rb
-from rlblocks import demo
-from rlblocks.job import sft_completion
-from rlblocks.runlog import read_metrics
+from rlblocks.app import demo
+from rlblocks.app.job import sft_completion
+from rlblocks.tracking.runlog import read_metrics
 
 
 def test_demo_smoke_run_writes_its_outputs(tmp_path, monkeypatch, capsys):
@@ -408,7 +408,7 @@ def test_each_flag_sets_the_train_keys_the_table_names():
 
 
 def test_every_flag_of_the_main_job_in_the_docs_exists():
-    # A flag named in the README or the docs after `python -m rlblocks.demo` is one the parser
+    # A flag named in the README or the docs after `python -m rlblocks` is one the parser
     # has (values may be placeholders there: --seed S).
     root = Path(__file__).resolve().parents[1]
     pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
@@ -417,15 +417,13 @@ def test_every_flag_of_the_main_job_in_the_docs_exists():
         (page.relative_to(root), line)
         for page in pages
         for line in page.read_text().splitlines()
-        if "python -m rlblocks.demo" in line
+        if "python -m rlblocks" in line
     ]
     assert len(commands) >= 10, commands
     unknown = [
         (str(page), flag)
         for page, line in commands
-        for flag in re.findall(
-            r"(?<![\w-])(--[a-z][\w-]*)", line.split("python -m rlblocks.demo", 1)[1]
-        )
+        for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", line.split("python -m rlblocks", 1)[1])
         if flag not in flags
     ]
     assert not unknown, unknown

@@ -201,7 +201,7 @@ def test_every_rlblocks_name_and_path_in_the_docs_exists():
 
 def test_name_checker_rejects_what_does_not_exist():
     assert resolves("losses.clipped_surrogate") and resolves("interfaces.RolloutEngine")
-    assert resolves("trainer.TrainConfig") and resolves("demo")
+    assert resolves("trainer.TrainConfig") and resolves("app.demo")
     assert not resolves("losses.no_such_loss") and not resolves("no_such_module.thing")
     assert REPO_PATH.findall("see `rlblocks/recipes/grpo.py`.") == ["rlblocks/recipes/grpo.py"]
 

@@ -14,7 +14,7 @@ import pkgutil
 from types import ModuleType
 
 import rlblocks
-from rlblocks.extras import EXTRAS
+from rlblocks.base.extras import EXTRAS
 
 
 def public_modules() -> list[ModuleType]:

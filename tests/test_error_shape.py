@@ -42,7 +42,7 @@ BLOCK_NAME_VALUES = {
 
 # (file under rlblocks/, start of the message): why it is deliberately not in the shape.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("cli.py", "{key}: "): (
+    ("app/cli.py", "{key}: "): (
         "the CLI names the config key the user wrote (reward: ...), as a data error names its file"
     ),
 }

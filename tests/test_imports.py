@@ -85,7 +85,7 @@ def test_find_cycle_sees_a_circle():
 
 def test_blocks_do_not_import_the_notebook_package():
     # The dashboard and plots read the blocks (runlog's JSONL); a block never reads them back.
-    edge = {"rlblocks", "rlblocks.demo"}  # the package's lazy rb.plot, and the demo program
+    edge = {"rlblocks", "rlblocks.app.demo"}  # the package's lazy rb.plot, and the demo program
     offenders = {
         name: sorted(t for t in targets if t.startswith("rlblocks.notebook"))
         for name, targets in import_graph().items()

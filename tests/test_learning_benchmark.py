@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rlblocks import demo
+from rlblocks.app import demo
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "learning.py"
 _spec = importlib.util.spec_from_file_location("learning_benchmark", _PATH)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from rlblocks.extras import EXTRAS, require
+from rlblocks.base.extras import EXTRAS, require
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

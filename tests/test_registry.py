@@ -1,4 +1,4 @@
-"""``rlblocks.registry``: blocks carry their own names. A loss, an engine and a recipe defined
+"""``rlblocks.base.registry``: blocks carry their own names. A loss, an engine and a recipe defined
 and registered in a module of their own (as docs/contributing.md says) are found by the
 command line and sized by the planner, with no list edited anywhere; a name registered twice
 is refused with both places; an unknown one lists the known names. Registries are
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import rlblocks as rb
-from rlblocks import train
-from rlblocks.job import memory_plan
+from rlblocks.app import train
+from rlblocks.app.job import memory_plan
+from rlblocks.base.registry import Registry, restored
 from rlblocks.losses import LOSSES
 from rlblocks.recipes import RECIPES
-from rlblocks.registry import Registry, restored
 from rlblocks.rollout import ENGINES
 
 # A plugin module: each block registered beside its definition, the documented way.

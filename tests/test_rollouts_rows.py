@@ -1,4 +1,4 @@
-"""rlblocks.rollouts_rows: padding ragged lists, widening and joining padded tensors, checking
+"""rlblocks.base.rollouts_rows: padding ragged lists, widening and joining padded tensors, checking
 row indices, and sharing rows out over workers (`balanced_partition`)."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from torch.testing import assert_close
 
 import rlblocks.rollouts
-from rlblocks.rollouts_rows import (
+from rlblocks.base.rollouts_rows import (
     balanced_partition,
     cat_padded,
     pad_columns,

@@ -4,7 +4,7 @@ import re
 import pytest
 import torch
 
-from rlblocks.runlog import RunLog, read_metrics
+from rlblocks.tracking.runlog import RunLog, read_metrics
 
 
 def test_runlog_appends_flushed_json_lines(tmp_path):
@@ -21,7 +21,7 @@ def test_runlog_appends_flushed_json_lines(tmp_path):
 def test_plain_makes_tensors_and_numpy_values_json_values():
     import numpy as np
 
-    from rlblocks.runlog import plain
+    from rlblocks.tracking.runlog import plain
 
     assert plain(torch.tensor([0.5])) == 0.5 and plain(np.float32(1.5)) == 1.5
     assert plain(torch.tensor([1, 2])) == [1, 2] and plain(np.array([[2.0, 3.0]])) == [[2.0, 3.0]]
@@ -29,7 +29,7 @@ def test_plain_makes_tensors_and_numpy_values_json_values():
 
 
 def test_truncate_keeps_the_steps_before_and_rewrites_in_place(tmp_path):
-    from rlblocks.runlog import truncate
+    from rlblocks.tracking.runlog import truncate
 
     path = tmp_path / "metrics.jsonl"
     log = RunLog(path)
@@ -67,7 +67,7 @@ def test_read_metrics_names_file_and_line_of_a_broken_line_before_the_end(tmp_pa
 
 
 def test_metrics_frame_from_a_file_and_from_records(tmp_path):
-    from rlblocks.runlog import metrics_frame
+    from rlblocks.tracking.runlog import metrics_frame
 
     log = RunLog(tmp_path / "metrics.jsonl")
     log.log(0, {"reward/mean": 0.25, "loss": torch.tensor(1.5)})

@@ -13,7 +13,7 @@ from builders import tiny_engine, tiny_trainer
 from toy_tasks import count_prompts, digit_examples, digit_fraction
 
 import rlblocks as rb
-from rlblocks import train
+from rlblocks.app import train
 from rlblocks.critic import CriticTrainer
 from rlblocks.data import PromptBatches
 
@@ -183,7 +183,7 @@ def test_duplicate_yaml_keys_are_refused_naming_the_key_and_both_lines(tmp_path)
 
 def test_yaml_merge_keys_and_aliases_are_not_duplicates():
     # `<<: *anchor` followed by a key of its own is YAML's way to override on purpose.
-    from rlblocks import config_yaml  # new here: the rest of the file runs on older code too
+    from rlblocks.app import config_yaml  # new here: the rest of the file runs on older code too
 
     text = "base: &b {lr: 1, clip: 2}\ntrainer:\n  <<: *b\n  lr: 3\nagain: *b\n"
     assert config_yaml.load(text)["trainer"] == {"lr": 3, "clip": 2}

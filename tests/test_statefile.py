@@ -1,4 +1,4 @@
-"""`rlblocks.statefile`: state written as JSON and safetensors and read back as equal values,
+"""`rlblocks.base.statefile`: state written as JSON and safetensors and read back as equal values,
 without unpickling anything; what is not data is refused by where it sits."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 from resume_helpers import assert_same_state as assert_same
 
-from rlblocks.statefile import StateFileError, read_state, read_tree, write_state
+from rlblocks.base.statefile import StateFileError, read_state, read_tree, write_state
 
 VALUES = {
     "plain": {"n": 3, "x": 0.25, "ok": True, "none": None, "name": "grpo", "list": [1, [2, 3]]},
@@ -49,7 +49,7 @@ def test_every_kind_of_value_comes_back_equal(tmp_path, name):
 
 
 def test_the_random_generators_come_back_and_draw_the_same(tmp_path):
-    from rlblocks.rng import rng_state, set_rng_state
+    from rlblocks.base.rng import rng_state, set_rng_state
 
     random.seed(3), np.random.seed(3), torch.manual_seed(3)
     np.random.randn()  # a cached Gaussian in NumPy's state

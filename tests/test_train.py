@@ -1,4 +1,4 @@
-"""``python -m rlblocks.train``: a YAML-configured run is the Python call it stands for (same
+"""``python -m rlblocks.app.train``: a YAML-configured run is the Python call it stands for (same
 metrics, step by step), overrides win over the file, bad keys are named with their file and
 line, and the saved ``config.yaml`` relaunches and resumes the same run."""
 
@@ -16,8 +16,8 @@ import yaml
 from toy_tasks import digit_fraction
 
 import rlblocks as rb
-from rlblocks import demo, train
-from rlblocks.runlog import read_metrics
+from rlblocks.app import demo, train
+from rlblocks.tracking.runlog import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -234,7 +234,7 @@ def flat(section: dict, prefix: str = "") -> dict:
 
 
 def test_the_main_job_is_the_yaml_config_of_rlblocks_train():
-    # python -m rlblocks.demo runs rlblocks-train with the keys of its flags (demo.train_argv):
+    # python -m rlblocks runs rlblocks-train with the keys of its flags (demo.train_argv):
     # with the defaults they are examples/grpo_arithmetic.yaml's, key for key, but the output
     # folder; and its held-out problems are the demo's 256 (compared as prompts).
     main_job = ROOT / "examples" / "grpo_arithmetic.yaml"

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from rlblocks.rollouts import Rollouts
-from rlblocks.runlog import read_metrics
 from rlblocks.tracking import Tracker
+from rlblocks.tracking.runlog import read_metrics
 
 CONFIG = {"lr": 1e-5, "group_size": 2, "model": {"name": "tiny", "dtype": "float32"}}
 NAMES = ("reward/mean", "time/update", "kl/token", "loss", "grad_norm")

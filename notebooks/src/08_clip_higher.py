@@ -72,7 +72,7 @@ import torch
 
 import rlblocks as rb
 from rlblocks.data import PromptBatches
-from rlblocks.demo import TASKS, problems
+from rlblocks.app.demo import TASKS, problems
 
 SETTINGS = {"symmetric clip (0.2, 0.2)": (0.2, 0.2), "clip-higher (0.2, 0.28)": (0.2, 0.28)}
 sampling = rb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)

@@ -74,7 +74,7 @@ import torch
 
 import rlblocks as rb
 from rlblocks.data import PromptBatches
-from rlblocks.demo import TASKS, problems
+from rlblocks.app.demo import TASKS, problems
 
 SETTINGS = {  # name: (aggregation, advantage)
     "GRPO": (rb.losses.seq_mean_token_mean, partial(rb.advantage.grpo, scale_by_std=True)),

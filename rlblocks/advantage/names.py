@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rlblocks.base.registry import Registry
 from rlblocks.interfaces import Advantages
-from rlblocks.registry import Registry
 
 ESTIMATORS: Registry[Callable[..., Advantages]] = Registry(
     "advantage estimator", key="advantage.name"

@@ -9,6 +9,7 @@ for how it is written so that a kill or a full disk never leaves a half-written 
 `rlblocks.checkpoint.lock` for the lock that keeps one run per folder.
 """
 
+from rlblocks.base.rng import rng_state, set_rng_state
 from rlblocks.checkpoint.checkpointer import (
     Checkpointer,
     CheckpointError,
@@ -17,7 +18,6 @@ from rlblocks.checkpoint.checkpointer import (
     warn_if_config_differs,
 )
 from rlblocks.checkpoint.lock import FolderInUseError
-from rlblocks.rng import rng_state, set_rng_state
 
 __all__ = [
     "CheckpointError",

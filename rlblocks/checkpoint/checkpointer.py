@@ -20,7 +20,7 @@ What a checkpoint holds (folder ``step-{step:08d}``):
 - ``state.json`` and ``state.safetensors``: the `Stateful` blocks' ``state_dict()`` (data
   position, KL controller, resharder version, the batch sampled ahead, ...), the random state
   of this process (Python, NumPy, torch, CUDA), the step, the metric history and the run
-  configuration, as data (`rlblocks.statefile`: JSON, tensors in safetensors; nothing in a
+  configuration, as data (`rlblocks.base.statefile`: JSON, tensors in safetensors; nothing in a
   checkpoint is unpickled, so nothing in it can run code);
 - ``meta.json``: the format, the step, the time, the blocks and the configuration;
 - ``manifest.json``: every file's size and SHA-256 (`rlblocks.checkpoint.integrity`);
@@ -50,6 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from rlblocks.base.rng import rng_state, set_rng_state
+from rlblocks.base.statefile import StateFileError, read_state, write_state
 from rlblocks.checkpoint.folders import (
     MARKER,
     complete_steps,
@@ -62,8 +64,6 @@ from rlblocks.checkpoint.folders import (
 from rlblocks.checkpoint.integrity import damage, first_nonfinite, write_manifest
 from rlblocks.checkpoint.lock import FolderLock, locked
 from rlblocks.interfaces import Checkpointable, Stateful
-from rlblocks.rng import rng_state, set_rng_state
-from rlblocks.statefile import StateFileError, read_state, write_state
 
 Resume = bool | Literal["auto"]
 #: 1: ``state.pt`` (pickle); 2: ``state.json`` + ``.safetensors``, a manifest of checksums.

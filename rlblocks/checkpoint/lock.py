@@ -99,7 +99,7 @@ def locked(method: Callable[P, R]) -> Callable[P, R]:
 
 
 def holder(path: Path) -> str:
-    """Who holds the lock on ``path``, in words: ``process 1234 (python -m rlblocks.train
+    """Who holds the lock on ``path``, in words: ``process 1234 (python -m rlblocks.app.train
     run.yaml)``, ``this process (pid 1234)``, or ``another process (its id unknown)``."""
     pid = locking_pid(path)
     if pid is None:

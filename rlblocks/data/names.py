@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rlblocks.registry import Registry
+from rlblocks.base.registry import Registry
 
 DATA: Registry[Callable[..., Any]] = Registry("data source", key="data.name")
 """Name -> prompt-dataset builder for ``data.name``; the section's other keys are its

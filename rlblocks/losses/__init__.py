@@ -6,7 +6,7 @@ The pairwise preference losses (:func:`dpo`, :func:`ipo`, :func:`simpo`) are per
 instead; :func:`preference_advantages` turns them into per-token advantages for the trainer.
 
 ``LOSSES``, ``PREFERENCES``, ``AGGREGATIONS`` and ``CORRECTIONS`` name these blocks for config
-files and command lines (`rlblocks.registry`); each registers itself beside its definition.
+files and command lines (`rlblocks.base.registry`); each registers itself beside its definition.
 """
 
 from rlblocks.interfaces import Aggregation

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlblocks.base.masked import masked_sum
+from rlblocks.base.registry import Registry
 from rlblocks.interfaces import Aggregation
-from rlblocks.masked import masked_sum
-from rlblocks.registry import Registry
 
 
 def _divide(total: Tensor, normalizer: Tensor | float) -> Tensor:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlblocks.base.masked import masked_mean
 from rlblocks.losses.names import LOSSES
 from rlblocks.losses.ppo import check_loss_inputs, finish_loss, prepare_loss_inputs, ratio_metrics
-from rlblocks.masked import masked_mean
 
 
 @LOSSES.register("cispo")

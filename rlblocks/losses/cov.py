@@ -36,6 +36,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
+from rlblocks.base.masked import masked_mean
 from rlblocks.losses.names import LOSSES
 from rlblocks.losses.ppo import (
     check_loss_inputs,
@@ -45,7 +46,6 @@ from rlblocks.losses.ppo import (
     ratio_metrics,
     surrogate_terms,
 )
-from rlblocks.masked import masked_mean
 
 _MASK32 = 0xFFFFFFFF
 _Int = TypeVar("_Int", Tensor, int)  # a Python int or an int64 tensor

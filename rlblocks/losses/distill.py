@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlblocks.base.masked import masked_mean
 from rlblocks.losses.kl import k1
-from rlblocks.masked import masked_mean
 
 
 def reverse_kl(

@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from rlblocks.base.masked import masked_mean
 from rlblocks.losses.truncation import Truncation, kept_tokens, masked_logits
-from rlblocks.masked import masked_mean
 
 DEFAULT_CHUNK_SIZE = 1024
 """Rows (tokens) per chunk: with v = 152 064, a float32 chunk is 0.6 GB."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlblocks.base.masked import masked_mean, masked_sum
 from rlblocks.losses.names import LOSSES
 from rlblocks.losses.ppo import (
     check_loss_inputs,
@@ -20,7 +21,6 @@ from rlblocks.losses.ppo import (
     prepare_loss_inputs,
     ratio_metrics,
 )
-from rlblocks.masked import masked_mean, masked_sum
 
 
 @LOSSES.register("gspo")

@@ -29,9 +29,9 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from rlblocks.base.masked import masked_mean, masked_sum
 from rlblocks.interfaces import PolicyLoss
 from rlblocks.losses.inputs import forwarding_signature, loss_inputs
-from rlblocks.masked import masked_mean, masked_sum
 
 KLEstimator = Callable[[Tensor, Tensor], Tensor]
 """``(logprobs, ref_logprobs) -> kl``, all ``(b t)``; the per-token estimate of KL(π_θ ‖ π_ref)."""

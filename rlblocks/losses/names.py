@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rlblocks.registry import Registry
+from rlblocks.base.registry import Registry
 
 LOSSES: Registry[Callable[..., Any]] = Registry("policy loss", key="loss.name")
 """Name -> policy loss for ``loss.name``; the section's other keys are its keyword arguments."""

@@ -45,9 +45,9 @@ from typing import Any, ClassVar, Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from rlblocks.base.registry import Registry
 from rlblocks.interfaces import PolicyLoss
 from rlblocks.losses.inputs import forwarding_signature, loss_inputs
-from rlblocks.registry import Registry
 
 Level = Literal["token", "sequence", "geometric"]
 LEVELS = ("token", "sequence", "geometric")

@@ -23,8 +23,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from rlblocks.base.masked import masked_mean
 from rlblocks.losses.names import LOSSES
-from rlblocks.masked import masked_mean
 
 
 @LOSSES.register("clipped_surrogate")

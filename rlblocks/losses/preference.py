@@ -45,8 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rlblocks.base.masked import masked_sum
 from rlblocks.losses.names import PREFERENCES
-from rlblocks.masked import masked_sum
 
 PreferenceLoss = Callable[
     [Tensor, Tensor | None, Tensor, Tensor, Tensor], tuple[Tensor, dict[str, Tensor]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlblocks.masked import masked_mean
+from rlblocks.base.masked import masked_mean
 
 
 def nll(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlblocks.masked import masked_mean, masked_var
+from rlblocks.base.masked import masked_mean, masked_var
 
 
 def value_loss(

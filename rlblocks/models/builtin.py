@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
+from rlblocks.base.registry import Registry
 from rlblocks.models.tiny import save_on_any_rank, save_tiny
-from rlblocks.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlblocks.runlog import read_metrics
+from rlblocks.tracking.runlog import read_metrics
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -72,7 +72,7 @@ def curves_figure(
     dashboard's history). Non-finite values (NaN from a step skipped by the NaN guard) are left
     out of their curve. Raises ``ValueError`` when none of ``curves`` appears.
     """
-    from rlblocks.extras import require
+    from rlblocks.base.extras import require
 
     require("matplotlib", needed_by="curves_figure")
     from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -130,7 +130,7 @@ class BatchView:
     @property
     def frame(self) -> Any:
         """A ``pandas.DataFrame``, one row per token (the ``pandas`` extra)."""
-        from rlblocks.extras import require
+        from rlblocks.base.extras import require
 
         pd = require("pandas", needed_by="BatchView.frame")
         return pd.DataFrame(self.columns)

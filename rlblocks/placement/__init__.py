@@ -22,7 +22,7 @@ _FROM_RAY = ("Pool", "Ray", "WorkerGroup")
 
 def __getattr__(name: str):
     if name in _FROM_RAY:
-        from rlblocks.extras import require
+        from rlblocks.base.extras import require
 
         require("ray", needed_by=f"rb.placement.{name}")
         from rlblocks.placement import ray as _ray

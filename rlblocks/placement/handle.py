@@ -30,6 +30,7 @@ from typing import Any
 
 import ray
 
+from rlblocks.base.stacks import SignalStacks
 from rlblocks.interfaces import Dispatch
 from rlblocks.placement.pool import Workers
 from rlblocks.placement.scatter import (
@@ -40,7 +41,6 @@ from rlblocks.placement.scatter import (
 )
 from rlblocks.placement.worker import GETATTR, NOOP, Call
 from rlblocks.rollouts import Rollouts
-from rlblocks.stacks import SignalStacks
 
 
 class WorkerGroup:
@@ -130,7 +130,7 @@ class WorkerGroup:
 
     def stacks(self) -> str:
         """Every thread's Python stack in each rank's worker on the driver's node, read while
-        the worker runs whatever it runs (`rlblocks.stacks`: the worker answers a signal from
+        the worker runs whatever it runs (`rlblocks.base.stacks`: the worker answers a signal from
         C, even blocked in a collective); a rank on another node is named as out of reach.
         What a stall report (`rlblocks.run.watchdog.Watchdog`) asks of its workers."""
         here = ray.get_runtime_context().get_node_id()

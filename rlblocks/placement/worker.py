@@ -21,9 +21,9 @@ import ray
 import torch
 from torch.torch_version import TorchVersion
 
+from rlblocks.base.stacks import serve_stacks
 from rlblocks.interfaces import Shardable, dispatch_of
 from rlblocks.placement.errors import WorkerError
-from rlblocks.stacks import serve_stacks
 
 #: A call as it travels: (method name, positional arguments, keyword arguments).
 Call = tuple[str, tuple, dict]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rlblocks.registry import Registry
+from rlblocks.base.registry import Registry
 
 RECIPES: Registry[Callable[..., list[dict[str, Any]]]] = Registry("recipe", key="recipe")
 """Name -> recipe for ``recipe:``; the file's other top-level keys are its keyword arguments."""

@@ -32,6 +32,7 @@ from typing import Any
 
 from rlblocks import interfaces
 from rlblocks.advantage import gae, whiten
+from rlblocks.base.masked import masked_mean
 from rlblocks.losses import (
     AdaptiveKLController,
     FixedKLController,
@@ -41,7 +42,6 @@ from rlblocks.losses import (
     kl_penalty_rewards,
     kl_regularized,
 )
-from rlblocks.masked import masked_mean
 from rlblocks.recipes.defaults import DEFAULT_SAMPLING, PPO_CLIP
 from rlblocks.recipes.names import RECIPES
 from rlblocks.rewards import checked

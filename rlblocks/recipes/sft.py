@@ -6,7 +6,7 @@ target in ``response_ids``, ``response_mask`` True on the tokens to learn), one
 else: the trainer's micro-batches (``micro_batch_size`` rows or ``micro_batch_tokens`` real
 tokens, rows of similar length together), gradient clipping, NaN guard, schedule, checkpoints
 and data-parallel split are the RL update's. The trainer that comes out is the one GRPO goes
-on with (``python -m rlblocks.demo --sft-steps 20``; docs/sft.md).
+on with (``python -m rlblocks --sft-steps 20``; docs/sft.md).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
+from rlblocks.base.masked import masked_mean
 from rlblocks.interfaces import PolicyLoss, PolicyTrainer, Rollouts
 from rlblocks.losses import nll
-from rlblocks.masked import masked_mean
 from rlblocks.run import Batches, Run, RunOptions, run_config
 
 

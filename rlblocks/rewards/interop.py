@@ -46,7 +46,7 @@ Choices made here (not TRL's or verl's, which leave a failing function to crash 
 - ``trainer_state`` is a ``transformers.TrainerState`` with what TRL's carries and a reward
   reads: ``global_step`` (the steps the run loop has finished: its updates so far),
   ``max_steps`` (the run's steps) and ``epoch`` (epochs of the prompt data drawn so far,
-  fractional), from `rlblocks.progress`. Called outside a run loop (by hand), it is a
+  fractional), from `rlblocks.base.progress`. Called outside a run loop (by hand), it is a
   ``TrainerState()`` at step 0. ``log_metric(name, value)`` adds ``{key}/{name}`` to the
   metrics; ``log_extra(column, values)`` is accepted and
   its values dropped (TRL shows them in its completions table; keep what you need in metadata).
@@ -67,8 +67,8 @@ import numbers
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rlblocks.base.progress import current
 from rlblocks.interfaces import RewardFn, RewardOutput
-from rlblocks.progress import current
 from rlblocks.rewards.guard import Abandoned, _name_of, _run_with_deadlines, _summarize
 from rlblocks.rewards.outcome import Failure, Outcome, checked_score
 
@@ -97,7 +97,7 @@ TRL_DROPPED = ("prompt", "completion", "completion_ids")
 # ---------------------------------------------------------------------- TRL
 def trainer_state() -> Any:
     """The ``transformers.TrainerState`` TRL would pass a reward function now: ``global_step``,
-    ``max_steps`` and ``epoch`` of the running loop (`rlblocks.progress`); a fresh
+    ``max_steps`` and ``epoch`` of the running loop (`rlblocks.base.progress`); a fresh
     ``TrainerState()`` (step 0) outside one."""
     from transformers import TrainerState
 

@@ -6,8 +6,8 @@ command lines only (every entry takes a `Rollouts`); code passes the functions t
 
 from __future__ import annotations
 
+from rlblocks.base.registry import Registry
 from rlblocks.interfaces import RewardFn
-from rlblocks.registry import Registry
 
 REWARDS: Registry[RewardFn] = Registry("reward", key="reward")
 """Name -> reward function for ``reward:`` (else ``package.module:function``)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlblocks.registry import Registry
+from rlblocks.base.registry import Registry
 
 ENGINES: Registry[type[Any]] = Registry("rollout engine", key="rollout")
 """Name -> engine class for ``rollout:``; ``rb.plan(engine=ENGINES[name])`` sizes it."""

@@ -25,7 +25,7 @@ draws and syncs are timed on the step's clock, and it is closed when the block i
 
 **Each step** ``for step in run`` hands out the step's index (from the resumed step on) with a
 fresh clock (`rlblocks.run.clock.Clock`: ``run.phase(name)`` times a phase, nested phases count
-each second once), the watchdog's deadlines, ``rlblocks.progress.current``, and the source
+each second once), the watchdog's deadlines, ``rlblocks.base.progress.current``, and the source
 told how many steps remain (nothing is sampled ahead for a step that will not run).
 ``run.record(metrics, rollouts)`` adds the metrics every step reports (`rlblocks.run.clock`)
 and the source's (``async/*``), appends them to ``run.history``, moves the progress bar,
@@ -71,9 +71,9 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 from tqdm.auto import tqdm
 
+from rlblocks.base.progress import Progress, set_current
 from rlblocks.checkpoint import Checkpointer
 from rlblocks.interfaces import Rollouts
-from rlblocks.progress import Progress, set_current
 from rlblocks.run.clock import Clock, shared_metrics
 from rlblocks.run.options import LOOP_FIELDS, SOURCE_FIELDS, RunOptions
 from rlblocks.run.preflight import check_steps

@@ -130,8 +130,10 @@ def check_sampling(owner: str, staleness: Any, old_logprobs: Any, correction: An
         (
             not whole,
             TypeError,
-            f"staleness: {staleness!r} is not a whole number of updates; pass 0 "
-            "(synchronous) or k >= 1 (k steps off)",
+            (
+                f"staleness: {staleness!r} is not a whole number of updates; pass 0 "
+                "(synchronous) or k >= 1 (k steps off)"
+            ),
         ),
         (
             whole and staleness < 0,
@@ -141,21 +143,27 @@ def check_sampling(owner: str, staleness: Any, old_logprobs: Any, correction: An
         (
             old_logprobs not in ("auto", "recompute", "rollout"),
             ValueError,
-            f"old_logprobs: {old_logprobs!r} is not a source of π_old; use 'auto', "
-            "'recompute' or 'rollout'",
+            (
+                f"old_logprobs: {old_logprobs!r} is not a source of π_old; use 'auto', "
+                "'recompute' or 'rollout'"
+            ),
         ),
         (
             not (correction in ("auto", None) or callable(correction)),
             ValueError,
-            f"correction: {correction!r} is not a correction; pass 'auto', None, or a loss "
-            "wrapper such as functools.partial(rb.losses.TruncatedIS, cap=2.0)",
+            (
+                f"correction: {correction!r} is not a correction; pass 'auto', None, or a loss "
+                "wrapper such as functools.partial(rb.losses.TruncatedIS, cap=2.0)"
+            ),
         ),
         (
             callable(correction) and old_logprobs == "rollout",
             ValueError,
-            "correction: a correction weights by π_old / π_rollout, but "
-            "old_logprobs='rollout' makes π_old the engine's log-probs (the ratio is 1); pass "
-            "old_logprobs='recompute' or 'auto', or correction=None",
+            (
+                "correction: a correction weights by π_old / π_rollout, but "
+                "old_logprobs='rollout' makes π_old the engine's log-probs (the ratio is 1); pass "
+                "old_logprobs='recompute' or 'auto', or correction=None"
+            ),
         ),
     ]
     for failed, error, message in checks:

@@ -47,7 +47,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol, TextIO
 
-from rlblocks.stacks import SignalStacks, serve_stacks, thread_stacks
+from rlblocks.base.stacks import SignalStacks, serve_stacks, thread_stacks
 
 STALL_EXIT = 75
 """The exit status of a process the watchdog ended (``on_stall="exit"``)."""

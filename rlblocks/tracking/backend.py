@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
-from rlblocks.registry import Registry
+from rlblocks.base.registry import Registry
 from rlblocks.tracking.samples import Sample
 
 #: The backends ``report_to`` names, with the module each one needs (for ``"all"``): each

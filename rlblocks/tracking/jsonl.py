@@ -1,15 +1,15 @@
 """The files a tracker always writes into its folder: the run's own record, in plain JSON.
 
 - ``metrics.jsonl``: ``{"step": step, **metrics}`` per step, flushed at once
-  (`rlblocks.runlog.RunLog`; every value as logged, non-scalars included, see
-  `rlblocks.runlog.plain`). ``rb.plot`` and the notebook dashboard read it.
+  (`rlblocks.tracking.runlog.RunLog`; every value as logged, non-scalars included, see
+  `rlblocks.tracking.runlog.plain`). ``rb.plot`` and the notebook dashboard read it.
 - ``samples.jsonl``: one line per sampled completion, ``{"step", "prompt", "completion",
   "reward"}``, at the steps that have a samples table.
 - ``config.json``: the run's configuration, written once when the run starts.
 
 A folder holds one run: starting a run where ``metrics.jsonl`` or ``samples.jsonl`` is not empty
 is an error, unless the run resumes (``resume_step=k``); then both files lose their lines with
-step >= k (rewritten atomically, `rlblocks.runlog.truncate`), so no step is there twice.
+step >= k (rewritten atomically, `rlblocks.tracking.runlog.truncate`), so no step is there twice.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlblocks.runlog import append_line, truncate, write_atomic
+from rlblocks.tracking.runlog import append_line, truncate, write_atomic
 from rlblocks.tracking.samples import Sample
 
 METRICS = "metrics.jsonl"

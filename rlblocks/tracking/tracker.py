@@ -17,11 +17,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlblocks.base.extras import is_installed
 from rlblocks.checkpoint.lock import FolderLock
-from rlblocks.extras import is_installed
-from rlblocks.runlog import RunLog
 from rlblocks.tracking.backend import BACKENDS, TrackingBackend
 from rlblocks.tracking.jsonl import METRICS, JsonlFiles
+from rlblocks.tracking.runlog import RunLog
 from rlblocks.tracking.samples import Sample, pick_samples
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ class Tracker:
         """Log one step; returns the record written to ``metrics.jsonl``.
 
         The record is ``{"step": step, **metrics}`` with tensors and NumPy values made plain
-        (`rlblocks.runlog.plain`). The backends get its scalars: the numbers (booleans as 0/1),
+        (`rlblocks.tracking.runlog.plain`). The backends get its scalars: the numbers (booleans as 0/1),
         NaN and ±inf included, under the same names; strings, lists and None stay in the JSONL
         only. With ``rollouts`` at a samples step, a samples table goes to the JSONL and every
         backend. Starts the run with an empty config when :meth:`start` was not called.

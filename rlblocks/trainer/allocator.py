@@ -15,7 +15,7 @@ recommends jemalloc or tcmalloc; here nothing needs preloading:
 
 The cost is that freed memory stays with the process (its resident size is its peak), and the
 settings hold for the whole process, not only for rlblocks' tensors. So they are opt-in: the
-main job (``python -m rlblocks.demo``, ``rlblocks.train``) and the speed benchmarks turn them on;
+main job (``python -m rlblocks``, ``rlblocks.app.train``) and the speed benchmarks turn them on;
 a program of one's own calls :func:`keep_freed_memory` or sets
 ``RLBLOCKS_KEEP_FREED_MEMORY=1`` (a CPU ``PolicyTrainer`` then applies them, in Ray workers too,
 which inherit the variable). ``RLBLOCKS_KEEP_FREED_MEMORY=0`` leaves ``malloc`` as it is even

@@ -1,6 +1,6 @@
 """A trainer's part of a run checkpoint: what ``save_checkpoint(folder)`` writes and reads back.
 
-The folder holds (every file data, none unpickled: `rlblocks.statefile`):
+The folder holds (every file data, none unpickled: `rlblocks.base.statefile`):
 
 - ``model/``: the policy in the Hugging Face format (``PolicyTrainer.save_pretrained`` with
   ``merge_lora=False``: the full model, or the LoRA adapter), loadable by transformers and vLLM
@@ -21,7 +21,7 @@ The folder holds (every file data, none unpickled: `rlblocks.statefile`):
 - ``trainer.json`` (rank 0): scheduler, counters, the world size, and the reference's
   fingerprint.
 - ``rng-{rank}.json`` and ``.safetensors``: the random state of each rank's process
-  (`rlblocks.rng`).
+  (`rlblocks.base.rng`).
 
 **The reference's identity.** A resumed run must keep the *initial* policy as its reference,
 not the checkpointed one. The reference is frozen and rebuilt by the user's code, so instead of
@@ -47,8 +47,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from rlblocks.rng import rng_state, set_rng_state
-from rlblocks.statefile import (
+from rlblocks.base.rng import rng_state, set_rng_state
+from rlblocks.base.statefile import (
     decode,
     encode,
     read_state,

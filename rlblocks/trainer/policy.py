@@ -455,7 +455,7 @@ class PolicyTrainer(Trained):
 
     def state_dict(self) -> dict[str, Any]:
         """Trainable parameters, optimizer, scheduler, counters and the process's random state
-        (`rlblocks.rng`). References, not copies: ``copy.deepcopy`` it to keep a
+        (`rlblocks.base.rng`). References, not copies: ``copy.deepcopy`` it to keep a
         snapshot while training goes on.
 
         Sharded (data-parallel) trainers return the full, unsharded state on every rank, with

@@ -21,10 +21,10 @@ from typing import Any
 
 from torch import Tensor
 
+from rlblocks.base.masked import masked_mean
 from rlblocks.interfaces import Aggregation, PolicyLoss
 from rlblocks.losses.aggregate import aggregate
 from rlblocks.losses.inputs import LossInputs, loss_inputs
-from rlblocks.masked import masked_mean
 from rlblocks.rollouts import Rollouts
 from rlblocks.trainer.config import TrainConfig
 from rlblocks.trainer.pi_old import ROW, from_update, gathered, mismatch, numbered

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rlblocks.base.rng import rng_state, set_rng_state
 from rlblocks.models.regional import compile_blocks
-from rlblocks.rng import rng_state, set_rng_state
 from rlblocks.trainer.config import apply_config
 from rlblocks.trainer.fsdp import full_state, full_tensor, load_full_state, shard_modules
 from rlblocks.trainer.weights import load_trainable_state, optimizer_state_by_name, trainable_state

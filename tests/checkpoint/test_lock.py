@@ -18,7 +18,7 @@ from resume_helpers import ENV
 
 import rlblocks as rb
 from rlblocks.checkpoint.lock import FolderInUseError
-from rlblocks.runlog import read_metrics
+from rlblocks.tracking.runlog import read_metrics
 
 JOB = Path(__file__).parents[1] / "counting_run.py"
 
@@ -109,7 +109,7 @@ def test_a_tracker_in_another_process_is_named_and_its_records_kept(tmp_path):
 
 
 def test_two_cli_runs_on_one_out_the_second_fails_before_building(tmp_path, monkeypatch):
-    from rlblocks import train
+    from rlblocks.app import train
 
     first = holder(tmp_path)  # holds tmp_path/checkpoints, as the CLI's run does
     monkeypatch.setattr(train, "build", lambda config: pytest.fail("built a second run"))

@@ -1,4 +1,4 @@
-"""Every `Stateful` block's ``state_dict`` is data: written by `rlblocks.statefile` (JSON and
+"""Every `Stateful` block's ``state_dict`` is data: written by `rlblocks.base.statefile` (JSON and
 safetensors), read back without unpickling, loaded into a fresh block, it gives the same
 ``state_dict`` again. The blocks a run checkpoints: the data position, the KL controllers, the
 resharder's version, the rollout source's batch sampled ahead, the trainers (the critic; the
@@ -15,9 +15,9 @@ from resume_helpers import assert_same_state
 from toy_tasks import count_prompts
 
 import rlblocks as rb
+from rlblocks.base.statefile import read_state, write_state
 from rlblocks.run import Drawn
 from rlblocks.run.source import RolloutSource
-from rlblocks.statefile import read_state, write_state
 
 
 def _drawn(stateful: bool):

@@ -7,7 +7,7 @@ import pytest
 
 from rlblocks.notebook import CURVES, curves_figure, plot
 from rlblocks.notebook.figure import png_bytes, present_curves
-from rlblocks.runlog import RunLog
+from rlblocks.tracking.runlog import RunLog
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -20,7 +20,7 @@ from toy_tasks import count_prompts, digit_fraction, run_group_recipe
 
 import rlblocks as rb
 from rlblocks.run.resume import ResumeRefused
-from rlblocks.runlog import read_metrics
+from rlblocks.tracking.runlog import read_metrics
 
 LR = 1e-2
 

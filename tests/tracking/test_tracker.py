@@ -11,8 +11,8 @@ import pytest
 from tracking_cases import CONFIG, SAMPLE_ROWS, batch, comparable, log_script, scalar_steps
 
 from rlblocks.notebook import Dashboard
-from rlblocks.runlog import read_metrics
 from rlblocks.tracking import BACKENDS, Tracker
+from rlblocks.tracking.runlog import read_metrics
 
 
 def test_jsonl_records_every_value_plain_and_samples_at_samples_steps(tmp_path):

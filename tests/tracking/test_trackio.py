@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tracking_cases import CONFIG, NAMES, SAMPLE_ROWS, batch, comparable, metrics_at, scalar_steps
 
-from rlblocks.extras import is_installed
+from rlblocks.base.extras import is_installed
 from rlblocks.tracking import Tracker
 
 # Not imported at collection: trackio reads TRACKIO_DIR once, and the first tracker sets it.

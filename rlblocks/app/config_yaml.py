@@ -1,4 +1,4 @@
-"""YAML for the CLI's configuration files (`rlblocks.train`), read strictly: a key given twice
+"""YAML for the CLI's configuration files (`rlblocks.app.train`), read strictly: a key given twice
 in one mapping is an error that names the key and both lines.
 
 YAML 1.2 says mapping keys are unique, but PyYAML (and with it jsonargparse, OmegaConf and most

@@ -27,7 +27,7 @@ from rlblocks.placement import Local
 from rlblocks.recipes import evaluate, sft
 from rlblocks.rollout import ENGINES, HFEngine
 from rlblocks.run import RunOptions
-from rlblocks.runlog import write_atomic
+from rlblocks.tracking.runlog import write_atomic
 
 
 def held_out_score(

@@ -1,9 +1,9 @@
-"""The command line of ``rlblocks-train`` (`rlblocks.train`): a recipe from a YAML file,
+"""The command line of ``rlblocks-train`` (`rlblocks.app.train`): a recipe from a YAML file,
 with command-line overrides::
 
-    python -m rlblocks.train examples/grpo_arithmetic.yaml
-    python -m rlblocks.train examples/grpo_arithmetic.yaml --model.name tiny --steps 2
-    python -m rlblocks.train runs/grpo/config.yaml --resume      # go on where it stopped
+    python -m rlblocks.app.train examples/grpo_arithmetic.yaml
+    python -m rlblocks.app.train examples/grpo_arithmetic.yaml --model.name tiny --steps 2
+    python -m rlblocks.app.train runs/grpo/config.yaml --resume      # go on where it stopped
 
 The file's sections are the arguments that exist already, not a new schema (docs/configs.md):
 ``recipe`` names a recipe (`RECIPES`) and every other top-level key is one of that recipe's own
@@ -47,12 +47,12 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from rlblocks.advantage import ESTIMATORS
-from rlblocks.config_yaml import MODE, DuplicateKeyError, check_unique_keys
-from rlblocks.data import DATA
-from rlblocks.interfaces import SamplingParams
-from rlblocks.job import (
+from rlblocks.app.config_yaml import MODE, DuplicateKeyError, check_unique_keys
+from rlblocks.app.job import (
     SFT_TARGETS,
 )
+from rlblocks.data import DATA
+from rlblocks.interfaces import SamplingParams
 from rlblocks.losses import AGGREGATIONS, CORRECTIONS, LOSSES, PREFERENCES
 from rlblocks.losses.offpolicy import DEFAULT_CORRECTION
 from rlblocks.models import resolve_device
@@ -62,7 +62,7 @@ from rlblocks.run.state import LOOP_ARGUMENTS
 from rlblocks.trainer import TrainConfig
 
 # The edge of the program: names for a config file. Each registry lives beside its blocks
-# (rlblocks.registry), which register themselves; this file only reads them.
+# (rlblocks.base.registry), which register themselves; this file only reads them.
 BUILT = frozenset(
     {
         *("policy", "critic", "engine", "reward_fn", "batches", "sampling", "advantage"),

