@@ -17,11 +17,12 @@ Blocks never import this package, and it imports no recipe; checkpoints
 (`rlblocks.checkpoint`) and trackers (`rlblocks.tracking`) sit beside it. docs/run.md.
 """
 
+from rlblocks.run.batches import Batches
 from rlblocks.run.clock import KL_LOSS_METRICS, PHASES, Clock
 from rlblocks.run.loop import Run, Source
 from rlblocks.run.options import RunOptions, StepCallback, Tracker
 from rlblocks.run.resume import ResumeRefused
-from rlblocks.run.source import Batches, RolloutSource, samples_with_policy
+from rlblocks.run.source import RolloutSource, samples_with_policy
 from rlblocks.run.state import Drawn, describe, run_config
 from rlblocks.run.watchdog import STALL_EXIT, Watchdog, thread_stacks
 

@@ -91,7 +91,7 @@ class OutOfData(Exception):
 
 class Source(Protocol):
     """Where a run's steps get their data: what a `Run` asks of a source
-    (`rlblocks.run.source.RolloutSource`, `rlblocks.run.source.Batches`; any object with these
+    (`rlblocks.run.source.RolloutSource`, `rlblocks.run.batches.Batches`; any object with these
     methods)."""
 
     def attach(self, run: Run) -> None:

@@ -80,6 +80,7 @@ from rlblocks.interfaces import (
     SamplingParams,
 )
 from rlblocks.losses.offpolicy import ASYNC_DEFAULT, OffPolicyCorrection
+from rlblocks.run.batches import attach_once, mark_closed
 from rlblocks.run.loop import OutOfData, Run
 from rlblocks.run.options import (
     Correction,
@@ -144,64 +145,6 @@ def check_replayed(rollouts: Rollouts, sampling: SamplingParams, engine: Rollout
             "back without Rollouts.sampler (it cannot record its sampler); sample with an "
             "engine that records it (rb.rollout.HFEngine, VLLMEngine) or with replay=False"
         )
-
-
-class Batches:
-    """A plain stream of batches, one a step (SFT): a run's `Source` without an engine."""
-
-    def __init__(self, batches: Iterable[Any]) -> None:
-        self.data = Drawn(batches)
-        self._run: Run | None = None
-
-    def attach(self, run: Run) -> None:
-        """Driven by ``run`` from now on; a second run is refused."""
-        self._run = _attach(self, self._run, run)
-
-    def describe(self) -> dict[str, Any]:
-        """Nothing of a plain stream changes the numbers."""
-        return {}
-
-    def draw(self) -> Any:
-        """The next batch; `OutOfData` when the data ran out (the loop ends the run)."""
-        batch = next(self.data, None)
-        if batch is None:
-            raise OutOfData
-        return batch
-
-    def blocks(self) -> dict[str, Any]:
-        """The data position, for the checkpoint."""
-        return {"data": self.data}
-
-    def begin(self, index: int, *, remaining: int) -> None:
-        """Nothing to prepare."""
-
-    def metrics(self) -> dict[str, float]:
-        """No metrics of its own."""
-        return {}
-
-    def resync(self) -> None:
-        """No engine to sync."""
-
-    def close(self) -> None:
-        """The run ended: the stream is not drawn by another run."""
-        _close(self)
-
-
-def _attach(source: Any, attached: Run | None, run: Run) -> Run:
-    """``run``, once checked to be the first run ``source`` is attached to."""
-    if getattr(source, "_closed", False) or attached is not None:
-        by = f"run {attached.name!r}" if attached is not None else "a run"
-        owner = type(source).__name__
-        raise RuntimeError(
-            f"{owner}: already driven by {by}; a source belongs to one run "
-            "(its data position and batches sampled ahead are that run's): build a new one "
-            "for the new run (it resumes from the run's checkpoint)"
-        )
-    return run
-
-
-def _close(source: Any) -> None:
-    source._closed = True  # a closed source is not driven again (`_attach`)
 
 
 class RolloutSource:
@@ -289,7 +232,7 @@ class RolloutSource:
     def attach(self, run: Run) -> None:
         """Driven by ``run`` from now on (its clock times the draws); a second run is
         refused."""
-        self._run = _attach(self, self._run, run)
+        self._run = attach_once(self, self._run, run)
 
     def describe(self) -> dict[str, Any]:
         """The sampling policy that changes the numbers, for the run's config."""
@@ -336,7 +279,7 @@ class RolloutSource:
     def close(self) -> None:
         """Stop the sampling thread (after its current batch); the source is not driven
         again."""
-        _close(self)
+        mark_closed(self)
         if self._thread is not None:
             self._thread.shutdown(wait=True)
 
@@ -533,7 +476,6 @@ class RolloutSource:
 
 __all__ = [
     "Batch",
-    "Batches",
     "RolloutSource",
     "Sample",
     "check_replayed",
