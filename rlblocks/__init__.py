@@ -49,34 +49,19 @@ _LAZY = (
     "trainer",
 )
 
-__all__ = [
+__all__ = [  # the eager names, the two functions, then every lazily imported part
     "Advantages",
     "RewardOutput",
     "Rollouts",
     "SamplingParams",
     "advantage",
-    "app",
-    "base",
-    "checkpoint",
-    "critic",
-    "data",
-    "envs",
     "interfaces",
-    "isolation",
     "losses",
-    "models",
-    "notebook",
     "placement",
-    "plan",
-    "planner",
-    "plot",
-    "recipes",
-    "resharder",
     "rewards",
-    "rollout",
-    "run",
-    "tracking",
-    "trainer",
+    "plan",
+    "plot",
+    *_LAZY,
 ]
 
 
