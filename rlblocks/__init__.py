@@ -49,7 +49,7 @@ _LAZY = (
     "trainer",
 )
 
-__all__ = [  # the eager names, the two functions, then every lazily imported part
+__all__ = [  # the eager names and the two functions; then every lazily imported part
     "Advantages",
     "RewardOutput",
     "Rollouts",
@@ -58,11 +58,11 @@ __all__ = [  # the eager names, the two functions, then every lazily imported pa
     "interfaces",
     "losses",
     "placement",
-    "rewards",
     "plan",
     "plot",
-    *_LAZY,
+    "rewards",
 ]
+__all__ += _LAZY
 
 
 def __getattr__(name: str) -> Any:
