@@ -30,39 +30,39 @@ from rlblocks.rollouts import Rollouts
 
 __version__ = "0.1.0"
 
-_LAZY = (
+__all__ = [
+    "Advantages",
+    "RewardOutput",
+    "Rollouts",
+    "SamplingParams",
+    "advantage",
     "app",
     "base",
     "checkpoint",
     "critic",
     "data",
     "envs",
+    "interfaces",
     "isolation",
+    "losses",
     "models",
     "notebook",
+    "placement",
+    "plan",
     "planner",
+    "plot",
     "recipes",
     "resharder",
+    "rewards",
     "rollout",
     "run",
     "tracking",
     "trainer",
-)
-
-__all__ = [  # the eager names and the two functions; then every lazily imported part
-    "Advantages",
-    "RewardOutput",
-    "Rollouts",
-    "SamplingParams",
-    "advantage",
-    "interfaces",
-    "losses",
-    "placement",
-    "plan",
-    "plot",
-    "rewards",
 ]
-__all__ += _LAZY
+
+#: The parts imported on first use (they pull in transformers or datasets): every name of
+#: ``__all__`` not defined above, but the two functions.
+_LAZY = tuple(n for n in __all__ if n not in globals() and n not in ("plan", "plot"))
 
 
 def __getattr__(name: str) -> Any:
