@@ -146,7 +146,7 @@ def test_an_error_in_a_worker_names_role_rank_and_traceback(ray_blocks):
     error = info.value
     assert (error.role, error.rank) == ("rollout", 0)
     assert "group_size=0; use group_size >= 1" in str(error)
-    assert re.search(r"File \".*rollout/hf.py\", line \d+, in generate", error.remote_traceback)
+    assert re.search(r"File \".*rollout/base.py\", line \d+, in generate", error.remote_traceback)
     assert engine.generate(
         ["still usable"], group_size=1, sampling=rb.SamplingParams(max_new_tokens=2)
     )
