@@ -122,7 +122,8 @@ def train(steps: int) -> None:
             adv, _ = advantage(rewards, ro.response_mask, ro.group_ids)
             metrics = policy.step(ro, adv, loss_fn=loss)
             metrics |= source.sync()
-            run.record(metrics | reward_metrics | {"accuracy": reward_metrics["reward/mean"]},
+            batch = source.data.drawn - 1  # which prompt batch: the data goes on across placements
+            run.record(metrics | reward_metrics | {"accuracy": reward_metrics["reward/mean"], "batch": batch},
                        ro.replace(rewards=rewards))
     dash.close()
     history[:] = run.history
@@ -192,7 +193,7 @@ model_bytes = sum(t.numel() * t.element_size() for _, t in policy.named_weights(
 print(f"model: {model_bytes / 2**20:.2f} MiB in float32")
 for step, h in enumerate(history):
     print(
-        f"step {step}: sync/seconds {h['sync/seconds']:.3f}  "
+        f"step {step} (batch {h['batch']:.0f}): sync/seconds {h['sync/seconds']:.3f}  "
         f"sync/bytes {h['sync/bytes'] / 2**20:.2f} MiB  version {h['sync/version']:.0f}"
     )
 
