@@ -413,17 +413,18 @@ def test_every_flag_of_the_main_job_in_the_docs_exists():
     root = Path(__file__).resolve().parents[1]
     pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
     flags = {f for a in demo.parser()._actions for f in a.option_strings}
+    main_job = re.compile(r"python -m rlblocks(?![\w.])")  # not `python -m rlblocks.app.train`
     commands = [
         (page.relative_to(root), line)
         for page in pages
         for line in page.read_text().splitlines()
-        if "python -m rlblocks" in line
+        if main_job.search(line)
     ]
     assert len(commands) >= 10, commands
     unknown = [
         (str(page), flag)
         for page, line in commands
-        for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", line.split("python -m rlblocks", 1)[1])
+        for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", main_job.split(line, 1)[1])
         if flag not in flags
     ]
     assert not unknown, unknown
