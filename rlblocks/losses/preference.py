@@ -122,7 +122,7 @@ def _variant(
     """:func:`preference_loss` with ``link`` fixed, keeping the keywords ``defaults`` names
     with those defaults: :func:`dpo`, :func:`ipo` and :func:`simpo`. Their signature lists
     just these (:func:`uses_reference` reads it); any other keyword, ``link`` among them, is
-    refused (``TypeError`` naming the preset)."""
+    refused (``TypeError``)."""
     signature = inspect.signature(preference_loss)
     signature = signature.replace(
         parameters=[
@@ -135,11 +135,8 @@ def _variant(
     def variant(*args: Any, **keywords: Any) -> tuple[Tensor, dict[str, Tensor]]:
         try:
             bound = signature.bind(*args, **keywords)
-        except TypeError as error:  # "got an unexpected keyword argument 'link'", ...
-            raise TypeError(
-                f"{name}: {error}; pass the five tensors and only the keywords "
-                f"{', '.join(defaults)} (link is fixed: {link!r})"
-            ) from None
+        except TypeError as error:  # as a def would say it: "dpo() got an unexpected ..."
+            raise TypeError(f"{name}() {error}") from None
         bound.apply_defaults()
         return preference_loss(*bound.args, link=link, **bound.kwargs)
 
