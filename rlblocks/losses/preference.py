@@ -39,7 +39,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -116,62 +116,54 @@ def preference_loss(
     return loss, metrics
 
 
-def _variant(
-    name: str, link: Literal["sigmoid", "squared"], doc: str, **defaults: Any
-) -> Callable[..., tuple[Tensor, dict[str, Tensor]]]:
-    """:func:`preference_loss` with ``link`` fixed, keeping the keywords ``defaults`` names
-    with those defaults: :func:`dpo`, :func:`ipo` and :func:`simpo`. Their signature lists
-    just these (:func:`uses_reference` reads it); any other keyword, ``link`` among them, is
-    refused (``TypeError``)."""
-    signature = inspect.signature(preference_loss)
-    signature = signature.replace(
-        parameters=[
-            p.replace(default=defaults.get(p.name, p.default))
-            for p in signature.parameters.values()
-            if p.kind is inspect.Parameter.POSITIONAL_ONLY or p.name in defaults
-        ]
-    )
-
-    def variant(*args: Any, **keywords: Any) -> tuple[Tensor, dict[str, Tensor]]:
-        try:
-            bound = signature.bind(*args, **keywords)
-        except TypeError as error:  # as a def would say it: "dpo() got an unexpected ..."
-            raise TypeError(f"{name}() {error}") from None
-        bound.apply_defaults()
-        return preference_loss(*bound.args, link=link, **bound.kwargs)
-
-    variant.__name__ = variant.__qualname__ = name
-    variant.__doc__ = doc
-    variant.__signature__ = signature  # type: ignore[attr-defined]  # what inspect reports
-    return variant
-
-
-dpo = PREFERENCES.register(
-    "dpo",
-    _variant(
-        "dpo",
-        "sigmoid",
-        """DPO: L_p = −log σ(β·(s_chosen − s_rejected)), s = Σ_t (log π_θ − log π_ref).
+@PREFERENCES.register("dpo")
+def dpo(
+    logprobs: Tensor,
+    ref_logprobs: Tensor | None,
+    mask: Tensor,
+    chosen: Tensor,
+    rejected: Tensor,
+    /,
+    *,
+    beta: float = 0.1,
+    margin: float = 0.0,
+    length_normalized: bool = False,
+    reference: bool = True,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DPO: L_p = −log σ(β·(s_chosen − s_rejected)), s = Σ_t (log π_θ − log π_ref).
 
     Rafailov et al. 2023, arXiv 2305.18290, eq. 7; β = 0.1 is their and TRL's default.
     :func:`preference_loss` with ``link="sigmoid"`` (its other keywords and defaults
     unchanged); shapes and metrics as there.
-    """,
-        beta=0.1,
-        margin=0.0,
-        length_normalized=False,
-        reference=True,
-    ),
-)
-"""DPO, :func:`preference_loss` with ``link="sigmoid"``: ``dpo(logprobs, ref_logprobs, mask,
-chosen, rejected, /, *, beta=0.1, margin=0.0, length_normalized=False, reference=True)``."""
+    """
+    return preference_loss(
+        logprobs,
+        ref_logprobs,
+        mask,
+        chosen,
+        rejected,
+        beta=beta,
+        link="sigmoid",
+        margin=margin,
+        length_normalized=length_normalized,
+        reference=reference,
+    )
 
-ipo = PREFERENCES.register(
-    "ipo",
-    _variant(
-        "ipo",
-        "squared",
-        """IPO: L_p = (h_p − 1/(2β))², with s = mean_t (log π_θ − log π_ref) length-normalized.
+
+@PREFERENCES.register("ipo")
+def ipo(
+    logprobs: Tensor,
+    ref_logprobs: Tensor | None,
+    mask: Tensor,
+    chosen: Tensor,
+    rejected: Tensor,
+    /,
+    *,
+    beta: float = 0.1,
+    length_normalized: bool = True,
+    reference: bool = True,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """IPO: L_p = (h_p − 1/(2β))², with s = mean_t (log π_θ − log π_ref) length-normalized.
 
     Azar et al. 2023, arXiv 2310.12036, eq. 17 (their τ is β). The paper writes h with
     sequence log-probabilities; like TRL's ``DPOTrainer`` (``loss_type="ipo"``) we divide each
@@ -180,37 +172,54 @@ ipo = PREFERENCES.register(
     confirmed the normalized form is what the paper's results used. ``length_normalized=False``
     gives eq. 17 literally. :func:`preference_loss` with ``link="squared"``; shapes and metrics
     as there.
-    """,
-        beta=0.1,
-        length_normalized=True,
-        reference=True,
-    ),
-)
-"""IPO, :func:`preference_loss` with ``link="squared"``: ``ipo(logprobs, ref_logprobs, mask,
-chosen, rejected, /, *, beta=0.1, length_normalized=True, reference=True)``."""
+    """
+    return preference_loss(
+        logprobs,
+        ref_logprobs,
+        mask,
+        chosen,
+        rejected,
+        beta=beta,
+        link="squared",
+        length_normalized=length_normalized,
+        reference=reference,
+    )
 
-simpo = PREFERENCES.register(
-    "simpo",
-    _variant(
-        "simpo",
-        "sigmoid",
-        """SimPO: L_p = −log σ(β·(s_chosen − s_rejected) − γ), s = mean_t log π_θ, no reference.
+
+@PREFERENCES.register("simpo")
+def simpo(
+    logprobs: Tensor,
+    ref_logprobs: Tensor | None,
+    mask: Tensor,
+    chosen: Tensor,
+    rejected: Tensor,
+    /,
+    *,
+    beta: float = 2.0,
+    margin: float = 1.0,
+    length_normalized: bool = True,
+    reference: bool = False,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """SimPO: L_p = −log σ(β·(s_chosen − s_rejected) − γ), s = mean_t log π_θ, no reference.
 
     Meng et al. 2024, arXiv 2405.14734, eq. 6; γ = ``margin`` is the target reward margin, in
     the units of β·s. Defaults β = 2.0, γ = 1.0: the paper's β for its base models and the
     γ/β = 0.5 its authors' repository (princeton-nlp/SimPO) recommends as a starting point (it
     tunes γ/β in [0, 1]; pass ``margin=ratio * beta`` when changing β). ``ref_logprobs`` may
     be None. :func:`preference_loss` with ``link="sigmoid"``; shapes and metrics as there.
-    """,
-        beta=2.0,
-        margin=1.0,
-        length_normalized=True,
-        reference=False,
-    ),
-)
-"""SimPO, :func:`preference_loss` with ``link="sigmoid"`` and no reference: ``simpo(logprobs,
-ref_logprobs, mask, chosen, rejected, /, *, beta=2.0, margin=1.0, length_normalized=True,
-reference=False)``."""
+    """
+    return preference_loss(
+        logprobs,
+        ref_logprobs,
+        mask,
+        chosen,
+        rejected,
+        beta=beta,
+        link="sigmoid",
+        margin=margin,
+        length_normalized=length_normalized,
+        reference=reference,
+    )
 
 
 def uses_reference(loss_fn: PreferenceLoss) -> bool:
