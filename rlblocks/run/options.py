@@ -8,7 +8,7 @@ A recipe takes its algorithm's blocks and hyperparameters, and ``run=``::
 The recipe hands the loop's fields (`LOOP_FIELDS`: ``on_step``, ``progress``, ``checkpoint``,
 ``resume``, ``tracker``, ``watchdog``) to its `rlblocks.run.Run`, and the sampling policy
 (`SOURCE_FIELDS`: ``staleness``, ``background``, ``old_logprobs``, ``correction``,
-``resharder``) to its `rlblocks.run.RolloutSource` (`RunOptions.source_options`): where each
+``resharder``) to its `rlblocks.run.RolloutSource` (the source's fourth argument): where each
 step's rollouts and their π_old come from, how the loss corrects for the difference, and how
 the new weights reach the engine. A loop of one's own passes them to the two blocks directly.
 The decision table of ``old_logprobs`` is written once, in docs/run.md.
@@ -105,14 +105,6 @@ class RunOptions:
                 "RunOptions.resume: resume=True has no folder to resume from; pass checkpoint="
             )
 
-    def source_options(self) -> dict[str, Any]:
-        """The sampling policy, as the keywords of `rlblocks.run.RolloutSource`."""
-        return {name: getattr(self, name) for name in sorted(SOURCE_FIELDS)}
-
-    def loop_options(self) -> dict[str, Any]:
-        """The loop's options, as the keywords of `rlblocks.run.Run`."""
-        return {name: getattr(self, name) for name in sorted(LOOP_FIELDS)}
-
 
 #: `RunOptions` fields read by the run's loop (`rlblocks.run.Run`).
 LOOP_FIELDS = frozenset({"on_step", "progress", "checkpoint", "resume", "tracker", "watchdog"})
@@ -171,18 +163,6 @@ def check_sampling(owner: str, staleness: Any, old_logprobs: Any, correction: An
             raise error(f"{owner}.{message}")
 
 
-def describe_sampling(
-    staleness: int, background: bool, old_logprobs: str, correction: Any
-) -> dict[str, Any]:
-    """What of a sampling policy changes the numbers a run computes, for its config."""
-    return {
-        "staleness": staleness,
-        "background": background,
-        "old_logprobs": old_logprobs,
-        "correction": correction if correction in ("auto", None) else repr(correction),
-    }
-
-
 __all__ = [
     "LOOP_FIELDS",
     "SOURCE_FIELDS",
@@ -191,5 +171,4 @@ __all__ = [
     "StepCallback",
     "Tracker",
     "check_sampling",
-    "describe_sampling",
 ]

@@ -87,7 +87,6 @@ from rlblocks.run.options import (
     OldLogprobs,
     RunOptions,
     check_sampling,
-    describe_sampling,
 )
 from rlblocks.run.state import Drawn
 
@@ -236,9 +235,13 @@ class RolloutSource:
 
     def describe(self) -> dict[str, Any]:
         """The sampling policy that changes the numbers, for the run's config."""
-        return describe_sampling(
-            self.staleness, self.background, self.old_logprobs, self.correction
-        )
+        correction = self.correction
+        return {
+            "staleness": self.staleness,
+            "background": self.background,
+            "old_logprobs": self.old_logprobs,
+            "correction": correction if correction in ("auto", None) else repr(correction),
+        }
 
     def blocks(self) -> dict[str, Any]:
         """The checkpoint's parts: data position, the batches sampled ahead, the resharder."""
