@@ -87,19 +87,14 @@ class CriticTrainer(Trained):
         see is refused, naming ``CriticTrainer.from_pretrained``, before any weight is read.
         ``attn_implementation``, ``rope_scaling``, ``model_config``: ``load``'s overrides of
         the checkpoint's configuration."""
-        from rlblocks.models import resolve_device
+        from rlblocks.models import load, resolve_device
 
         device = resolve_device(device, owner=f"{cls.__name__}.from_pretrained")
-        model = ValueModel.from_pretrained(
-            name_or_path,
-            dtype=dtype,
-            device=device,
-            init_std=init_std,
-            attn_implementation=attn_implementation,
-            rope_scaling=rope_scaling,
-            model_config=model_config,
-        )
-        return cls(model, **kwargs)
+        model, _ = load(name_or_path, dtype=dtype, device=device,
+                        attn_implementation=attn_implementation, rope_scaling=rope_scaling,
+                        model_config=model_config)  # fmt: skip
+        # the loaded model is the critic's own, so its backbone is not copied
+        return cls(ValueModel(model, init_std=init_std, copy=False), **kwargs)
 
     @property
     def device(self) -> torch.device:

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import contextlib
 from copy import deepcopy
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -61,27 +59,6 @@ class ValueModel(nn.Module):
         with torch.no_grad():
             self.head.weight.normal_(0.0, init_std) if init_std > 0 else self.head.weight.zero_()
             self.head.bias.zero_()
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        name_or_path: str | Path,
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: str | torch.device | None = None,
-        init_std: float = 0.0,
-        **overrides: Any,
-    ) -> ValueModel:
-        """Load a policy or reward checkpoint with ``rlblocks.models.load`` and keep its backbone.
-
-        The loaded model is owned by the critic, so it is not copied. ``device``: None is CUDA
-        when torch sees a GPU, else the CPU; ``load`` refuses a device torch does not see.
-        ``overrides``: ``load``'s ``attn_implementation``, ``rope_scaling``, ``model_config``.
-        """
-        from rlblocks.models import load
-
-        model, _ = load(name_or_path, dtype=dtype, device=device, **overrides)
-        return cls(model, init_std=init_std, copy=False)
 
     def forward(self, rollouts: Rollouts, *, bf16: bool = False, packing: bool = False) -> Tensor:
         """V(s_k) for every response token k: the head applied to the hidden state at column

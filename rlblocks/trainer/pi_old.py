@@ -54,7 +54,7 @@ def mismatch(dp: Any, batch: Rollouts) -> dict[str, float]:
     staleness too: ``mismatch/s{j}/…`` over the rows sampled j updates before π_old."""
     if batch.rollout_logprobs is None:
         return {}
-    assert batch.old_logprobs is not None  # the update has set π_old (prepare, gathered)
+    assert batch.old_logprobs is not None  # the update has set π_old (prepare_update, gathered)
     metrics = _reduced(dp, batch.old_logprobs, batch.rollout_logprobs, batch.response_mask)
     oldest = -1 if batch.staleness is None or not len(batch) else int(batch.staleness.max())
     oldest = int(dp.all_max(float(oldest)))  # every rank takes part in every group's reduction

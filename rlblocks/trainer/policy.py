@@ -2,7 +2,7 @@
 
 One call of :meth:`PolicyTrainer.step` is the whole PPO-style update of verl's
 ``update_policy`` or OpenRLHF's ``PPOTrainer.training_step``: π_old and π_ref ready before any
-update (``rlblocks.trainer.policy_loss.prepare``; π_old from the update's own forward when it
+update (``rlblocks.trainer.policy_loss.prepare_update``; π_old from the update's own forward when it
 is one optimizer step, ``rlblocks.trainer.pi_old``), then epochs × mini-batches shuffled by
 ``(config.shuffle_seed, step calls so far)``, per mini-batch one normalizer and per
 micro-batch forward, loss, ``aggregate``, backward, then NaN guard, clip, AdamW, schedule.

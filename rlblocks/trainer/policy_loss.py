@@ -3,8 +3,9 @@
 ``PolicyTrainer.step`` and ``forward_backward`` share all of it, through
 :func:`prepare_update`:
 
-- :func:`prepare`, before any gradient: π_old (given, or scored now, or marked to be taken from
-  the update's own forward, ``rlblocks.trainer.pi_old``) and π_ref when the loss takes it.
+- :func:`prepare_update`, before any gradient: π_old (given, or scored now, or marked to be
+  taken from the update's own forward, ``rlblocks.trainer.pi_old``) and π_ref when the loss
+  takes it.
 - :func:`micro_loss`, the :data:`~rlblocks.trainer.update.MicroLoss` of the shared update loop:
   forward, per-token ``loss_fn``, ``aggregate`` with the normalizer it is given.
 
@@ -61,7 +62,7 @@ def prepare_update(
     score_old: Callable[[Rollouts], Tensor],
     score_ref: Callable[[Rollouts], Tensor] | None,
 ) -> PreparedUpdate:
-    """``work`` with π_old and π_ref ready (:func:`prepare`) and its :func:`micro_loss`. π_old
+    """``work`` with π_old and π_ref ready and its :func:`micro_loss`. π_old
     comes from the update's own forward when none is given and the update is one optimizer step
     over all of the rank's rows (``rlblocks.trainer.pi_old.from_update``). ``score``: with
     gradient, for the loss; ``score_old`` / ``score_ref``: no grad, before the update."""
@@ -72,10 +73,24 @@ def prepare_update(
             "engine's log-probs) but the rollouts carry none; generate with an engine that "
             "records them, or use a loss without them"
         )
-    in_update = work.batch.old_logprobs is None and from_update(work)
-    batch = prepare(
-        work.batch, wants, in_update=in_update, score_old=score_old, score_ref=score_ref
-    )
+    batch = work.batch
+    # π_old: taken from the rollouts when there, else scored now (no grad, before any update),
+    # or, in_update, taken from the update's own forward: the rows get their index (an extra)
+    # so that it can be put back in place
+    in_update = batch.old_logprobs is None and from_update(work)
+    if in_update:
+        batch = numbered(batch)
+    else:
+        old = batch.old_logprobs
+        batch = batch.replace(old_logprobs=(score_old(batch) if old is None else old).detach())
+    if "ref_logprobs" in wants.accepted and batch.ref_logprobs is None:
+        if score_ref is not None:
+            batch = batch.replace(ref_logprobs=score_ref(batch).detach())
+        elif "ref_logprobs" in wants.required:
+            raise ValueError(
+                "PolicyTrainer.step: the loss needs ref_logprobs but the trainer has no reference; "
+                "build the trainer with reference='copy' or pass rollouts with ref_logprobs"
+            )
     seen: list[tuple[Tensor, Tensor]] | None = [] if in_update else None
     loss = partial(
         micro_loss,
@@ -95,37 +110,6 @@ def loss_name(loss_fn: Callable[..., Any]) -> str:
     base = getattr(loss_fn, "func", loss_fn)  # a functools.partial's function
     name = getattr(base, "__name__", None) or type(base).__name__
     return f"{name}({loss_name(inner)})" if inner is not None else name
-
-
-def prepare(
-    batch: Rollouts,
-    wants: LossInputs,
-    *,
-    in_update: bool,
-    score_old: Callable[[Rollouts], Tensor],
-    score_ref: Callable[[Rollouts], Tensor] | None,
-) -> Rollouts:
-    """``batch`` (a rank's rows) with ``old_logprobs`` (and ``ref_logprobs``) filled: taken from
-    the rollouts when there, else scored now by ``score_old`` / ``score_ref`` (no grad, before
-    any update; ``score_ref`` None: the trainer has no reference). ``in_update``: π_old comes
-    from the update's own forward instead; the rows get their index (an extra) so that it can
-    be put back in place."""
-    if in_update:
-        batch = numbered(batch)
-    else:
-        old = batch.old_logprobs
-        if old is None:
-            old = score_old(batch)
-        batch = batch.replace(old_logprobs=old.detach())
-    if "ref_logprobs" in wants.accepted and batch.ref_logprobs is None:
-        if score_ref is not None:
-            batch = batch.replace(ref_logprobs=score_ref(batch).detach())
-        elif "ref_logprobs" in wants.required:
-            raise ValueError(
-                "PolicyTrainer.step: the loss needs ref_logprobs but the trainer has no reference; "
-                "build the trainer with reference='copy' or pass rollouts with ref_logprobs"
-            )
-    return batch
 
 
 def micro_loss(
@@ -157,7 +141,7 @@ def micro_loss(
     }
     kwargs = {k: v for k, v in inputs.items() if k in wants.accepted and v is not None}
     mask = micro.response_mask
-    # π_old: set by prepare, or above from this forward; the advantages: set by the trainer
+    # π_old: set by prepare_update, or above from this forward; the advantages: set by the trainer
     assert micro.old_logprobs is not None and micro.advantages is not None
     per_token, metrics = loss_fn(lp, micro.old_logprobs, micro.advantages, mask, **kwargs)
     loss = aggregate(per_token, mask, mode=aggregation, normalizer=normalizer)

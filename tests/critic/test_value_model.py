@@ -12,7 +12,7 @@ import torch
 from torch.testing import assert_close
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from rlblocks.critic import ValueModel
+from rlblocks.critic import CriticTrainer, ValueModel
 from rlblocks.models import save_tiny, tiny
 from rlblocks.rollouts import Rollouts
 
@@ -106,9 +106,9 @@ def test_initialised_from_a_policy_copy(make_rollouts):
     assert shared.backbone is policy.model
 
 
-def test_from_pretrained_loads_the_checkpoint_backbone(tmp_path):
+def test_critic_from_pretrained_loads_the_checkpoint_backbone(tmp_path):
     path = save_tiny(tmp_path / "tiny", seed=2)
-    vm = ValueModel.from_pretrained(path)
+    vm = CriticTrainer.from_pretrained(path).model
     original = tiny(seed=2)[0].model.state_dict()
     for name, value in vm.backbone.state_dict().items():
         assert torch.equal(value, original[name]), name

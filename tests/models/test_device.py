@@ -42,7 +42,6 @@ ENTRY_POINTS = [
     ("HFEngine.from_pretrained", lambda: rb.rollout.HFEngine.from_pretrained),
     ("Teacher.from_pretrained", lambda: rb.trainer.Teacher.from_pretrained),
     ("CriticTrainer.from_pretrained", lambda: rb.critic.CriticTrainer.from_pretrained),
-    ("ValueModel.from_pretrained", lambda: rb.critic.ValueModel.from_pretrained),
     ("RewardModel.from_pretrained", lambda: rb.rewards.RewardModel.from_pretrained),
     ("rlblocks.models.load", lambda: rb.models.load),
 ]
@@ -58,9 +57,7 @@ def test_absent_cuda_is_refused_before_loading_naming_block_device_and_fix(
     with pytest.raises(RuntimeError) as caught:
         entry()(folder, device=device)
     message = str(caught.value)
-    # ValueModel.from_pretrained is refused by the load it calls; the others by themselves.
-    block = "rlblocks.models.load" if owner == "ValueModel.from_pretrained" else owner
-    assert message.startswith(f"{block}: device '{torch.device(device)}' was asked for, but ")
+    assert message.startswith(f"{owner}: device '{torch.device(device)}' was asked for, but ")
     if torch.version.cuda is None:  # this torch: what it sees, and the fix
         assert f"torch {torch.__version__} is a build without CUDA" in message
         assert "install a CUDA build of torch" in message
