@@ -368,8 +368,10 @@ CHANGED = {
     "--group-size": "3",
     "--max-new-tokens": "9",
     "--lr": "0.5",
+    "--updates-per-batch": "2",
     "--kl-coef": "0.5",
     "--eval-size": "9",
+    "--validation": "9",
     "--seed": "9",
     "--out": "/elsewhere",
     "--checkpoint-every": "9",
@@ -428,3 +430,38 @@ def test_every_flag_of_the_main_job_in_the_docs_exists():
         if flag not in flags
     ]
     assert not unknown, unknown
+
+
+def test_validation_problems_follow_the_held_out_ones_and_an_overlap_is_refused():
+    task = demo.TASKS["arithmetic"]
+    _, held_out = demo.problems(task, eval_size=256, seed=0)
+    _, validation = demo.problems(task, eval_size=256, seed=3, validation=140)
+    _, both = demo.problems(task, eval_size=396, seed=0)  # every distinct test expression
+    assert validation.prompts == both.prompts[256:]  # the held-out set's continuation
+    expressions = {m["expression"] for m in validation.metadata}
+    assert len(expressions) == 140 and not expressions & {
+        m["expression"] for m in held_out.metadata
+    }
+    demo.check_disjoint(validation, held_out)  # disjoint: no refusal
+    keys = demo.problem_keys(task, eval_size=256, seed=0, validation=100)[1]
+    overlapping = rb.data.arithmetic_prompts(**(keys | {"skip": 200}))  # rows 200-299
+    with pytest.raises(SystemExit, match=r"--validation: 56 of the 100 validation problems are "):
+        demo.check_disjoint(overlapping, held_out)
+
+
+def test_validation_and_updates_per_batch_reach_the_run(tmp_path):
+    out = tmp_path / "run"
+    argv = ["--model", "tiny", "--steps", "1", "--eval-size", "8", "--validation", "4",
+            "--prompts-per-step", "2", "--group-size", "2", "--updates-per-batch", "2"]  # fmt: skip
+    summary = demo.main([*argv, "--out", str(out)])
+    assert summary["scored"] == "validation" and summary["held_out"] == 4
+    assert json.loads((out / "summary.json").read_text())["scored"] == "validation"
+    config = (out / "config.yaml").read_text()
+    assert "mini_batch_size: 2\n" in config and "skip: 8\n" in config
+    for bad, message in (
+        (["--updates-per-batch", "3"], "--updates-per-batch 3: pass K >= 1 that divides the 4"),
+        (["--validation", "-1"], "--validation -1: pass N >= 1"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            demo.main([*argv, *bad, "--out", str(tmp_path / "other")])
+    assert not (tmp_path / "other").exists()

@@ -57,6 +57,7 @@ from rlblocks.data import Difficulty, PromptDataset, arithmetic_prompts
 from rlblocks.interfaces import RewardFn
 from rlblocks.losses.offpolicy import CORRECTIONS, DEFAULT_CORRECTION
 from rlblocks.rollout import ENGINES
+from rlblocks.tracking.runlog import write_atomic
 from rlblocks.trainer.allocator import ENV
 
 
@@ -86,7 +87,9 @@ HELD_OUT_SEED = 0
 different seeds are scored on the same problems."""
 
 
-def problem_keys(task: Task, *, eval_size: int, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def problem_keys(
+    task: Task, *, eval_size: int, seed: int, validation: int = 0
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The arguments of `rlblocks.data.arithmetic_prompts` for the training prompts (2,000,
     drawn with ``seed``) and for ``eval_size`` held-out ones: the ``data`` and ``eval`` keys of
     :func:`train_argv`, which :func:`problems` draws.
@@ -94,17 +97,38 @@ def problem_keys(task: Task, *, eval_size: int, seed: int) -> tuple[dict[str, An
     The held-out problems are distinct expressions (not phrasings of one sum) from the test
     split, drawn with `HELD_OUT_SEED`; the split is decided by a hash of the expression, so no
     held-out expression is ever among the training prompts, whatever the seeds.
+    ``validation`` N >= 1: the ``eval`` keys are those of N validation problems instead, the
+    distinct expressions that come after the held-out ones in the same sequence (``skip``), so
+    that settings are chosen without looking at the held-out set.
     """
     common = {"difficulty": task.difficulty, "instruction": task.instruction, "chat": True}
     train = {**common, "n": 2000, "seed": seed, "split": "train"}
     held_out = {**common, "n": eval_size, "seed": HELD_OUT_SEED, "split": "test", "distinct": True}
+    if validation:
+        held_out |= {"n": validation, "skip": eval_size}
     return train, held_out
 
 
-def problems(task: Task, *, eval_size: int, seed: int) -> tuple[PromptDataset, PromptDataset]:
-    """The training prompts and the held-out ones of :func:`problem_keys`, drawn."""
-    train, held_out = problem_keys(task, eval_size=eval_size, seed=seed)
+def problems(
+    task: Task, *, eval_size: int, seed: int, validation: int = 0
+) -> tuple[PromptDataset, PromptDataset]:
+    """The training prompts and the held-out (or validation) ones of :func:`problem_keys`."""
+    train, held_out = problem_keys(task, eval_size=eval_size, seed=seed, validation=validation)
     return arithmetic_prompts(**train), arithmetic_prompts(**held_out)
+
+
+def check_disjoint(validation: PromptDataset, held_out: PromptDataset) -> None:
+    """Refuse (SystemExit) a validation set that shares an expression with the held-out set: a
+    setting chosen on it would have seen the problems it is then scored on."""
+    held = {m["expression"] for m in held_out.metadata}
+    shared = [m["expression"] for m in validation.metadata if m["expression"] in held]
+    if shared:
+        raise SystemExit(
+            f"--validation: {len(shared)} of the {len(validation)} validation problems are "
+            f"held-out problems too (first: {shared[0]!r}); the validation set must be "
+            "disjoint from the held-out set: draw it after the held-out rows (skip >= their "
+            "number)"
+        )
 
 
 DEVICE_DEFAULT = "cuda when torch sees a GPU, else cpu"
@@ -153,10 +177,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=32, help="response budget in tokens")
     p.add_argument("--lr", type=float, default=3e-5, help="AdamW learning rate")
     p.add_argument(
+        "--updates-per-batch",
+        type=int,
+        default=1,
+        help="K: optimizer steps per batch, on K shuffled mini-batches of its p x G rows (PPO's "
+        "mini-batches; K >= 2 makes the ratio to the sampling policy differ from 1)",
+    )
+    p.add_argument(
         "--kl-coef", type=float, default=0.0, help="β of the k3 KL term (0: no reference model)"
     )
     p.add_argument(
         "--eval-size", type=int, default=256, help="held-out problems (distinct expressions)"
+    )
+    p.add_argument(
+        "--validation",
+        type=int,
+        default=0,
+        help="N: score N validation problems instead of the held-out ones (distinct test-split "
+        "expressions after the --eval-size held-out ones; for choosing settings)",
     )
     p.add_argument(
         "--seed", type=int, default=0, help="training data and sampling seed (not the held-out set)"
@@ -251,8 +289,10 @@ FLAG_KEYS = {
     "--group-size": "group_size",
     "--max-new-tokens": "sampling.max_new_tokens",
     "--lr": "trainer.lr",
+    "--updates-per-batch": "trainer.mini_batch_size",
     "--kl-coef": "kl_coef",
     "--eval-size": "eval.n",
+    "--validation": "eval.n, eval.skip",
     "--seed": "seed, data.seed",
     "--out": "out",
     "--resume": "--resume",
@@ -295,7 +335,7 @@ def flag_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the main job: evaluate, train with GRPO, evaluate again; returns the summary written to
     ``summary.json``. The job is ``rlblocks-train`` with the keys :func:`train_argv` gives for
     these flags (one parser, one run loop: `rlblocks.app.train.main`)."""
@@ -329,11 +369,28 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         )
     if args.teacher is not None and args.kl_coef:
         raise SystemExit("--kl-coef is GRPO's KL term; distillation (--teacher) has its own")
+    rows = args.prompts_per_step * args.group_size
+    if args.updates_per_batch < 1 or rows % args.updates_per_batch:
+        raise SystemExit(
+            f"--updates-per-batch {args.updates_per_batch}: pass K >= 1 that divides the "
+            f"{rows} rows of a batch (--prompts-per-step x --group-size)"
+        )
+    if args.validation < 0:
+        raise SystemExit(f"--validation {args.validation}: pass N >= 1 (0: the held-out set)")
+    if args.validation:
+        sets = (
+            problem_keys(task, eval_size=args.eval_size, seed=0, validation=v)[1]
+            for v in (args.validation, 0)
+        )
+        check_disjoint(*(arithmetic_prompts(**keys) for keys in sets))
     if args.steps < 0 or (args.steps == 0 and not args.sft_steps):
         raise SystemExit(f"--steps {args.steps}: pass >= 1 (0 only with --sft-steps)")
     named = next((k for k, fn in rb.rewards.REWARDS.items() if fn is task.reward), None)
     train.main(train_argv(args, reward=named), reward_fn=None if named else task.reward)
-    summary: dict[str, float] = json.loads((args.out / "summary.json").read_text())
+    summary: dict[str, Any] = json.loads((args.out / "summary.json").read_text())
+    if args.validation:  # before/after are validation scores: say so where they are read
+        summary["scored"] = "validation"
+        write_atomic(args.out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -361,6 +418,11 @@ def train_argv(args: argparse.Namespace, *, reward: str | None = "math_answer") 
         "model.device": args.device,
         "trainer.lr": args.lr,
         "trainer.micro_batch_size": 8,
+        "trainer.mini_batch_size": (  # None: the whole batch, one optimizer step
+            None
+            if args.updates_per_batch == 1
+            else args.prompts_per_step * args.group_size // args.updates_per_batch
+        ),
         "trainer.max_grad_norm": 1.0,
         "trainer.tp": args.tp,
         "sampling.max_new_tokens": args.max_new_tokens,
@@ -372,7 +434,9 @@ def train_argv(args: argparse.Namespace, *, reward: str | None = "math_answer") 
         "loss.name": "clipped_surrogate",
         "loss.clip": [0.2, 0.28],
     }
-    data, held_out = problem_keys(TASKS[args.task], eval_size=args.eval_size, seed=args.seed)
+    data, held_out = problem_keys(
+        TASKS[args.task], eval_size=args.eval_size, seed=args.seed, validation=args.validation
+    )
     for section, kwargs in (("data", data), ("eval", held_out)):
         keys |= {f"{section}.name": "arithmetic"} | {f"{section}.{k}": v for k, v in kwargs.items()}
     if args.teacher is not None:

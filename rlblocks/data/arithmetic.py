@@ -111,6 +111,7 @@ def arithmetic(
     difficulty: int | Difficulty = 1,
     split: str = "train",
     distinct: bool = False,
+    skip: int = 0,
 ) -> Dataset:
     """``n`` generated problems as a ``datasets.Dataset``.
 
@@ -124,10 +125,17 @@ def arithmetic(
     dropped, so a larger ``n`` extends a smaller one. A ValueError when the split has fewer
     than ``n`` distinct expressions (searched until `_STALL_DRAWS` draws in a row bring no new
     one).
+
+    ``skip``: rows ``skip`` to ``skip + n − 1`` of the sequence instead of the first ``n``. With
+    ``distinct=True`` the rows after a held-out set of ``skip`` drawn with the same seed share
+    no expression with it: a validation set.
     """
     level = LEVELS[difficulty] if isinstance(difficulty, int) else difficulty
     if split not in ("train", "test"):
         raise ValueError(f"arithmetic: split must be 'train' or 'test', got {split!r}; pass one")
+    if skip < 0:
+        raise ValueError(f"arithmetic: skip={skip}; pass skip >= 0 (rows left out first)")
+    n, wanted = n + skip, n
     rng = random.Random(f"rlblocks.arithmetic:{seed}:{split}")
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -144,7 +152,8 @@ def arithmetic(
                 raise ValueError(
                     f"arithmetic: only {len(rows)} distinct {split!r} expressions for {level} "
                     f"({draws:,} draws, none new in the last {_STALL_DRAWS:,}); {n} were asked "
-                    "with distinct=True; ask for fewer or choose a harder difficulty"
+                    f"with distinct=True{f' (skip={skip} + n={wanted})' if skip else ''}; ask for "
+                    "fewer or choose a harder difficulty"
                 )
             continue
         seen.add(row["expression"])
@@ -155,7 +164,7 @@ def arithmetic(
             f"arithmetic: could not generate {n} problems for {level}; choose operators and "
             "bounds that admit problems"
         )
-    return Dataset.from_list(rows)
+    return Dataset.from_list(rows[skip:])
 
 
 _STALL_DRAWS = 100_000
@@ -172,6 +181,7 @@ def arithmetic_prompts(
     difficulty: int | Difficulty = 1,
     split: str = "train",
     distinct: bool = False,
+    skip: int = 0,
     instruction: str | None = HASH_INSTRUCTION,
     **load_kwargs: Any,
 ) -> PromptDataset:
@@ -179,11 +189,11 @@ def arithmetic_prompts(
     (e.g. `BOXED_INSTRUCTION`; None for the bare question). ``ground_truth`` is the answer;
     ``metadata`` keeps ``expression``, ``operands`` and ``operators``; ``data_source`` is
     ``"arithmetic"``. ``distinct=True``: no expression twice (see `arithmetic`; for held-out
-    sets). ``load_kwargs`` go to `load_prompts` (``system``, ``chat``, ``tokenizer``,
+    sets; with ``skip``, a validation set after them). ``load_kwargs`` go to `load_prompts` (``system``, ``chat``, ``tokenizer``,
     ``max_prompt_tokens``, ``overlong``).
     """
     return load_prompts(
-        arithmetic(n, seed=seed, difficulty=difficulty, split=split, distinct=distinct),
+        arithmetic(n, seed=seed, difficulty=difficulty, split=split, distinct=distinct, skip=skip),
         prompt="question",
         ground_truth="answer",
         template=instruction_template(instruction),

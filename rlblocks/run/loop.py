@@ -28,7 +28,8 @@ fresh clock (`rlblocks.run.clock.Clock`: ``run.phase(name)`` times a phase, nest
 each second once), the watchdog's deadlines, ``rlblocks.base.progress.current``, and the source
 told how many steps remain (nothing is sampled ahead for a step that will not run).
 ``run.record(metrics, rollouts)`` adds the metrics every step reports (`rlblocks.run.clock`)
-and the source's (``async/*``), appends them to ``run.history``, moves the progress bar,
+and the source's (``async/*``), and ``signal/*`` with a warning after steps that carry no
+learning signal (`rlblocks.run.signal`), appends them to ``run.history``, moves the progress bar,
 calls the tracker and ``on_step`` and saves a checkpoint when one is due; it returns the
 step's full metrics.
 
@@ -78,6 +79,7 @@ from rlblocks.run.clock import Clock, shared_metrics
 from rlblocks.run.options import LOOP_FIELDS, SOURCE_FIELDS, RunOptions
 from rlblocks.run.preflight import check_steps
 from rlblocks.run.resume import check_resumed, start_over
+from rlblocks.run.signal import SignalWatch
 from rlblocks.run.watchdog import Watchdog
 
 P = ParamSpec("P")
@@ -202,6 +204,7 @@ class Run:
         self._entered = self._driving = self._iterated = self._stop = False
         self._recorded = True  # no step is open
         self._source: Source = NoSource()
+        self._signal = SignalWatch(f"Run {name!r}")
         self._saver: Checkpointer | None = None
         self._bar: tqdm | None = None
         self._begin = 0.0
@@ -221,6 +224,7 @@ class Run:
         self._entered = True
         self._source = source if source is not None else NoSource()
         self._source.attach(self)
+        self._signal = SignalWatch(f"Run {self.name!r}")
         saver = self.options.checkpoint
         self._saver = Checkpointer(saver) if isinstance(saver, str | Path) else saver
         watchdog = self.options.watchdog
@@ -387,6 +391,8 @@ class Run:
         elapsed = time.perf_counter() - self._begin
         step_metrics = shared_metrics(dict(metrics), rollouts, clock, step_seconds=elapsed)
         step_metrics |= self._source.metrics()  # async/* of a background sampler
+        if rollouts is not None:  # signal/*: warns after steps without a learning signal
+            step_metrics |= self._signal.observe(index, rollouts, _budget(self._source))
         self.history.append(step_metrics)
         if self._bar is not None:
             self._bar.update()
@@ -399,6 +405,12 @@ class Run:
                     len(self.history), self._state(), history=self.history, config=self.config
                 )
         return step_metrics
+
+
+def _budget(source: Any) -> int | None:
+    """The source's ``max_new_tokens`` (a `RolloutSource`'s sampling), else None."""
+    budget = getattr(getattr(source, "sampling", None), "max_new_tokens", None)
+    return budget if isinstance(budget, int) else None
 
 
 def _epochs_drawn(source: Any) -> float | None:

@@ -223,3 +223,16 @@ def test_bad_arguments():
         Difficulty(word_problems=1.5)
     with pytest.raises(ValueError, match="split must be"):
         arithmetic(3, split="validation")
+
+
+def test_skip_gives_the_rows_after_the_first_ones():
+    assert arithmetic(5, seed=1, skip=3).to_list() == arithmetic(8, seed=1).to_list()[3:]
+    distinct = arithmetic(20, seed=0, split="test", distinct=True).to_list()
+    assert arithmetic(8, seed=0, split="test", distinct=True, skip=12).to_list() == distinct[12:]
+    with pytest.raises(ValueError, match=r"arithmetic: skip=-1; pass skip >= 0"):
+        arithmetic(3, skip=-1)
+    # level 1 has 396 distinct test expressions: 300 after the first 100 are 4 too many
+    with pytest.raises(
+        ValueError, match=r"400 were asked with distinct=True \(skip=100 \+ n=300\)"
+    ):
+        arithmetic(300, seed=0, split="test", distinct=True, skip=100)
