@@ -152,6 +152,12 @@ def parser() -> argparse.ArgumentParser:
         "level 2, three numbers up to 50 with + - * (rlblocks.data.arithmetic_prompts)",
     )
     p.add_argument(
+        "--instruction",
+        default=None,
+        help="the sentence after each problem, training and held-out alike (default: the "
+        "task's, 'Answer with just the number.')",
+    )
+    p.add_argument(
         "--steps", type=int, default=12, help="GRPO (or distillation) steps (0: none, SFT only)"
     )
     p.add_argument(
@@ -281,6 +287,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 FLAG_KEYS = {
     "--model": "model.name",
     "--task": "data.difficulty, eval.difficulty",
+    "--instruction": "data.instruction, eval.instruction",
     "--steps": "steps",
     "--sft-steps": "sft_steps",
     "--sft-target": "sft_target",
@@ -340,7 +347,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ``summary.json``. The job is ``rlblocks-train`` with the keys :func:`train_argv` gives for
     these flags (one parser, one run loop: `rlblocks.app.train.main`)."""
     args = parse_args(argv)
-    task = TASKS[args.task]
+    task = task_of(args)
     # Arguments that cannot run are refused, by their flags here, before --out is made.
     try:  # the one rule of every from_pretrained (rlblocks.models.device)
         rb.models.resolve_device(args.device, owner="--device")
@@ -435,7 +442,7 @@ def train_argv(args: argparse.Namespace, *, reward: str | None = "math_answer") 
         "loss.clip": [0.2, 0.28],
     }
     data, held_out = problem_keys(
-        TASKS[args.task], eval_size=args.eval_size, seed=args.seed, validation=args.validation
+        task_of(args), eval_size=args.eval_size, seed=args.seed, validation=args.validation
     )
     for section, kwargs in (("data", data), ("eval", held_out)):
         keys |= {f"{section}.name": "arithmetic"} | {f"{section}.{k}": v for k, v in kwargs.items()}
@@ -447,6 +454,14 @@ def train_argv(args: argparse.Namespace, *, reward: str | None = "math_answer") 
         keys["correction"] = args.correction
     argv = [f"--{key}={_value(value)}" for key, value in keys.items()]
     return [*argv, *(["--resume"] if args.resume else [])]
+
+
+def task_of(args: argparse.Namespace) -> Task:
+    """The ``--task``, with ``--instruction`` in place of its own when given."""
+    task = TASKS[args.task]
+    if args.instruction is None:
+        return task
+    return dataclasses.replace(task, instruction=args.instruction)
 
 
 def _value(value: Any) -> str:
