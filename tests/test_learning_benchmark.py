@@ -121,3 +121,23 @@ def test_compare_runs_each_configuration_in_its_own_folder(tmp_path, monkeypatch
     assert "rollouts 1 step(s) off, correction tis" in table
     with pytest.raises(SystemExit):  # a bad spec fails before any run
         learning.main([*argv, "--compare", "no-equals-sign"])
+
+
+def test_instruction_screen_scores_the_validation_problems_under_each_instruction(capsys):
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "instructions.py"
+    spec = importlib.util.spec_from_file_location("instructions_benchmark", path)
+    screen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(screen)
+    rows = screen.main(["--model", "tiny", "--validation", "3", "--max-new-tokens", "4",
+                        "First.", "Second one."])  # fmt: skip
+    assert [r["instruction"] for r in rows] == ["First.", "Second one."]
+    for row in rows:
+        assert 0.0 <= row["score"] <= 1.0 and 0.0 <= row["score_cut"] <= 1.0
+    out = capsys.readouterr().out
+    assert "| First. | " in out and "| Second one. | " in out
+    # the problems scored are the validation ones, after the held-out ones, with the instruction
+    task = demo.task_of(demo.parse_args(["--instruction", "Second one."]))
+    _, validation = demo.problems(task, eval_size=256, seed=0, validation=3)
+    _, held_out = demo.problems(task, eval_size=256, seed=0)
+    demo.check_disjoint(validation, held_out)
+    assert all("Second one." in str(prompt) for prompt in validation.prompts)
