@@ -5,6 +5,7 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
 import torch
 from test_docs import DOCS, python_blocks, split_fences
 
@@ -64,6 +65,21 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch):
     assert again["run"].history == history and again["source"].version == 2
     trained, restored = namespace["policy"].model.state_dict(), again["policy"].model.state_dict()
     assert all(torch.equal(trained[k], restored[k]) for k in trained)
+
+
+@pytest.mark.slow
+def test_the_readme_cell_rewards_answers_on_the_built_in_model(tmp_path, monkeypatch):
+    # The cell exactly as written, on the built-in SmolLM2-135M: its prompts can be answered
+    # within its token budget, so some sampled answers are right (the mean reward is above 0).
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(readme_cell(), str(README), "exec"), namespace)  # noqa: S102 (our own README)
+    history = namespace["run"].history
+    rewards = [h["reward/mean"] for h in history]
+    print("README cell on smollm2-135m, reward per step:", rewards)
+    assert len(history) == namespace["run"].steps and sum(rewards) > 0
+    # answers end within the budget: not every response was cut off in any step
+    assert all(h["signal/cut_off"] < 1.0 for h in history)
 
 
 def loop_of(tree: ast.AST) -> str:

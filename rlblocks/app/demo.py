@@ -181,6 +181,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts-per-step", type=int, default=8, help="prompts per step (p)")
     p.add_argument("--group-size", type=int, default=6, help="samples per prompt (G)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="response budget in tokens")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="sampling temperature of the training rollouts; the trainer scores log-probs at "
+        "the same one (held-out answers stay greedy)",
+    )
     p.add_argument("--lr", type=float, default=3e-5, help="AdamW learning rate")
     p.add_argument(
         "--updates-per-batch",
@@ -295,6 +302,7 @@ FLAG_KEYS = {
     "--prompts-per-step": "prompts_per_step",
     "--group-size": "group_size",
     "--max-new-tokens": "sampling.max_new_tokens",
+    "--temperature": "sampling.temperature, trainer.temperature",
     "--lr": "trainer.lr",
     "--updates-per-batch": "trainer.mini_batch_size",
     "--kl-coef": "kl_coef",
@@ -382,6 +390,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"--updates-per-batch {args.updates_per_batch}: pass K >= 1 that divides the "
             f"{rows} rows of a batch (--prompts-per-step x --group-size)"
         )
+    if not args.temperature > 0:
+        raise SystemExit(f"--temperature {args.temperature}: pass a temperature > 0")
     if args.validation < 0:
         raise SystemExit(f"--validation {args.validation}: pass N >= 1 (0: the held-out set)")
     if args.validation:
@@ -433,7 +443,8 @@ def train_argv(args: argparse.Namespace, *, reward: str | None = "math_answer") 
         "trainer.max_grad_norm": 1.0,
         "trainer.tp": args.tp,
         "sampling.max_new_tokens": args.max_new_tokens,
-        "sampling.temperature": 1.0,
+        "sampling.temperature": args.temperature,
+        "trainer.temperature": args.temperature,
         "engine.chat": True,
         "engine.progress": True,  # a bar for each generate call: the held-out scoring too
         "reward": reward,
