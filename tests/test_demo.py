@@ -368,6 +368,7 @@ CHANGED = {
     "--group-size": "3",
     "--max-new-tokens": "9",
     "--lr": "0.5",
+    "--overlong-shaping": "0.5",
     "--temperature": "0.5",
     "--instruction": "Reply in French.",
     "--updates-per-batch": "2",

@@ -374,3 +374,24 @@ def test_the_console_script_exits_0_after_a_run(tmp_path, config_file):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(read_metrics(tmp_path / "out" / "metrics.jsonl")) == 2
+
+
+def test_overlong_shaping_adds_dapos_ramp_to_the_training_reward(config_file):
+    # max_new_tokens 6 (the file's): L_max 6, L_cache 3; lengths 3, 5, 6 lose 0, 2/3, 1 of the
+    # factor 0.5 (DAPO eq. 13: ((L_max - L_cache) - |y|) / L_cache, clamped to [-1, 0]).
+    config, _, _ = train.parse([str(config_file), "--overlong_shaping", "0.5"])
+    rollouts = rb.Rollouts.from_lists([[1]] * 3, [[7] * 3, [7] * 5, [7] * 6])
+    rollouts = rollouts.replace(metadata=[{"ground_truth": "7"}] * 3)
+    task = rb.rewards.math_answer
+    rewards, metrics = train.shaped(task, config)(rollouts)
+    assert torch.allclose(rewards, task(rollouts)[0] - 0.5 * torch.tensor([0.0, 2 / 3, 1.0]))
+    assert metrics["overlong/weight"] == 0.5 and "task/mean" in metrics
+    unshaped, _, _ = train.parse([str(config_file)])
+    assert train.shaped(task, unshaped) is task  # 0: the reward itself
+    with pytest.raises(SystemExit, match=r"overlong_shaping: -1.0; pass a factor >= 0"):
+        train.parse([str(config_file), "--overlong_shaping", "-1"])
+    dapo = CONFIG.replace("loss:\n  name: clipped_surrogate\n  clip: [0.2, 0.28]\n", "")
+    config_file.write_text(dapo.replace("recipe: grpo", "recipe: dapo"))
+    train.parse([str(config_file)])  # DAPO without shaping parses
+    with pytest.raises(SystemExit, match=r"recipe dapo shapes its reward itself: set overlong_f"):
+        train.parse([str(config_file), "--overlong_shaping", "1"])

@@ -129,6 +129,15 @@ RUN_KEYS = {
             "data), or answer, the reference answer alone"
         ),
     ),
+    "overlong_shaping": (
+        float,
+        0.0,
+        (
+            "factor of DAPO's soft overlong penalty added to the training reward (L_max: "
+            "sampling.max_new_tokens, L_cache: half of it; rlblocks.rewards.overlong); 0: none. "
+            "The held-out score stays the reward alone; recipe dapo shapes with overlong_factor"
+        ),
+    ),
     "eval_every": (
         int,
         0,
@@ -313,6 +322,10 @@ def _conflicts(config: Namespace) -> list[tuple[str, str]]:
          f"policy over Ray workers: pass workers, a multiple of {tp} (got {workers})")),
         (config.rollout != "hf" and workers, "rollout", (f"rollout: {config.rollout} runs in "
          "this process; it does not combine with workers")),
+        (config.overlong_shaping < 0, "overlong_shaping", (f"overlong_shaping: "
+         f"{config.overlong_shaping}; pass a factor >= 0 (0: none)")),
+        (config.overlong_shaping and config.recipe == "dapo", "overlong_shaping", ("recipe dapo "
+         "shapes its reward itself: set overlong_factor instead")),
         ((config.recipe == "distill") != (config.teacher is not None), "teacher", ("recipe "
          "distill takes a teacher (a model folder), and a teacher takes recipe distill")),
     ]  # fmt: skip

@@ -197,6 +197,14 @@ def parser() -> argparse.ArgumentParser:
         "mini-batches; K >= 2 makes the ratio to the sampling policy differ from 1)",
     )
     p.add_argument(
+        "--overlong-shaping",
+        type=float,
+        default=0.0,
+        help="factor of DAPO's soft overlong penalty in the training reward: answers longer "
+        "than half of --max-new-tokens lose up to this much (0: none; held-out scoring is "
+        "the task's reward alone)",
+    )
+    p.add_argument(
         "--kl-coef", type=float, default=0.0, help="β of the k3 KL term (0: no reference model)"
     )
     p.add_argument(
@@ -305,6 +313,7 @@ FLAG_KEYS = {
     "--temperature": "sampling.temperature, trainer.temperature",
     "--lr": "trainer.lr",
     "--updates-per-batch": "trainer.mini_batch_size",
+    "--overlong-shaping": "overlong_shaping",
     "--kl-coef": "kl_coef",
     "--eval-size": "eval.n",
     "--validation": "eval.n, eval.skip",
@@ -431,6 +440,7 @@ def train_argv(args: argparse.Namespace, *, reward: str | None = "math_answer") 
         "rollout": args.engine,
         "sft_steps": args.sft_steps,
         "sft_target": args.sft_target,
+        "overlong_shaping": args.overlong_shaping,
         "model.name": args.model,
         "model.device": args.device,
         "trainer.lr": args.lr,

@@ -82,7 +82,7 @@ from rlblocks.losses.offpolicy import DEFAULT_CORRECTION
 from rlblocks.models import load_tokenizer, resolve_device
 from rlblocks.placement import Local
 from rlblocks.recipes import RECIPES
-from rlblocks.rewards import REWARDS
+from rlblocks.rewards import REWARDS, combine, overlong
 from rlblocks.rollout import ENGINES, HFEngine
 from rlblocks.run import RunOptions
 from rlblocks.tracking import Tracker
@@ -148,7 +148,8 @@ def build(
         "sampling": sampling_params(config.sampling),
     }
     if params["reward_fn"].default is inspect.Parameter.empty:  # distill's is optional: none
-        arguments["reward_fn"] = reward_fn if reward_fn is not None else _reward(config)
+        reward = reward_fn if reward_fn is not None else _reward(config)
+        arguments["reward_fn"] = shaped(reward, config)
     if teacher is not None:
         arguments["teacher"] = teacher
     if "critic" in params:
@@ -164,6 +165,17 @@ def build(
     own = set(params) - BUILT - NOT_CONFIGURABLE
     arguments |= {k: config[k] for k in own if k in config}
     return fn, arguments
+
+
+def shaped(reward: RewardFn, config: Namespace) -> RewardFn:
+    """The training reward: ``reward`` plus ``overlong_shaping`` times DAPO's soft overlong
+    penalty over the last half of ``sampling.max_new_tokens`` (0: ``reward`` itself)."""
+    factor = config.get("overlong_shaping", 0.0)
+    if not factor:
+        return reward
+    budget = config.sampling.max_new_tokens
+    penalty = overlong(max_length=budget, cache_length=max(budget // 2, 1))
+    return combine([("task", reward, 1.0), ("overlong", penalty, factor)])
 
 
 def _lora(config: Namespace) -> Any:
@@ -417,12 +429,14 @@ def run_options(config: Namespace, **loop: Any) -> RunOptions:
 
 
 def step_line(step: int, record: Mapping[str, Any]) -> str:
-    """One line of a step's record for the console: the signal (the mean reward, or the
-    reverse KL to a teacher), the response length, the KL term when there is one, and the
+    """One line of a step's record for the console: the signal (the mean reward, the task's
+    and the shaped one with ``overlong_shaping``, or the reverse KL to a teacher), the response length, the KL term when there is one, and the
     step's seconds by phase."""
     kl = f"kl {record['kl/token']:.4f}  " if "kl/token" in record else ""
     if "distill/reverse_kl" in record:  # distillation: the KL to the teacher is the signal
         signal = f"reverse KL to the teacher {record['distill/reverse_kl']:.3f}"
+    elif "task/mean" in record:  # a shaped reward (overlong_shaping): the task's, then the total
+        signal = f"reward {record['task/mean']:.3f} (shaped {record['reward/mean']:.3f})"
     else:
         signal = f"reward {record.get('reward/mean', float('nan')):.3f}"
     times = ", ".join(
