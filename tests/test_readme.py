@@ -68,6 +68,7 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 8 steps of 48 samples on a 2-core CPU: ~5 minutes, more when busy
 def test_the_readme_cell_rewards_answers_on_the_built_in_model(tmp_path, monkeypatch):
     # The cell exactly as written, on the built-in SmolLM2-135M: its prompts can be answered
     # within its token budget, so some sampled answers are right (the mean reward is above 0).
