@@ -47,6 +47,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -403,12 +404,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"--temperature {args.temperature}: pass a temperature > 0")
     if args.validation < 0:
         raise SystemExit(f"--validation {args.validation}: pass N >= 1 (0: the held-out set)")
-    if args.validation:
-        sets = (
-            problem_keys(task, eval_size=args.eval_size, seed=0, validation=v)[1]
-            for v in (args.validation, 0)
-        )
-        check_disjoint(*(arithmetic_prompts(**keys) for keys in sets))
+    if args.validation:  # drawn and compared: refused if it shares a held-out expression
+        keys = partial(problem_keys, task, eval_size=args.eval_size, seed=0)
+        check_disjoint(*(arithmetic_prompts(**keys(validation=v)[1]) for v in (args.validation, 0)))
     if args.steps < 0 or (args.steps == 0 and not args.sft_steps):
         raise SystemExit(f"--steps {args.steps}: pass >= 1 (0 only with --sft-steps)")
     named = next((k for k, fn in rb.rewards.REWARDS.items() if fn is task.reward), None)
