@@ -153,15 +153,25 @@ def describe(difficulty: int | Difficulty) -> str:
 def table(demo_args: argparse.Namespace, summaries: dict[int, dict]) -> str:
     """The setup, the Markdown table of per-seed results with their mean and spread, and what
     the columns mean."""
-    task = demo.TASKS[demo_args.task]
+    task = demo.task_of(demo_args)
     held_out = ", ".join(str(n) for n in sorted({s["held_out"] for s in summaries.values()}))
+    scored = "Validation" if demo_args.validation else "Held-out"
+    extra = "".join(
+        f", {text}"
+        for text, shown in (
+            (f"temperature {demo_args.temperature:g}", demo_args.temperature != 1.0),
+            (f"{demo_args.updates_per_batch} updates per batch", demo_args.updates_per_batch > 1),
+            (f"overlong shaping {demo_args.overlong_shaping:g}", demo_args.overlong_shaping),
+        )
+        if shown
+    )
     setup = (
         f"Model: {model_description(demo_args.model)}. Task: `{demo_args.task}` "
         f"({describe(task.difficulty)}; instruction {task.instruction!r}). "
         f"GRPO, {demo_args.steps} steps x {demo_args.prompts_per_step} prompts x "
         f"{demo_args.group_size} samples, at most {demo_args.max_new_tokens} new tokens, "
-        f"lr {demo_args.lr:g}, KL coefficient {demo_args.kl_coef:g}"
-        f"{_staleness(demo_args)}. Held-out: {held_out} "
+        f"lr {demo_args.lr:g}, KL coefficient {demo_args.kl_coef:g}{extra}"
+        f"{_staleness(demo_args)}. {scored}: {held_out} "
         "distinct problems, greedy, the same for every seed, none in training. "
         f"Seeds: {', '.join(map(str, summaries))}."
     )
@@ -192,7 +202,8 @@ def table(demo_args: argparse.Namespace, summaries: dict[int, dict]) -> str:
             )
         rows.append(f"| {label} | " + " | ".join(cells) + " |")
     legend = (
-        "before / after: greedy held-out accuracy before and after training. cut: share of "
+        f"before / after: greedy {scored.lower()} accuracy before and after training. cut: "
+        "share of "
         f"the greedy answers cut off at {demo_args.max_new_tokens} tokens. ended-only: accuracy "
         "on the answers that ended within that budget (a gain that only comes from answers now "
         "fitting it leaves this column unchanged). s/step: the median seconds of a training "

