@@ -430,8 +430,8 @@ def run_options(config: Namespace, **loop: Any) -> RunOptions:
 
 def step_line(step: int, record: Mapping[str, Any]) -> str:
     """One line of a step's record for the console: the signal (the mean reward, the task's
-    and the shaped one with ``overlong_shaping``, or the reverse KL to a teacher), the response length, the KL term when there is one, and the
-    step's seconds by phase."""
+    and the shaped one with ``overlong_shaping``, or the reverse KL to a teacher), the response
+    length, the KL term when there is one, and the step's seconds by phase."""
     kl = f"kl {record['kl/token']:.4f}  " if "kl/token" in record else ""
     if "distill/reverse_kl" in record:  # distillation: the KL to the teacher is the signal
         signal = f"reverse KL to the teacher {record['distill/reverse_kl']:.3f}"

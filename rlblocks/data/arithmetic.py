@@ -135,13 +135,13 @@ def arithmetic(
         raise ValueError(f"arithmetic: split must be 'train' or 'test', got {split!r}; pass one")
     if skip < 0:
         raise ValueError(f"arithmetic: skip={skip}; pass skip >= 0 (rows left out first)")
-    n, wanted = n + skip, n
+    total = skip + n  # rows drawn; the first skip are left out
     rng = random.Random(f"rlblocks.arithmetic:{seed}:{split}")
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     stall = 0  # draws since the last new row
-    for draws in range(1, 1000 * n + 1001):  # rejection sampling; ~1 / TEST_FRACTION per row
-        if len(rows) == n:
+    for draws in range(1, 1000 * total + 1001):  # rejection sampling; ~1 / TEST_FRACTION per row
+        if len(rows) == total:
             break
         row = _problem(rng, level)
         stall += 1
@@ -151,8 +151,8 @@ def arithmetic(
             if stall >= _STALL_DRAWS:
                 raise ValueError(
                     f"arithmetic: only {len(rows)} distinct {split!r} expressions for {level} "
-                    f"({draws:,} draws, none new in the last {_STALL_DRAWS:,}); {n} were asked "
-                    f"with distinct=True{f' (skip={skip} + n={wanted})' if skip else ''}; ask for "
+                    f"({draws:,} draws, none new in the last {_STALL_DRAWS:,}); {total} were "
+                    f"asked with distinct=True{f' (skip={skip} + n={n})' if skip else ''}; ask for "
                     "fewer or choose a harder difficulty"
                 )
             continue
@@ -161,7 +161,7 @@ def arithmetic(
         stall = 0
     else:
         raise RuntimeError(
-            f"arithmetic: could not generate {n} problems for {level}; choose operators and "
+            f"arithmetic: could not generate {total} problems for {level}; choose operators and "
             "bounds that admit problems"
         )
     return Dataset.from_list(rows[skip:])
@@ -189,8 +189,8 @@ def arithmetic_prompts(
     (e.g. `BOXED_INSTRUCTION`; None for the bare question). ``ground_truth`` is the answer;
     ``metadata`` keeps ``expression``, ``operands`` and ``operators``; ``data_source`` is
     ``"arithmetic"``. ``distinct=True``: no expression twice (see `arithmetic`; for held-out
-    sets; with ``skip``, a validation set after them). ``load_kwargs`` go to `load_prompts` (``system``, ``chat``, ``tokenizer``,
-    ``max_prompt_tokens``, ``overlong``).
+    sets; with ``skip``, a validation set after them). ``load_kwargs`` go to `load_prompts`
+    (``system``, ``chat``, ``tokenizer``, ``max_prompt_tokens``, ``overlong``).
     """
     return load_prompts(
         arithmetic(n, seed=seed, difficulty=difficulty, split=split, distinct=distinct, skip=skip),

@@ -224,7 +224,6 @@ class Run:
         self._entered = True
         self._source = source if source is not None else NoSource()
         self._source.attach(self)
-        self._signal = SignalWatch(f"Run {self.name!r}")
         saver = self.options.checkpoint
         self._saver = Checkpointer(saver) if isinstance(saver, str | Path) else saver
         watchdog = self.options.watchdog

@@ -21,6 +21,8 @@ import warnings
 
 import torch
 
+from rlblocks.advantage.groups import group_index, group_max, group_min
+from rlblocks.advantage.returns import outcome_scores
 from rlblocks.rollouts import Rollouts
 
 PATIENCE = 3
@@ -43,12 +45,12 @@ class SignalWatch:
         ``budget``: the source's ``max_new_tokens`` (None: unknown, no ``signal/cut_off``)."""
         metrics: dict[str, float] = {}
         if rollouts.rewards is not None and len(rollouts):
-            share = informative_share(rollouts.rewards.detach().reshape(len(rollouts), -1).sum(1),
-                                      rollouts.group_ids)  # fmt: skip
+            scores = outcome_scores(rollouts.rewards.detach(), rollouts.response_mask)  # (b)
+            share = informative_share(scores, rollouts.group_ids)
             metrics["signal/informative_groups"] = share
             if share == 0.0:
                 self.flat.append(step)
-                self.values |= set(rollouts.rewards.detach().flatten().tolist())
+                self.values |= set(scores.tolist())
             else:
                 self.flat, self.values = [], set()
         if budget is not None and len(rollouts):
@@ -89,11 +91,15 @@ class SignalWatch:
 def informative_share(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
     """The share of groups (rows with one ``group_ids`` value) whose ``rewards`` ``(b)`` are
     not all equal; 0 for groups of one."""
-    groups, index = torch.unique(group_ids, return_inverse=True)
-    r = rewards.double()
-    high = torch.full((len(groups),), -torch.inf, dtype=r.dtype).scatter_reduce(0, index, r, "amax")
-    low = torch.full((len(groups),), torch.inf, dtype=r.dtype).scatter_reduce(0, index, r, "amin")
-    return (high > low).double().mean().item()
+    index, n = group_index(group_ids)
+    mixed = group_max(rewards, group_ids) > group_min(rewards, group_ids)  # (b), per row
+    return (
+        torch.zeros(n, dtype=torch.bool, device=mixed.device)
+        .scatter_(0, index, mixed)
+        .double()
+        .mean()
+        .item()
+    )
 
 
 __all__ = ["PATIENCE", "SignalWatch", "informative_share"]
