@@ -76,11 +76,16 @@ def test_the_readme_cell_rewards_answers_on_the_built_in_model(tmp_path, monkeyp
     namespace: dict = {}
     exec(compile(readme_cell(), str(README), "exec"), namespace)  # noqa: S102 (our own README)
     history = namespace["run"].history
+    keys = ("reward/mean", "signal/informative_groups", "signal/cut_off", "response_length")
+    for step, h in enumerate(history, 1):  # on failure, pytest shows what each step did
+        print(f"README cell on smollm2-135m, step {step}:", {k: round(h[k], 3) for k in keys})
     rewards = [h["reward/mean"] for h in history]
-    print("README cell on smollm2-135m, reward per step:", rewards)
     assert len(history) == namespace["run"].steps and sum(rewards) > 0
-    # answers end within the budget: not every response was cut off in any step
-    assert all(h["signal/cut_off"] < 1.0 for h in history)
+    # Answers fit the budget: most responses over the run end before max_new_tokens. (Sampling
+    # differs from one CPU to another, so one step's share is not held: a single step of 48
+    # samples has been seen fully cut off on another machine.)
+    cut_off = [h["signal/cut_off"] for h in history]
+    assert sum(cut_off) / len(cut_off) < 0.5, cut_off
 
 
 def loop_of(tree: ast.AST) -> str:
