@@ -395,3 +395,17 @@ def test_overlong_shaping_adds_dapos_ramp_to_the_training_reward(config_file):
     train.parse([str(config_file)])  # DAPO without shaping parses
     with pytest.raises(SystemExit, match=r"recipe dapo shapes its reward itself: set overlong_f"):
         train.parse([str(config_file), "--overlong_shaping", "1"])
+
+
+def test_dr_grpo_aggregation_divides_by_the_token_budget_not_the_padded_width(config_file):
+    # seq-mean-token-sum-norm by name gets C = sampling.max_new_tokens (6 in the file): a
+    # micro-batch whose responses are padded to 4 tokens is divided by 2 sequences x 6, not x 4.
+    config, _, _ = train.parse(
+        [str(config_file), "--trainer.aggregation", "seq-mean-token-sum-norm"]
+    )
+    policy = train.build(config)[1]["policy"]
+    aggregation = policy.config.aggregation
+    assert aggregation == rb.losses.SeqMeanTokenSumNorm(max_tokens=6)
+    assert aggregation.normalizer(torch.ones(2, 4)) == 12.0
+    token_mean, _, _ = train.parse([str(config_file)])  # other modes are kept as named
+    assert train.build(token_mean)[1]["policy"].config.aggregation is rb.losses.token_mean

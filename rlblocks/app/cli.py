@@ -53,7 +53,7 @@ from rlblocks.app.job import (
 )
 from rlblocks.data import DATA
 from rlblocks.interfaces import SamplingParams
-from rlblocks.losses import AGGREGATIONS, CORRECTIONS, LOSSES, PREFERENCES
+from rlblocks.losses import AGGREGATIONS, CORRECTIONS, LOSSES, PREFERENCES, SeqMeanTokenSumNorm
 from rlblocks.losses.offpolicy import DEFAULT_CORRECTION
 from rlblocks.models import resolve_device
 from rlblocks.recipes import RECIPES
@@ -395,10 +395,15 @@ def sampling_params(section: Namespace) -> SamplingParams:
     return SamplingParams(**vars(section))
 
 
-def train_config(section: Namespace) -> TrainConfig:
-    """A ``trainer`` / ``critic`` section as `TrainConfig`, ``aggregation`` by its name."""
-    fields = section_kwargs(section) | {"aggregation": AGGREGATIONS[section.aggregation]}
-    return TrainConfig(**fields)
+def train_config(section: Namespace, *, budget: int | None = None) -> TrainConfig:
+    """A ``trainer`` / ``critic`` section as `TrainConfig`, ``aggregation`` by its name.
+    ``budget``: the run's ``sampling.max_new_tokens``, Dr. GRPO's constant C of
+    ``seq-mean-token-sum-norm`` (a name cannot carry it; without it C would be each
+    micro-batch's padded width, which changes from one micro-batch to the next)."""
+    aggregation = AGGREGATIONS[section.aggregation]
+    if isinstance(aggregation, SeqMeanTokenSumNorm) and aggregation.max_tokens is None:
+        aggregation = dataclasses.replace(aggregation, max_tokens=budget)
+    return TrainConfig(**section_kwargs(section) | {"aggregation": aggregation})
 
 
 def section_kwargs(section: Namespace) -> dict[str, Any]:

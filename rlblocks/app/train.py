@@ -122,7 +122,7 @@ def build(
             model.name,
             dtype=dtype,
             device=device,
-            config=train_config(section),
+            config=train_config(section, budget=config.sampling.max_new_tokens),
             **kwargs,
         )
         return placement.build(role, load)
