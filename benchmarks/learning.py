@@ -78,10 +78,19 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     return args, passthrough
 
 
-def run_seed(seed: int, folder: Path, passthrough: list[str]) -> dict:
+def run_seed(
+    seed: int,
+    folder: Path,
+    passthrough: list[str],
+    *,
+    module: str = "rlblocks.app.demo",
+    argv: list[str] | None = None,
+) -> dict:
     """The demo's summary for one seed plus ``wall_minutes``, running (or resuming) it first
-    when needed. ``wall_minutes`` is None for a resumed run (its first part was not timed)."""
-    argv = [*passthrough, "--seed", str(seed), "--out", str(folder)]
+    when needed. ``wall_minutes`` is None for a resumed run (its first part was not timed).
+    ``module`` and ``argv``: another job that writes the same files (``rlblocks.app.train``
+    with its keys; ``argv`` then replaces ``passthrough`` and must name ``folder`` its out)."""
+    argv = argv if argv is not None else [*passthrough, "--seed", str(seed), "--out", str(folder)]
     record_file = folder / RECORD
     record = json.loads(record_file.read_text()) if record_file.exists() else None
     if record is None and folder.exists() and any(folder.iterdir()):
@@ -96,7 +105,7 @@ def run_seed(seed: int, folder: Path, passthrough: list[str]) -> dict:
     resume = rb.checkpoint.Checkpointer(folder / "checkpoints").latest() is not None
     folder.mkdir(parents=True, exist_ok=True)
     record_file.write_text(json.dumps({"argv": argv}) + "\n")
-    command = [sys.executable, "-m", "rlblocks.app.demo", *argv, *(["--resume"] if resume else [])]
+    command = [sys.executable, "-m", module, *argv, *(["--resume"] if resume else [])]
     print(f"seed {seed}: {' '.join(command)}", flush=True)
     start = time.perf_counter()
     subprocess.run(command, check=True)

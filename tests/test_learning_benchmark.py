@@ -148,3 +148,90 @@ def test_instruction_screen_scores_the_validation_problems_under_each_instructio
     _, held_out = demo.problems(task, eval_size=256, seed=0)
     demo.check_disjoint(validation, held_out)
     assert all("Second one." in str(prompt) for prompt in validation.prompts)
+
+
+def _baselines():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "baselines.py"
+    spec = importlib.util.spec_from_file_location("baselines_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_baseline_is_the_main_job_with_its_own_keys_and_the_same_sampled_budget(tmp_path):
+    from rlblocks.app import train
+
+    baselines = _baselines()
+    flags = ["--model", "tiny", "--lr", "2e-5"]
+    built = {}
+    for name in baselines.ALGORITHMS:
+        config, _, _ = train.parse(baselines.train_keys(name, flags, 4, tmp_path / name))
+        assert config.seed == 4 and config.out == str(tmp_path / name) and config.steps == 12
+        assert config.trainer.lr == 2e-5 and config.sampling.max_new_tokens == 32
+        # the same responses a step: 8 prompts x 6 samples, or 48 prompts x 1 for PPO
+        assert config.prompts_per_step * config.group_size == 48
+        built[name] = config
+    assert (built["grpo"].recipe, built["grpo"].advantage.name) == ("grpo", "grpo")
+    assert built["grpo"].advantage.scale_by_std and tuple(built["grpo"].loss.clip) == (0.2, 0.28)
+    dr = built["dr_grpo"]
+    assert dr.advantage.name == "dr_grpo" and not dr.advantage.scale_by_std
+    assert dr.trainer.aggregation == "seq-mean-token-sum-norm"
+    assert (built["dapo"].recipe, built["dapo"].max_rounds) == ("dapo", 1)
+    ppo = built["ppo"]
+    assert (ppo.recipe, ppo.group_size, ppo.kl_coef, ppo.critic.lr) == ("ppo", 1, 0.0, 2e-4)
+    assert tuple(ppo.loss.clip) == (0.2, 0.2)
+    assert built["rloo"].advantage.name == "rloo"
+    assert built["reinforce_pp"].advantage.name == "reinforce_pp_baseline"
+    # training and held-out problems are the main job's (the seed draws the training ones)
+    keys = dict(f.removeprefix("--").split("=", 1) for f in demo.train_argv(
+        demo.parse_args([*flags, "--seed", "4", "--out", str(tmp_path / "grpo")])))  # fmt: skip
+    assert built["ppo"].data.seed == int(keys["data.seed"]) == 4
+    assert built["ppo"].eval.n == int(keys["eval.n"]) == 256
+
+
+def test_baselines_table_averages_each_algorithm_over_its_seeds():
+    baselines = _baselines()
+    args, passthrough = baselines.parse_args(["--seeds", "0", "1", "--model", "tiny"])
+    run = {"before": 0.25, "held_out": 256, "after_cut": 0.5, "seconds_per_step": 30.0}
+    runs = {
+        "grpo": {
+            0: run | {"after": 0.5, "train_minutes": 6.0, "wall_minutes": 8.0},
+            1: run | {"after": 0.3, "train_minutes": 8.0, "wall_minutes": None},
+        },
+        "ppo": {
+            s: run | {"after": 0.25, "train_minutes": 9.0, "wall_minutes": 11.0} for s in (0, 1)
+        },
+    }
+    text = baselines.table(args, passthrough, runs)
+    lines = text.splitlines()
+    # GRPO: after 0.5, 0.3: mean 0.4, std sqrt(2 x 0.1²) = 0.141; gain 0.4 - 0.25 = +0.15;
+    # training minutes 6, 8: mean 7.0, std 1.4; wall minutes only seed 0's (seed 1 resumed).
+    assert (
+        "| GRPO | 0.400 ± 0.141 | 0.300 - 0.500 | +0.150 | 0.500 | 7.0 ± 1.4 | 8.0 | 30.0 |"
+        in lines
+    )
+    assert (
+        "| PPO | 0.250 ± 0.000 | 0.250 - 0.250 | +0.000 | 0.500 | 9.0 ± 0.0 | 11.0 ± 0.0 | 30.0 |"
+        in lines
+    )
+    assert "12 steps of 48 sampled responses (the main job's 8 prompts x 6)" in text
+    assert "Scored: 256 distinct held-out problems" in text and "Seeds: 0, 1." in text
+    assert "- PPO: recipe ppo: one sample per prompt" in text
+
+
+def test_baselines_run_each_algorithm_and_seed_in_its_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLBLOCKS_CACHE", str(tmp_path / "cache"))
+    baselines = _baselines()
+    argv = ["--out", str(tmp_path / "b"), "--seeds", "1", "--algorithms", "dapo", "ppo"]
+    argv += ["--model", "tiny", "--steps", "1", "--eval-size", "2", "--prompts-per-step", "2"]
+    argv += ["--group-size", "2", "--max-new-tokens", "4"]
+    text = baselines.main(argv)
+    for name, recipe in (("dapo", "dapo"), ("ppo", "ppo")):
+        folder = tmp_path / "b" / name / "seed-1"
+        summary = json.loads((folder / "summary.json").read_text())
+        assert summary["steps"] == 1 and summary["held_out"] == 2
+        assert f"recipe: {recipe}\n" in (folder / "config.yaml").read_text()
+    assert "| DAPO |" in text and "| PPO |" in text and (tmp_path / "b" / "table.md").exists()
+    # a bad combination is refused before any run, naming the flag
+    with pytest.raises(SystemExit, match="--teacher"):
+        baselines.main([*argv, "--teacher", str(tmp_path)])
