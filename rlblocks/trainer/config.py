@@ -8,6 +8,7 @@ keywords: ``PolicyTrainer(model, lr=1e-5, epochs=2)`` is
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -131,19 +132,37 @@ class TrainConfig:
                 f"{self.tp}, sp = {self.sp}) are not built (their DTensor layers and attention "
                 "are not traced); pass compile=False, or tp=1 and sp=1"
             )
-        if self.temperature <= 0:
-            raise ValueError(
-                f"TrainConfig.temperature: must be > 0, got {self.temperature}; pass a positive value"
-            )
-        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
-            raise ValueError(
-                f"TrainConfig.max_grad_norm: must be > 0, got {self.max_grad_norm}; "
-                "pass a positive norm, or None for no clipping"
-            )
-        if self.lr < 0:
-            raise ValueError(
-                f"TrainConfig.lr: must be >= 0, got {self.lr}; pass a non-negative rate"
-            )
+        self._check_numbers()
+
+    def _check_numbers(self) -> None:
+        """Every float setting is a finite number in its range (a NaN passes every ``<``
+        comparison: ``max_grad_norm=nan`` would turn every weight NaN in the first step)."""
+        ranges = {  # name: (value, lowest, whether the lowest is allowed, highest excluded)
+            "lr": (self.lr, 0.0, True, None),
+            "weight_decay": (self.weight_decay, 0.0, True, None),
+            "eps": (self.eps, 0.0, False, None),
+            "temperature": (self.temperature, 0.0, False, None),
+            "max_grad_norm": (self.max_grad_norm, 0.0, False, None),
+            "betas[0]": (self.betas[0], 0.0, True, 1.0),
+            "betas[1]": (self.betas[1], 0.0, True, 1.0),
+        }
+        for name, (value, low, closed, high) in ranges.items():
+            if value is None and name == "max_grad_norm":
+                continue
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (number and _within(float(value), low, closed, high)):  # type: ignore[arg-type]
+                bound = f"{'>=' if closed else '>'} {low:g}" + (f" and < {high:g}" if high else "")
+                fix = ", or None for no clipping" if name == "max_grad_norm" else ""
+                raise ValueError(
+                    f"TrainConfig.{name}: must be a finite number {bound}, got {value!r}; pass "
+                    f"a value in that range{fix}"
+                )
+
+
+def _within(value: float, low: float, closed: bool, high: float | None) -> bool:
+    """``value`` is finite, above ``low`` (or equal to it when ``closed``) and below ``high``."""
+    above = value >= low if closed else value > low
+    return math.isfinite(value) and above and (high is None or value < high)
 
 
 def adamw(params: list[nn.Parameter], config: TrainConfig) -> torch.optim.AdamW:

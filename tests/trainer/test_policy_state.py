@@ -129,6 +129,33 @@ def test_config_overrides_and_validation():
         tiny_trainer(reference="frozen", lr=1e-6)
 
 
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("lr", NAN), ("lr", INF), ("lr", -1e-5),
+        ("max_grad_norm", NAN), ("max_grad_norm", INF), ("max_grad_norm", 0.0),
+        ("weight_decay", NAN), ("weight_decay", -0.1),
+        ("eps", NAN), ("eps", 0.0),
+        ("temperature", NAN), ("temperature", INF),
+        ("betas", (0.9, NAN)), ("betas", (1.0, 0.999)), ("betas", (-0.1, 0.999)),
+    ],
+)  # fmt: skip
+def test_a_setting_that_is_not_a_finite_number_in_range_is_refused_by_name(field, value):
+    # A NaN passes every < comparison: max_grad_norm=nan was accepted and one step then
+    # turned every weight NaN; lr=inf and betas of 1 were taken as they were.
+    name = field if field != "betas" else r"betas\[[01]\]"
+    with pytest.raises(ValueError, match=rf"^TrainConfig\.{name}: must be a finite number"):
+        TrainConfig(**{field: value})
+
+
+def test_settings_at_the_edge_of_their_range_are_kept():
+    config = TrainConfig(lr=0, weight_decay=0.0, betas=(0.0, 0.0), max_grad_norm=None)
+    assert (config.lr, config.betas, config.max_grad_norm) == (0, (0.0, 0.0), None)
+
+
 def test_from_pretrained_builtin(tmp_path, monkeypatch, make_rollouts):
     monkeypatch.setenv("RLBLOCKS_CACHE", str(tmp_path))
     trainer = PolicyTrainer.from_pretrained("tiny", lr=1e-3, reference=None)
