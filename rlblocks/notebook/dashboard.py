@@ -87,6 +87,20 @@ class Dashboard:
                 f"Dashboard: mode must be 'auto', 'widgets' or 'terminal', not {mode!r}; pass "
                 "one of them"
             )
+        if total_steps is not None and (
+            isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1
+        ):
+            raise ValueError(
+                f"Dashboard: total_steps={total_steps!r}; pass the run's steps, an int >= 1 "
+                "(None: unknown, no ETA)"
+            )
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+            raise ValueError(f"Dashboard: samples={samples!r}; pass the rows to show, an int >= 0")
+        if not 0 <= refresh_seconds < math.inf:
+            raise ValueError(
+                f"Dashboard: refresh_seconds={refresh_seconds!r}; pass a finite number of seconds "
+                ">= 0 (0: redraw at every step)"
+            )
         if mode == "auto":
             mode = "widgets" if in_notebook() else "terminal"
         self.mode = mode

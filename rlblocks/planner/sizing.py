@@ -264,8 +264,15 @@ def plan(
             f"plan: sp={sp} with {'tp=' + str(tp) if tp > 1 else 'gradient checkpointing'} is "
             "not built (TrainConfig refuses it); use one of them"
         )
+    if device_memory is not None and (
+        isinstance(device_memory, bool) or not isinstance(device_memory, int) or device_memory < 1
+    ):
+        raise ValueError(
+            f"plan: device_memory={device_memory!r}; pass the bytes of one device as a positive "
+            "int (None: this machine's device or RAM)"
+        )
     memory = _memory_model(engine)
-    if not 0 < gpu_memory_utilization <= 1:
+    if not 0 < gpu_memory_utilization <= 1:  # a NaN fails this too
         raise ValueError(
             f"plan: gpu_memory_utilization={gpu_memory_utilization}; pass a share in (0, 1]"
         )

@@ -37,6 +37,7 @@ checkpoints are whatever was saved before).
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -51,6 +52,9 @@ from rlblocks.base.stacks import SignalStacks, serve_stacks, thread_stacks
 
 STALL_EXIT = 75
 """The exit status of a process the watchdog ended (``on_stall="exit"``)."""
+
+MIN_POLL = 0.01
+"""The shortest ``Watchdog`` poll, in seconds: the watcher wakes at most 100 times a second."""
 
 PHASES = ("rollout", "reward", "logprobs", "update", "sync", "checkpoint")
 OnStall = Literal["wait", "interrupt", "exit"]
@@ -91,6 +95,11 @@ class Watchdog:
                     f"Watchdog: {name}={value!r}; a deadline (and factor, floor, first, poll) "
                     "must be a number of seconds > 0"
                 )
+        if not MIN_POLL <= poll < math.inf:
+            raise ValueError(
+                f"Watchdog: poll={poll!r}; the watcher wakes every poll seconds: pass a finite "
+                f"number >= {MIN_POLL} (a shorter one keeps a core busy checking the clock)"
+            )
         if on_stall not in ("wait", "interrupt", "exit"):
             raise ValueError(f"Watchdog: on_stall={on_stall!r}; use 'wait', 'interrupt' or 'exit'")
         self.deadlines, self.factor, self.floor, self.first = deadlines, factor, floor, first

@@ -93,6 +93,23 @@ def test_auto_mode_is_terminal_without_a_kernel():
         Dashboard(mode="html")
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"total_steps": -1}, r"total_steps=-1; pass the run's steps, an int >= 1"),
+        ({"total_steps": 0}, "total_steps=0"),
+        ({"total_steps": 2.5}, "total_steps=2.5"),
+        ({"samples": -3}, "samples=-3"),
+        ({"refresh_seconds": -1.0}, "refresh_seconds=-1.0"),
+        ({"refresh_seconds": float("inf")}, "refresh_seconds=inf"),
+        ({"refresh_seconds": float("nan")}, "refresh_seconds=nan"),
+    ],
+)
+def test_settings_that_cannot_take_effect_are_refused_by_name(kwargs, message):
+    with pytest.raises(ValueError, match=rf"^Dashboard: {message}"):
+        Dashboard(file=io.StringIO(), **kwargs)
+
+
 def test_a_kernel_shell_is_detected(monkeypatch):
     class Shell:
         def __init__(self, config):

@@ -233,6 +233,9 @@ def test_the_watchdog_ends_or_interrupts_a_stalled_process(tmp_path, on_stall):
         ({"deadlines": {"rewards": 10}}, r"no phase \['rewards'\]"),
         ({"floor": 0}, "floor=0"),
         ({"on_stall": "kill"}, "on_stall='kill'"),
+        ({"poll": 1e-9}, r"poll=1e-09; the watcher wakes every poll seconds"),  # spins a core
+        ({"poll": float("inf")}, "poll=inf"),  # would never look
+        ({"poll": float("nan")}, "poll=nan"),
     ],
 )
 def test_bad_deadlines_are_refused(kwargs, message):
