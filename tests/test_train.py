@@ -189,6 +189,21 @@ def test_command_line_overrides_the_file(config_file):
         ("max_new_tokens: 6", "max_new_tokens: 0", r"line 14: sampling: .*max_new_tokens"),
         ("recipe: grpo", "recipe: grpp", r"recipe: unknown name 'grpp'"),
         ("name: arithmetic", "name: arith", r"data.name: unknown name 'arith'"),
+        # a section written as null (it ended in an AttributeError or a TypeError)
+        (
+            "trainer:\n  lr: 1.0e-2\n  micro_batch_size: 4\n",
+            "trainer: null\n",
+            r"run.yaml, line 10: trainer: null; a section is a mapping of its keys: leave it out, "
+            r"or write trainer: \{\}, for its defaults",
+        ),
+        ("model:\n  name: tiny\n  device: cpu\n", "model: null\n", r"line 7: model: null"),
+        ("sampling:\n  max_new_tokens: 6\n", "sampling:\n", r"line 13: sampling: null"),
+        ("engine:\n  chat: true\n", "engine: ~\n", r"line 15: engine: null"),
+        (
+            "loss:\n  name: clipped_surrogate\n  clip: [0.2, 0.28]\n",
+            "loss: null\n",
+            r"line 23: loss: null",
+        ),
     ],
 )
 def test_bad_keys_and_values_are_named_with_file_and_line(config_file, old, new, message):

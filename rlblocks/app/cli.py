@@ -71,6 +71,12 @@ BUILT = frozenset(
 )
 """Recipe arguments built from their own sections, not set as top-level keys."""
 
+SECTIONS = frozenset(
+    {"model", "trainer", "critic", "sampling", "engine", "data", "advantage", "loss"}
+    | {"preference", "eval"}
+)
+"""The keys that hold a mapping of their own keys (a null there is refused, not taken)."""
+
 NOT_CONFIGURABLE = LOOP_ARGUMENTS | {"resharder", "kl_controller", "kl_estimator"}
 """Recipe arguments that take objects a YAML value cannot name; the defaults are used."""
 
@@ -268,6 +274,11 @@ def parse(argv: Sequence[str]) -> tuple[Namespace, ArgumentParser, bool]:
     argv = [a for a in argv if a != "--resume"]
     file = Path(argv.pop(0)) if argv and not argv[0].startswith("-") else None
     data = _read(file) if file else {}
+    for key in SECTIONS & {k for k, v in data.items() if v is None}:
+        fix = ("leave it out for no held-out scoring, or give its keys" if key == "eval"
+               else f"leave it out, or write {key}: {{}}, for its defaults")  # fmt: skip
+        message = f"{key}: null; a section is a mapping of its keys: {fix}"
+        raise SystemExit(_where(message, key, file, argv))
     sections = ("recipe", "data", "advantage", "loss", "preference", "eval")
     peeked = {k: _peek(argv, data, k) for k in sections}
     names = {k: v for k, v in peeked.items() if v is not None}
