@@ -193,8 +193,10 @@ def test_command_line_overrides_the_file(config_file):
         (
             "trainer:\n  lr: 1.0e-2\n  micro_batch_size: 4\n",
             "trainer: null\n",
-            r"run.yaml, line 10: trainer: null; a section is a mapping of its keys: leave it out, "
-            r"or write trainer: \{\}, for its defaults",
+            (
+                r"run.yaml, line 10: trainer: null; a section is a mapping of its keys: leave it "
+                r"out, or write trainer: \{\}, for its defaults"
+            ),
         ),
         ("model:\n  name: tiny\n  device: cpu\n", "model: null\n", r"line 7: model: null"),
         ("sampling:\n  max_new_tokens: 6\n", "sampling:\n", r"line 13: sampling: null"),
@@ -328,6 +330,10 @@ def test_a_named_correction_two_steps_off_and_a_held_out_curve(tmp_path, config_
             "old_logprobs: recompute, but correction rollout takes pi_old from rollout",
         ),
         (["--eval_every", "2"], "eval_every: 2 needs an eval section"),
+        # sequence parallelism in one process was run with sp dropped (tp was refused already)
+        (["--trainer.sp", "2"], r"trainer.sp: 2 splits each micro-batch over Ray workers"),
+        (["--trainer.sp", "2", "--workers", "3"], r"a multiple of 2 \(got 3\)"),
+        (["--trainer.tp", "2"], r"trainer.tp: 2 splits the policy over Ray workers"),
     ],
 )
 def test_settings_that_cannot_go_together_are_refused_at_parse_time(config_file, extra, message):

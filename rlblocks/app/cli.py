@@ -309,7 +309,7 @@ def _conflicts(config: Namespace) -> list[tuple[str, str]]:
     """Settings that cannot run together, as (the key at fault, why): refused at parse time,
     before any model is loaded and before ``out`` is made."""
     steps, staleness, workers = config.steps, config.staleness, config.workers
-    tp = config.trainer.tp
+    tp, sp = config.trainer.tp, config.trainer.sp
     every, correction, old = config.eval_every, config.correction, config.old_logprobs
     chosen = CORRECTIONS[correction].old_logprobs if correction else "auto"
     rules = [  # (broken, key, why); steps: every recipe refuses it too, but after loading
@@ -331,6 +331,8 @@ def _conflicts(config: Namespace) -> list[tuple[str, str]]:
          "(workers 0)")),
         (tp > 1 and (not workers or workers % tp), "trainer.tp", (f"trainer.tp: {tp} splits the "
          f"policy over Ray workers: pass workers, a multiple of {tp} (got {workers})")),
+        (sp > 1 and (not workers or workers % sp), "trainer.sp", (f"trainer.sp: {sp} splits each "
+         f"micro-batch over Ray workers: pass workers, a multiple of {sp} (got {workers})")),
         (config.rollout != "hf" and workers, "rollout", (f"rollout: {config.rollout} runs in "
          "this process; it does not combine with workers")),
         (config.overlong_shaping < 0, "overlong_shaping", (f"overlong_shaping: "

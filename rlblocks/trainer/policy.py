@@ -205,6 +205,18 @@ class PolicyTrainer(Trained):
         sequence-parallel group."""
         return self.layout["tp"] * self.layout["sp"]
 
+    def _check_layout(self, method: str) -> None:
+        """Refuse to compute with ``tp`` or ``sp`` > 1 in a trainer never sharded: in one
+        process nothing would split, and the setting would be dropped without a word."""
+        if (self.config.tp > 1 or self.config.sp > 1) and not self.dp.sharded:
+            kind, size = ("tp", self.config.tp) if self.config.tp > 1 else ("sp", self.config.sp)
+            raise RuntimeError(
+                f"PolicyTrainer.{method}: TrainConfig.{kind} = {size} splits the policy over "
+                f"{size} processes, but this trainer runs in one and was never sharded; build "
+                "it with a placement of several workers (rb.placement.Ray(workers=N), "
+                f"rlblocks-train workers: N, a multiple of {size}), or set {kind}=1"
+            )
+
     def shard(self, group: Any = None) -> None:
         """Join a data-parallel group (``torch.distributed``; None: the default group), as a
         placement does right after building the trainer in each worker (``Shardable``).
@@ -231,6 +243,7 @@ class PolicyTrainer(Trained):
         ``entropy=True`` also the ``(b t)`` float32 entropy of each next-token distribution.
         Micro-batched like a training step; logits are divided by ``config.temperature``.
         """
+        self._check_layout("logprobs")
         home = rollouts.response_ids.device
         lp, ent = score_no_grad(self, self.model, rollouts, entropy=entropy, replay=True)
         lp = lp.float().to(home)
@@ -244,6 +257,7 @@ class PolicyTrainer(Trained):
         adapters disabled (peft's ``disable_adapter()``), i.e. the base model. On the device of
         ``rollouts``, as :meth:`logprobs`.
         """
+        self._check_layout("ref_logprobs")
         return ref_scores(self, rollouts).float().to(rollouts.response_ids.device)
 
     # ------------------------------------------------------------------ the update
@@ -368,6 +382,7 @@ class PolicyTrainer(Trained):
         method: str,
     ) -> PreparedUpdate:
         """This rank's part of an update, ready for the loop (``rlblocks.trainer.policy_loss``)."""
+        self._check_layout(method)
         rollouts.known_lengths()  # read on the host copy: the device copy inherits them
         batch = rollouts.to(self.device)
         batch = batch.replace(advantages=token_advantages(advantages, batch))

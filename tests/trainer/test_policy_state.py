@@ -196,3 +196,21 @@ def test_one_optimizer_step_takes_pi_old_from_its_own_forward(make_rollouts):
     for key in ("mismatch/abs_mean", "mismatch/abs_max", "mismatch/kl"):
         assert_close(fused_metrics[key], scored_metrics[key], rtol=0, atol=2e-6, msg=key)
     assert_close(fused_metrics["mismatch/abs_max"], 0.5, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize(("kind", "size"), [("tp", 2), ("sp", 2)])
+def test_tensor_or_sequence_parallel_settings_in_one_process_are_refused_not_dropped(
+    kind, size, make_rollouts
+):
+    # A trainer built in this process with tp or sp > 1 and never sharded used to score and
+    # train on the whole model, the setting dropped without a word.
+    trainer = tiny_trainer(config=TrainConfig(**{kind: size}), lr=1e-3)
+    rollouts = make_rollouts(seed=0)
+    message = (
+        rf"^PolicyTrainer.{{}}: TrainConfig.{kind} = {size} splits the policy over {size} processes"
+    )
+    with pytest.raises(RuntimeError, match=message.format("logprobs")):
+        trainer.logprobs(rollouts)
+    with pytest.raises(RuntimeError, match=message.format("step")):
+        trainer.step(rollouts, torch.randn(len(rollouts)), loss_fn=clipped_surrogate)
+    assert trainer.steps == 0  # nothing was trained
