@@ -430,3 +430,23 @@ def test_dr_grpo_aggregation_divides_by_the_token_budget_not_the_padded_width(co
     assert aggregation.normalizer(torch.ones(2, 4)) == 12.0
     token_mean, _, _ = train.parse([str(config_file)])  # other modes are kept as named
     assert train.build(token_mean)[1]["policy"].config.aggregation is rb.losses.token_mean
+
+
+def test_a_run_refuses_an_out_folder_whose_files_it_did_not_write(tmp_path, config_file):
+    # A user's own config.yaml and curves.png in the folder named as out: the run used to write
+    # over both and exit 0 (only metrics.jsonl and checkpoints/ were guarded).
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "config.yaml").write_text("my own settings\n")
+    (out / "curves.png").write_bytes(b"my own figure")
+    with pytest.raises(SystemExit, match=r"mine holds config.yaml, curves.png, which no rlblocks"):
+        train.main([str(config_file), "--out", str(out), "--steps", "1"])
+    assert (out / "config.yaml").read_text() == "my own settings\n"
+    assert (out / "curves.png").read_bytes() == b"my own figure"
+    # A folder a run made is the run's: it is claimed, and a later run there (a resume with
+    # more steps) rewrites its config.yaml.
+    ours = tmp_path / "ours"
+    train.main([str(config_file), "--out", str(ours), "--steps", "1"])
+    assert (ours / train.MARK).exists() and "steps: 1\n" in (ours / "config.yaml").read_text()
+    assert len(train.main([str(config_file), "--out", str(ours), "--steps", "2", "--resume"])) == 2
+    assert "steps: 2\n" in (ours / "config.yaml").read_text()

@@ -372,9 +372,21 @@ def _plan(config: Namespace, gpu: bool) -> str:
     )
 
 
+MARK = ".rlblocks-run"
+"""The file a run leaves in its ``out`` folder first: the folder is a run's, whose files a later
+run there may rewrite. A folder without it keeps its files: a run refuses to start over them."""
+
+RUN_FILES = (
+    *("config.yaml", "config.json", "metrics.jsonl", "samples.jsonl", "summary.json"),
+    "curves.png",
+)
+"""The files a run writes in ``out`` besides its checkpoint folders (which guard themselves)."""
+
+
 def _check_out(out: Path, checkpoint: Checkpointer, *, resume: bool) -> None:
-    """Refuse to mix two runs in ``out``, and a ``--resume`` with nothing to resume (a run
-    killed during its SFT stage resumes from ``checkpoints-sft``)."""
+    """Refuse to mix two runs in ``out``, a ``--resume`` with nothing to resume (a run killed
+    during its SFT stage resumes from ``checkpoints-sft``), and a folder whose files no run
+    left there (`MARK`; a checkpointed run being resumed proves itself); then claim ``out``."""
     latest = checkpoint.latest()
     if latest is None:
         latest = Checkpointer(out / "checkpoints-sft").latest()
@@ -389,8 +401,18 @@ def _check_out(out: Path, checkpoint: Checkpointer, *, resume: bool) -> None:
             "that stopped before its first checkpoint leaves none); run again without --resume "
             "to start it over"
         )
-    if not resume and ((out / "config.yaml").exists() or (out / "metrics.jsonl").exists()):
+    claimed = (out / MARK).exists() or (resume and latest is not None)
+    found = [name for name in RUN_FILES if (out / name).exists()]
+    if found and not claimed:
+        raise SystemExit(
+            f"{out} holds {', '.join(found)}, which no rlblocks run left there (it has no "
+            f"{MARK}), and this run would write over them: choose another out (a new or empty "
+            "folder), or move those files away"
+        )
+    if found and not resume:
         print(f"{out} holds a run that stopped before its first checkpoint: starting it over")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARK).write_text("this folder holds an rlblocks-train run; it may rewrite its files\n")
 
 
 class SavedConfig:
