@@ -65,6 +65,7 @@ def render_prompts(
             ids.append(tokens)
             continue
         text, templated = _render(i, prompt, tokenizer, chat, tools)
+        _check_text(i, text)
         tokens = list(tokenizer(text, add_special_tokens=not templated)["input_ids"])
         if not tokens:
             raise ValueError(
@@ -74,6 +75,21 @@ def render_prompts(
         texts.append(text)
         ids.append(tokens)
     return texts, ids
+
+
+def _check_text(i: int, text: str) -> None:
+    """Refuse a prompt that is not Unicode text: a lone surrogate (``"\\udcff"``, what
+    ``bytes.decode(errors="surrogateescape")`` leaves for a byte that is not UTF-8) has no
+    UTF-8 form, and the tokenizer failed on it with a ``TypeError`` that named no prompt."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"render_prompts: prompt {i} holds a lone surrogate ({text[error.start]!r} at "
+            f"character {error.start}: {text[max(0, error.start - 20) : error.start + 20]!r}), "
+            "which is not Unicode text and no tokenizer encodes; read its source with "
+            "errors='replace' (or strip the character) and try again"
+        ) from None
 
 
 def left_pad(ids: Sequence[Sequence[int]], *, pad_token_id: int) -> tuple[Tensor, Tensor]:

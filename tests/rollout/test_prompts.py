@@ -117,3 +117,16 @@ def test_messages_without_a_chat_template_raise():
     with pytest.raises(ValueError, match="no chat template"):
         render_prompts(["hi"], bare, chat=True)
     assert render_prompts(["hi"], bare)[0] == ["hi"]  # raw text needs no template
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_prompt_with_a_lone_surrogate_is_refused_by_its_number(tokenizer, chat):
+    # What bytes.decode(errors="surrogateescape") leaves for a byte that is not UTF-8: the
+    # tokenizer failed on it with "TypeError: TextEncodeInput must be Union[...]", no prompt named.
+    bad = b"x = \xff here".decode("utf-8", errors="surrogateescape")
+    with pytest.raises(
+        ValueError, match=r"^render_prompts: prompt 1 holds a lone surrogate \('\\udcff' at"
+    ):
+        render_prompts(["fine", bad], tokenizer, chat=chat)
+    with pytest.raises(ValueError, match="prompt 0 holds a lone surrogate"):
+        render_prompts([[{"role": "user", "content": bad}]], tokenizer)
