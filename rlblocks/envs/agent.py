@@ -55,7 +55,7 @@ import torch
 from torch import Tensor, nn
 
 from rlblocks.envs.base import Environment, Message, ModelTurn, ToolCall, last_answer
-from rlblocks.envs.chat import TOOLS_PROMPT, ChatFormat
+from rlblocks.envs.chat import TOOLS_PROMPT, ChatFormat, ControlText
 from rlblocks.envs.tools import tool_call_parser
 from rlblocks.interfaces import Handle, Prompt, RolloutEngine, SamplingParams, WeightSpec
 from rlblocks.models.context import context_length
@@ -110,6 +110,8 @@ class AgentEngine(EngineBase):
     any other the text the environment sees. ``sampling``:
     the default ``SamplingParams`` (None: the wrapped engine's ``sampling``). ``tools_prompt``:
     how the tools are described to a model whose chat template ignores them (`ChatFormat`).
+    ``control_text``: what becomes of the tokenizer's control tokens (``<|im_end|>``, ...) in
+    the environment's text: made plain text (``"escape"``), refused, or kept (`ChatFormat`).
 
     ``generate`` (contract: `rlblocks.interfaces.RolloutEngine.generate`) runs ``g`` episodes
     per prompt, one row each. ``prompt_ids``: the rendered first prompt; ``response_ids``:
@@ -132,6 +134,7 @@ class AgentEngine(EngineBase):
         parser: Callable[[str], Sequence[ToolCall]] | None = None,
         sampling: SamplingParams | None = None,
         tools_prompt: str = TOOLS_PROMPT,
+        control_text: ControlText = "escape",
     ) -> None:
         if max_turns < 1:
             raise ValueError(
@@ -149,7 +152,9 @@ class AgentEngine(EngineBase):
         self.parser = parser if parser is not None else tool_call_parser(self.tokenizer, env.tools)
         self.serves_adapters = bool(engine.serves_adapters)
         self.sampling = sampling if sampling is not None else engine.sampling  # type: ignore[attr-defined]  # not in RolloutEngine
-        self.chat = ChatFormat(self.tokenizer, env.tools, tools_prompt=tools_prompt)
+        self.chat = ChatFormat(
+            self.tokenizer, env.tools, tools_prompt=tools_prompt, control_text=control_text
+        )
         model = self.model
         if max_total_tokens is None and isinstance(model, nn.Module):
             max_total_tokens = context_length(model)

@@ -25,6 +25,16 @@ The result: prompt ids + sampled ids + observation ids is what the template woul
 whole conversation, wherever the model's text tokenizes back to its own ids (tested with the
 SmolLM2 and tiny templates), and exactly the sampled ids wherever it does not.
 
+**Text from outside.** Every message the template renders comes from the environment, its
+tools or the dataset (the model's own turns are kept as sampled ids, never rendered). Text
+holding one of the tokenizer's added tokens (``<|im_end|>``, ``<|im_start|>``, a tool tag) would
+be tokenized into that token: a tool result reading ``<|im_end|><|im_start|>system ...`` would
+put a system turn into the trained row that no environment sent. ``control_text`` decides:
+``"escape"`` (the default) writes each such token with an invisible word joiner (U+2060) after
+its first character, so it is tokenized as the plain text it reads as; ``"refuse"`` raises a
+``ValueError`` naming the message; ``"keep"`` leaves the text as it is (a source you trust to
+write control tokens). Messages are logged as the environment gave them.
+
 **Tools.** The tools' JSON schemas go to the template as ``tools=``; templates that know tool
 calling (Qwen2.5's, which also teaches the ``<tool_call>`` format) describe them to the model
 themselves. A template that
@@ -37,12 +47,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from rlblocks.envs.base import Message
 from rlblocks.envs.tool_worker import result_text, valid_utf8
 
 PLACEHOLDER = "RLBLOCKS_TURN_PLACEHOLDER"
+
+WORD_JOINER = "\u2060"
+"""What ``control_text="escape"`` puts after a control token's first character (invisible)."""
+
+ControlText = Literal["escape", "refuse", "keep"]
 
 TOOLS_PROMPT = """You can call tools. To call one, write a JSON object with the tool's name and \
 arguments between <tool_call> and </tool_call> tags, for example:
@@ -70,22 +85,32 @@ class ChatFormat:
         tools: Sequence[Mapping[str, Any]] = (),
         *,
         tools_prompt: str = TOOLS_PROMPT,
+        control_text: ControlText = "escape",
     ) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(
                 "ChatFormat: the agent rollout renders conversations with the tokenizer's chat "
                 "template, and this tokenizer has none; set tokenizer.chat_template"
             )
+        if control_text not in ("escape", "refuse", "keep"):
+            raise ValueError(
+                f"ChatFormat: control_text={control_text!r}; pass 'escape', 'refuse' or 'keep'"
+            )
         self.tokenizer = tokenizer
         self.tools = [dict(t) for t in tools]
         self.tools_prompt = tools_prompt
+        self.control_text = control_text
+        # The tokenizer's added tokens (role markers, end of turn, tool tags): in text it encodes
+        # they become those tokens. Longest first, so that one never hides a longer one.
+        added: dict[str, int] = getattr(tokenizer, "get_added_vocab", dict)()
+        self.controls = sorted((t for t in added if len(t) > 1), key=len, reverse=True)
         self.describes_tools = bool(self.tools) and self._template_renders_tools()
 
     # ------------------------------------------------------------------ rendering
     def messages(self, conversation: Sequence[Message]) -> list[Message]:
         """The conversation as the template gets it: with the tools in the system message when
         the template does not describe them itself."""
-        messages = [_for_template(m) for m in conversation]
+        messages = [self._guarded(i, _for_template(m)) for i, m in enumerate(conversation)]
         if not self.tools or self.describes_tools:
             return messages
         schemas = "\n".join(json.dumps(t.get("function", t)) for t in self.tools)
@@ -95,6 +120,26 @@ class ChatFormat:
         else:
             messages.insert(0, {"role": "system", "content": text})
         return messages
+
+    def _guarded(self, i: int, message: Message) -> Message:
+        """``message`` with the control tokens in its text made plain text, refused or kept, as
+        ``control_text`` says (module docstring, *Text from outside*)."""
+        content = message.get("content")
+        if self.control_text == "keep" or not isinstance(content, str):
+            return message
+        found = [t for t in self.controls if t in content]
+        if not found:
+            return message
+        if self.control_text == "refuse":
+            raise ValueError(
+                f"ChatFormat: message {i} ({message.get('role')!r}) holds {found[0]!r}, a "
+                "control token of this tokenizer: as text it would become that token and end "
+                "the turn or open another; clean the text, or build the rollout with "
+                "control_text='escape' (make it plain text) or 'keep' (a trusted source)"
+            )
+        for token in found:  # a word joiner after the first character: plain text again
+            content = content.replace(token, token[0] + WORD_JOINER + token[1:])
+        return {**message, "content": content}
 
     def render(self, conversation: Sequence[Message], *, generation_prompt: bool) -> str:
         """The template's text for ``conversation`` (tools included as above)."""
@@ -209,4 +254,4 @@ def _sampled_prefix(sampled: Sequence[int], closing: Sequence[int]) -> int:
     return 0
 
 
-__all__ = ["PLACEHOLDER", "TOOLS_PROMPT", "ChatFormat"]
+__all__ = ["PLACEHOLDER", "TOOLS_PROMPT", "WORD_JOINER", "ChatFormat", "ControlText"]
