@@ -40,8 +40,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rlblocks.base.safe_files import UnsafeFile, read_json
+
 #: Written into every state file; a file without it (or with another) is refused.
 FORMAT = "rlblocks.state/1"
+MAX_STATE_BYTES = 1 << 30
+"""The largest state file read: 1 GiB of JSON (its tensors are in the ``.safetensors`` beside it)."""
 TAGS = ("$tensor", "$ndarray", "$tuple", "$bytes", "$float", "$dict")
 
 
@@ -203,12 +207,11 @@ def read_tree(path: str | Path) -> Any:
     UTF-8, not JSON, another format: a pickle in its place is all three)."""
     path = Path(path)
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        document = read_json(path, max_bytes=MAX_STATE_BYTES)
+    except UnsafeFile as err:
         raise StateFileError(
-            f"read_state: {path} is not a state file (plain JSON): {type(err).__name__}: "
-            f"{str(err)[:200]}; rlblocks never reads a pickle back: resume from a checkpoint this "
-            "version wrote"
+            f"read_state: {path} is not a state file (plain JSON): {err}; rlblocks never reads a "
+            "pickle back: resume from a checkpoint this version wrote"
         ) from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         found = document.get("format") if isinstance(document, dict) else type(document).__name__

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlblocks.base.rng import rng_state, set_rng_state
+from rlblocks.base.safe_files import UnsafeFile, read_json
 from rlblocks.base.statefile import StateFileError, read_state, write_state
 from rlblocks.checkpoint.folders import (
     MARKER,
@@ -261,7 +262,7 @@ class Checkpointer:
         warning and moved aside (module docstring). Raises `CheckpointError` naming the damaged
         files, or the file that is not data."""
         path = self._intact(step)
-        meta = json.loads((path / "meta.json").read_text())
+        meta = read_json(path / "meta.json")  # checked by _intact: a mapping of this step
         saved, given = set(meta["blocks"]), {name for name, _ in _present(blocks)}
         if saved != given:
             raise CheckpointError(
@@ -277,6 +278,13 @@ class Checkpointer:
                     block.load_state_dict(payload["blocks"][name])
         except StateFileError as err:
             raise CheckpointError(f"Checkpointer.load: in {path}: {err}") from None
+        except Exception as err:
+            if type(err).__name__ != "SafetensorError":  # safetensors' own, whatever its module
+                raise
+            raise CheckpointError(
+                f"Checkpointer.load: in {path}: a .safetensors file is not what its header says "
+                f"({err}); resume from another checkpoint (Checkpointer.load(step=...))"
+            ) from None
         set_rng_state(payload["rng"])
         return Restored(payload["step"], payload["history"], payload["config"], path)
 
@@ -292,7 +300,7 @@ class Checkpointer:
         for candidate in reversed(steps):
             path = step_folder(self.root, candidate)
             _refuse_old(path)
-            found = damage(path)
+            found = damage(path) or _meta_damage(path, candidate)
             if not found:
                 self._set_aside(damaged, candidate)
                 return path
@@ -326,6 +334,23 @@ class Checkpointer:
                 UserWarning,
                 stacklevel=4,
             )
+
+
+def _meta_damage(path: Path, step: int) -> list[str]:
+    """What is wrong with ``path/meta.json`` for a checkpoint of ``step``: not a bounded JSON
+    mapping, no ``blocks`` mapping, or another step than the folder's name says (a folder
+    copied or renamed into another step's place)."""
+    try:
+        meta = read_json(path / "meta.json")
+    except UnsafeFile as err:
+        return [str(err)]
+    if not isinstance(meta, dict) or not isinstance(meta.get("blocks"), dict):
+        return [f"{path / 'meta.json'}: not a checkpoint's meta (no 'blocks' mapping)"]
+    if meta.get("step") != step or isinstance(meta.get("step"), bool):
+        return [
+            f"{path / 'meta.json'}: the step inside is {meta.get('step')!r}, the folder's {step}"
+        ]
+    return []
 
 
 def warn_if_config_differs(saved: Mapping[str, Any], now: Mapping[str, Any]) -> None:

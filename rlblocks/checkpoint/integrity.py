@@ -18,13 +18,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
+from rlblocks.base.safe_files import UnsafeFile, read_json, regular_file
 from rlblocks.checkpoint.folders import MARKER
 
 MANIFEST = "manifest.json"
@@ -74,28 +76,64 @@ def write_manifest(folder: Path) -> None:
 
 def damage(folder: Path) -> list[str]:
     """What is wrong with ``folder`` against its manifest, one entry per file (``path:
-    cause``); empty when every file is as it was written."""
+    cause``); empty when every file is as it was written. Nothing the manifest says is trusted
+    before it is checked: it is read as bounded JSON (`rlblocks.base.safe_files`), each entry
+    must be a path inside the folder with a size and a digest, and each file must be a regular
+    file of that size before its bytes are read (a FIFO or a link to ``/dev/zero`` would block
+    the read or never end it)."""
     try:
-        listed = json.loads((folder / MANIFEST).read_text())["files"]
-        listed = {str(k): (int(v["bytes"]), str(v[ALGORITHM])) for k, v in listed.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        return [f"{folder / MANIFEST}: unreadable ({type(err).__name__}: {err})"]
+        listed = _entries(read_json(folder / MANIFEST))
+    except (UnsafeFile, ValueError) as err:
+        return [f"{folder / MANIFEST}: unreadable ({err})"]
     found = []
     present = set(_files(folder))
-    sized = [
-        n for n in sorted(listed) if n in present and (folder / n).stat().st_size == listed[n][0]
-    ]
-    hashed = digests(folder, sized)
+    sizes: dict[str, int] = {}
+    for name in sorted(listed):
+        if name in present:
+            try:
+                sizes[name] = regular_file(folder / name).st_size
+            except UnsafeFile as err:
+                found.append(str(err))
+    hashed = digests(folder, [n for n, size in sizes.items() if size == listed[n][0]])
     for name, (size, expected) in sorted(listed.items()):
         path = folder / name
         if name not in present:
             found.append(f"{path}: missing")
+        elif name not in sizes:
+            continue  # not a regular file: named above
         elif name not in hashed:
-            found.append(f"{path}: {path.stat().st_size} bytes, {size} written (truncated?)")
+            found.append(f"{path}: {sizes[name]} bytes, {size} written (truncated?)")
         elif hashed[name] != expected:
             found.append(f"{path}: its {ALGORITHM} differs from the one written (changed bytes)")
     found += [f"{folder / name}: not in the manifest" for name in sorted(present - set(listed))]
     return found
+
+
+def _entries(document: Any) -> dict[str, tuple[int, str]]:
+    """The manifest's ``files`` as ``{path: (bytes, digest)}``; ``ValueError`` naming the first
+    entry that is not a relative path inside the folder with a byte count and a SHA-256."""
+    files = document.get("files") if isinstance(document, dict) else None
+    if not isinstance(files, dict):
+        raise ValueError("manifest.json: no 'files' mapping; skip this checkpoint")  # noqa: TRY004 (damage, not a caller's type)
+    entries = {}
+    for name, entry in files.items():
+        parts = Path(name).parts
+        size = entry.get("bytes") if isinstance(entry, dict) else None
+        hexdigest = entry.get(ALGORITHM) if isinstance(entry, dict) else None
+        if not parts or Path(name).is_absolute() or ".." in parts:
+            raise ValueError(
+                f"manifest.json: the entry {name!r} is not a path inside the folder; skip this checkpoint"
+            )
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(
+                f"manifest.json: the entry {name!r} has the size {size!r}, not a byte count; skip this checkpoint"
+            )
+        if not (isinstance(hexdigest, str) and re.fullmatch(r"[0-9a-f]{64}", hexdigest)):
+            raise ValueError(
+                f"manifest.json: the entry {name!r} has no {ALGORITHM} digest; skip this checkpoint"
+            )
+        entries[name] = (size, hexdigest)
+    return entries
 
 
 class NonFinite(NamedTuple):

@@ -169,3 +169,103 @@ def test_non_finite_weights_are_refused_at_save(tmp_path):
         ckpt.save(2, {"policy": policy, "counter": Counter()})
     listed = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert listed == [".checkpointer.lock", "step-00000001"]  # no partial folder
+
+
+def _listed_as_empty(folder: Path, path: Path) -> None:
+    """Rewrite the manifest's entry of ``path`` as 0 bytes, what ``stat`` says of a FIFO or of
+    /dev/zero: the sizes agree, so the old check went on to read the file."""
+    import json
+
+    document = json.loads((folder / "manifest.json").read_text())
+    document["files"][path.relative_to(folder).as_posix()]["bytes"] = 0
+    (folder / "manifest.json").write_text(json.dumps(document))
+
+
+def _as_fifo(folder: Path, path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)  # opening it for reading waits for a writer, for ever
+    _listed_as_empty(folder, path)
+
+
+def _as_link_to_dev_zero(folder: Path, path: Path) -> None:
+    path.unlink()
+    path.symlink_to("/dev/zero")  # reading it never ends
+    _listed_as_empty(folder, path)
+
+
+def _manifest_with_infinity(folder: Path) -> None:
+    text = (folder / "manifest.json").read_text()
+    (folder / "manifest.json").write_text(
+        text.replace('"bytes": ', '"bytes": Infinity, "was": ', 1)
+    )
+
+
+def _manifest_nested_deep(folder: Path) -> None:
+    (folder / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+
+
+def _manifest_reaching_outside(folder: Path) -> None:
+    import json
+
+    document = json.loads((folder / "manifest.json").read_text())
+    name, entry = next(iter(document["files"].items()))
+    document["files"] = {f"../../{name}": entry}
+    (folder / "manifest.json").write_text(json.dumps(document))
+
+
+def _meta_of_another_step(folder: Path) -> None:
+    import json
+
+    meta = json.loads((folder / "meta.json").read_text())
+    (folder / "meta.json").write_text(json.dumps({**meta, "step": 7}))
+    _rehash(folder)  # the checksums pass: the step inside must still match the folder's
+
+
+SHAPE = {  # (how the folder is damaged, what the warning names)
+    "a FIFO in the weights' place": (lambda f: _as_fifo(f, _role(f, "model weights")), "a FIFO"),
+    "a link to /dev/zero": (lambda f: _as_link_to_dev_zero(f, _role(f, "run state")), "symbolic"),
+    "Infinity in the manifest": (_manifest_with_infinity, "Infinity is not a JSON number"),
+    "a manifest nested 100,000 deep": (_manifest_nested_deep, "RecursionError"),
+    "a manifest entry outside the folder": (_manifest_reaching_outside, "not a path inside"),
+    "meta.json of another step": (_meta_of_another_step, "the step inside is 7, the folder's 2"),
+}
+
+
+@pytest.mark.timeout(60)  # a FIFO or /dev/zero read would hang here: fail instead
+@pytest.mark.parametrize("case", list(SHAPE))
+def test_a_checkpoint_of_the_wrong_shape_is_named_and_skipped(tmp_path, case):
+    # These hung loading (a FIFO, /dev/zero), raised OverflowError / RecursionError instead of
+    # falling back, read outside the folder, or resumed a step under another step's name.
+    damage, named = SHAPE[case]
+    ckpt, weights = _saved(tmp_path / "ckpt")
+    damage(tmp_path / "ckpt" / "step-00000002")
+    blocks = _fresh()
+    with pytest.warns(UserWarning, match=f"step 2 is damaged: .*{named}"):
+        restored = ckpt.load(blocks)
+    assert (restored.step, blocks["counter"].n) == (1, 1)
+    for name, tensor in _weights(blocks["policy"]).items():
+        assert torch.equal(tensor, weights[1][name]), name
+
+
+def test_a_safetensors_header_that_lies_is_named(tmp_path):
+    # The header claims a tensor reaches past the end of the file; with the checksums
+    # rewritten to match, loading raised a bare SafetensorError naming no checkpoint.
+    import json
+    import struct
+
+    ckpt, _ = _saved(tmp_path / "ckpt", steps=(1,))
+    folder = tmp_path / "ckpt" / "step-00000001"
+    weights = _role(folder, "model weights")
+    data = weights.read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + size])
+    name = next(k for k in header if k != "__metadata__")
+    begin, end = header[name]["data_offsets"]
+    header[name]["data_offsets"] = [begin, end + 10**9]
+    text = json.dumps(header).encode().ljust(size)[:size]
+    weights.write_bytes(data[:8] + text + data[8 + size :])
+    _rehash(folder)
+    with pytest.raises(
+        CheckpointError, match=r"step-00000001: a .safetensors file is not what its header says"
+    ):
+        ckpt.load(_fresh())
