@@ -186,7 +186,7 @@ def from_trl(
             if inspect.isawaitable(out):  # any awaitable: asyncio.run takes coroutines only
                 out = asyncio.run(_awaited(out))
             if isinstance(out, str | bytes | Mapping) or not isinstance(out, Sequence):
-                raise TypeError(
+                raise ContractError(
                     f"from_trl: {label} returned {type(out).__name__}, expected a list of floats; "
                     "return one float (or None) per completion"
                 )
@@ -198,6 +198,9 @@ def from_trl(
             return list(out)
 
         batch = _guarded(lambda _: call(range(b)), 1, timeout, abandoned)[0] if b else []
+        if isinstance(batch, Failure) and isinstance(batch.error, ContractError):
+            # the function's own shape, not a row's failure: no row would score otherwise
+            raise batch.error
         if isinstance(batch, Failure) and batch.kind == "error":
             logger.warning(
                 "reward %r: the batch call failed (%s); calling it once per row", label,
@@ -218,6 +221,12 @@ def from_trl(
         return out
 
     return _named(reward, label)
+
+
+class ContractError(TypeError):
+    """A reward function that returns what no row can be scored from (a float or a dict where
+    TRL expects a list of scores): raised, not counted as failed rows, since every batch would
+    fail the same way."""
 
 
 async def _awaited(awaitable: Awaitable[_T]) -> _T:

@@ -382,3 +382,18 @@ def test_a_hanging_verl_or_trl_call_is_said_once_and_its_thread_counted(make_rol
     said = [r.getMessage() for r in caplog.records if "keeps running" in r.getMessage()]
     assert [m.split(":")[0] for m in said] == ["reward 'hangs'", "reward 'hangs_trl'"]
     assert all("make the function return (or raise) within timeout=" in m for m in said)
+
+
+@pytest.mark.parametrize("returned", [1.0, {"score": [1.0, 0.0, 1.0]}, "1.0"])
+def test_a_trl_reward_returning_no_list_is_raised_not_scored_zero(make_rollouts, returned):
+    # It was a failure of every row: each scored 0 (the fallback), batch after batch, the run
+    # going on. No row can ever be scored from it, so the first call raises.
+    def one_value(completions, **kwargs):
+        return returned
+
+    ro = make_rollouts(["1", "2", "3"], [{}] * 3)
+    kind = type(returned).__name__
+    with pytest.raises(TypeError, match=rf"from_trl: one_value returned {kind}, expected a list"):
+        from_trl(one_value)(ro)
+    with pytest.raises(TypeError, match="returned"):
+        from_trl(one_value, timeout=None)(ro)
