@@ -163,9 +163,16 @@ def _gathered_weights(trainer: Exportable, *, keep: bool) -> dict[str, Tensor]:
         if not keep:
             continue  # the gathered bucket is freed as we go
         tensor = tensor.detach().cpu()
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise FloatingPointError(
+                f"save_pretrained: the weight {name} holds {bad} NaN or infinite values of "
+                f"{tensor.numel()}: the model is broken and is not written; export the weights "
+                "of an earlier checkpoint (Checkpointer.load(step=...))"
+            )
         if name not in tied:
             weights[name] = _owning(tensor)
-        elif not torch.equal(tensor, weights[tied[name]]):
+        elif not _same_bits(tensor, weights[tied[name]]):
             # LoRA on a tied embedding or head: merged, the two differ, and a checkpoint
             # that says tie_word_embeddings cannot hold both.
             raise NotImplementedError(
@@ -173,6 +180,14 @@ def _gathered_weights(trainer: Exportable, *, keep: bool) -> dict[str, Tensor]:
                 "merging LoRA; export with merge_lora=False, or do not adapt tied embeddings"
             )
     return weights
+
+
+def _same_bits(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` hold the same bits (``torch.equal`` says a tensor holding NaN
+    differs from itself: a tied weight that turned NaN was reported as a LoRA merge)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 def tied_names(model: nn.Module) -> dict[str, str]:

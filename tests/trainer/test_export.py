@@ -181,6 +181,19 @@ def test_lora_on_a_tied_head_cannot_be_merged_into_one_tied_tensor(tmp_path):
     assert not (tmp_path / "merged").exists()
 
 
+def test_a_nan_in_a_tied_embedding_is_named_as_such_not_as_a_lora_merge(tmp_path):
+    # No LoRA here: the tied head's copy "differed" from the embedding only because NaN != NaN,
+    # and the export said to pass merge_lora=False.
+    trainer = tiny_trainer()
+    embedding = trainer.model.get_input_embeddings().weight
+    assert trainer.model.get_output_embeddings().weight is embedding  # tied
+    with torch.no_grad():
+        embedding[3, 5] = float("nan")
+    with pytest.raises(FloatingPointError, match=r"the weight .*embed.* holds 1 NaN or infinite"):
+        trainer.save_pretrained(tmp_path / "broken")
+    assert not (tmp_path / "broken").exists()
+
+
 # ---------------------------------------------------------------------- writing safely
 def test_a_failed_write_leaves_no_folder_and_an_earlier_export_intact(tmp_path, monkeypatch):
     trainer = tiny_trainer()
