@@ -18,15 +18,20 @@ It binds to the loopback address by default (``host="127.0.0.1"``): a run's metr
 offered to the network unless ``host="0.0.0.0"`` says so. ``port=0`` takes any free port
 (``.port`` says which). A port in use is refused by number. It is not among the names
 ``report_to="all"`` starts: opening a port is asked for by building this object. Each
-instance has its own registry, so two runs in one notebook do not collide.
+instance has its own registry, so two runs in one notebook do not collide. Each connection
+is served in its own thread that gives up after ``idle_timeout`` seconds of silence, at most
+``max_connections`` at once (more are closed unread): idle sockets cannot pile up threads.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Mapping, Sequence
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from rlblocks.tracking.backend import require
 from rlblocks.tracking.samples import Sample
@@ -36,7 +41,28 @@ class Prometheus:
     """A tracking backend that serves the run's latest metrics at ``/metrics`` (module
     docstring)."""
 
-    def __init__(self, port: int = 9464, *, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        port: int = 9464,
+        *,
+        host: str = "127.0.0.1",
+        idle_timeout: float = 10.0,
+        max_connections: int = 16,
+    ) -> None:
+        if not 0 < idle_timeout < math.inf:
+            raise ValueError(
+                f"Prometheus: idle_timeout={idle_timeout!r}; pass the seconds a connection may "
+                "stay silent, a finite number > 0"
+            )
+        if (
+            isinstance(max_connections, bool)
+            or not isinstance(max_connections, int)
+            or max_connections < 1
+        ):
+            raise ValueError(
+                f"Prometheus: max_connections={max_connections!r}; pass the connections served "
+                "at once, an int >= 1"
+            )
         client = require("prometheus_client", "prometheus-client")
         self.host = host
         self.registry = client.CollectorRegistry()
@@ -55,7 +81,9 @@ class Prometheus:
         self.metric = gauge("rlblocks_metric", "Every scalar metric of the last step",
                             ["name"], registry=r)  # fmt: skip
         try:
-            self.server, self.thread = client.start_http_server(port, addr=host, registry=r)
+            self.server, self.thread = _serve(
+                client.make_wsgi_app(r), host, port, idle_timeout, max_connections
+            )
         except OSError as error:
             raise OSError(
                 error.errno,
@@ -102,6 +130,45 @@ class Prometheus:
         self._closed = True
         self.server.shutdown()
         self.server.server_close()
+
+
+def _serve(
+    app: Any, host: str, port: int, idle_timeout: float, max_connections: int
+) -> tuple[WSGIServer, threading.Thread]:
+    """Serve ``app`` in a daemon thread, each connection in its own thread that gives up after
+    ``idle_timeout`` silent seconds, at most ``max_connections`` at once (a connection past
+    them is closed unread). prometheus-client's own server keeps a thread per connection with
+    no timeout: any local user could hold thousands of threads by opening idle sockets."""
+    slots = threading.BoundedSemaphore(max_connections)
+
+    class Handler(WSGIRequestHandler):
+        timeout = idle_timeout  # socketserver sets it on the connection's socket
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Scrapes are not logged."""
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+        def process_request(self, request: Any, client_address: Any) -> None:
+            if not slots.acquire(blocking=False):
+                self.shutdown_request(request)  # too many at once: closed unread
+                return
+            super().process_request(request, client_address)
+
+        def process_request_thread(self, request: Any, client_address: Any) -> None:
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                slots.release()
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            """A connection that timed out or broke is closed; nothing printed."""
+
+    server = make_server(host, port, app, Server, handler_class=Handler)
+    thread = threading.Thread(target=server.serve_forever, name="prometheus", daemon=True)
+    thread.start()
+    return server, thread
 
 
 def memory() -> dict[str, float]:

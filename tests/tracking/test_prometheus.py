@@ -78,3 +78,40 @@ def test_a_port_in_use_is_named():
             rb.tracking.Prometheus(port=port)
     finally:
         holder.close()
+
+
+def _serving_threads() -> int:
+    import threading
+
+    return sum(1 for t in threading.enumerate() if t.name.startswith("Thread-") and t.daemon)
+
+
+def test_idle_connections_are_dropped_and_cannot_pile_up_threads():
+    # prometheus-client's server kept one thread per connection with no timeout: idle sockets
+    # opened by any local user held a thread each, for ever.
+    import time
+
+    metrics = rb.tracking.Prometheus(port=0)  # the defaults: at most 16 at once
+    before = _serving_threads()
+    idle = [socket.create_connection(("127.0.0.1", metrics.port)) for _ in range(40)]
+    try:
+        time.sleep(0.5)
+        assert _serving_threads() - before <= 16
+    finally:
+        for conn in idle:
+            conn.close()
+    time.sleep(0.5)  # closed by their clients: their threads end, the slots free
+    assert "rlblocks_step" in "".join(scrape(metrics.url))
+    metrics.close()
+    # An idle connection is closed by the server after idle_timeout: a read sees the end.
+    metrics = rb.tracking.Prometheus(port=0, idle_timeout=0.5, max_connections=4)
+    conn = socket.create_connection(("127.0.0.1", metrics.port))
+    try:
+        conn.settimeout(5)
+        start = time.monotonic()
+        assert conn.recv(1) == b"" and time.monotonic() - start < 5
+    finally:
+        conn.close()
+        metrics.close()
+    with pytest.raises(ValueError, match="idle_timeout=0"):
+        rb.tracking.Prometheus(port=0, idle_timeout=0)
