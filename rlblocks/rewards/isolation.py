@@ -201,7 +201,7 @@ class _Batch:
     def _receive(self, worker: _Worker) -> None:
         """Read a worker's reply; a closed socket means the worker died with its row."""
         try:
-            reply = pickle.loads(worker.conn.recv_bytes())
+            data = worker.conn.recv_bytes()
         except (EOFError, OSError):
             note = _death_note(worker.kill())
             if worker.row == LOADING:
@@ -212,6 +212,20 @@ class _Batch:
             assert worker.row is not None  # a busy worker has a row
             self.outcomes[worker.row] = Failure("error", note)
             self.idle.append(_Worker())
+            return
+        try:
+            reply = pickle.loads(data)
+        except Exception as e:
+            if worker.row is None or worker.row == LOADING:
+                raise
+            why = f"{type(e).__name__}: {e}"
+            self.outcomes[worker.row] = Failure(
+                "error",
+                f"its result cannot be unpickled in this process ({why}); return a float",
+                e,
+            )
+            worker.row = None
+            self.idle.append(worker)
             return
         if reply[0] == "load_error":
             self.idle.append(worker)

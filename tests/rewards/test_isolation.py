@@ -201,6 +201,31 @@ def test_a_crashing_worker_fails_its_row_and_the_pool_recovers(
     assert reward(make_rollouts(["c"])).rewards.tolist() == [1.0]
 
 
+class Unloadable:
+    """A score that pickles in the worker but fails to unpickle in the caller."""
+
+    def __reduce__(self):
+        return (_refuse, ())
+
+
+def _refuse():
+    raise RuntimeError("this value cannot be rebuilt here")
+
+
+def test_a_result_that_does_not_unpickle_fails_its_row_only(make_rollouts, pool, caplog) -> None:
+    # The whole call used to raise from pickle.loads in the caller, every row's score lost.
+    def fn(completion: str, **row: object) -> object:
+        return Unloadable() if completion == "odd" else 1.0
+
+    reward = per_sample(fn, fallback=-1.0, pool=pool)
+    with caplog.at_level(logging.WARNING, logger="rlblocks.rewards.guard"):
+        rewards, metrics = reward(make_rollouts(["a", "odd", "b"]))
+    torch.testing.assert_close(rewards, torch.tensor([1.0, -1.0, 1.0]))
+    assert metrics["reward/failures"] == 1.0
+    assert "cannot be unpickled in this process" in caplog.text
+    assert reward(make_rollouts(["c"])).rewards.tolist() == [1.0]  # the worker goes on
+
+
 def test_raise_errors_chains_the_workers_exception(make_rollouts, pool) -> None:
     def fn(completion: str, **row: object) -> float:
         raise KeyError(completion)
