@@ -23,8 +23,12 @@ why:
 A worker outlives nothing: `kill` at the caller's will, a finalizer of the caller's at exit or
 garbage collection, and the worker's own watchdog when the caller's process is gone.
 
-Not a sandbox: the functions run with the caller's user, files and network, and a program that
-starts its own session (``setsid``) leaves the process group and survives the kill.
+Not a sandbox: the functions run with the caller's user, files and network. A program that
+starts its own session (``setsid``) leaves the process group, but not the worker's descendants:
+on Linux the worker is the subreaper of everything below it, and `WorkerProcess.kill` (and the
+worker itself, when its caller closes the socket or dies) SIGKILLs every descendant found in
+``/proc`` before the group. A program that escapes to another user or a container is beyond
+it (the code sandbox, `rlblocks.rewards.sandbox`, is for untrusted code).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from pathlib import Path
 from socket import socketpair
 from types import ModuleType
 from typing import Protocol, TypeVar
+
+from rlblocks.isolation.worker import kill_descendants
 
 LOAD_LIMIT = 120.0  # seconds a worker may take to load a function (its imports included)
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
@@ -95,6 +101,9 @@ class WorkerProcess:
         already exiting.
         """
         if self.proc.returncode is None:
+            # The programs a call started in sessions of their own first (setsid): the worker
+            # is their subreaper (rlblocks.isolation.worker), so they are found below it.
+            kill_descendants(self.proc.pid)
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:  # the group is already empty

@@ -53,8 +53,67 @@ WATCH_INTERVAL = 0.5  # seconds between two checks that the caller's process is 
 
 def main(handler_name: str, handler_file: str, fd: str) -> None:
     """The worker process: load the handler module, then serve messages on socket ``fd``."""
+    become_subreaper()
     handler = load_file(handler_name, handler_file)
-    serve(int(fd), handler.handle, handler.encode)
+    try:
+        serve(int(fd), handler.handle, handler.encode)
+    finally:
+        kill_descendants(os.getpid())  # the caller is done: nothing a call started lives on
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    """Linux: make this process the parent of every orphan among its descendants, so that a
+    program a call started in its own session (``setsid``, a double fork) stays findable under
+    it (`descendants`) instead of being handed to init. Elsewhere: nothing."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def descendants(root: int) -> list[int]:
+    """The live processes below ``root`` (children, theirs, ...), from ``/proc``; empty where
+    there is none. Zombies are left out: they are gone already, their parent reaps them."""
+    parents: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if fields and fields[0] not in (b"Z", b"X"):
+            parents[int(entry)] = int(fields[1])
+    found, frontier = [], [root]
+    while frontier:
+        here = frontier.pop()
+        kids = [pid for pid, ppid in parents.items() if ppid == here]
+        found += kids
+        frontier += kids
+    return found
+
+
+def kill_descendants(root: int, rounds: int = 20) -> None:
+    """SIGKILL every live process below ``root``, in whatever session or group, again until
+    none is left (one may fork while the others are killed); at most ``rounds`` passes."""
+    for _ in range(rounds):
+        alive = descendants(root)
+        if not alive:
+            return
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.01)
 
 
 def load_file(name: str, file: str) -> ModuleType:
@@ -129,4 +188,5 @@ def _watch_parent(parent: int) -> None:
     """Kill this worker's process group once the caller's process is gone (re-parented)."""
     while os.getppid() == parent:
         time.sleep(WATCH_INTERVAL)
+    kill_descendants(os.getpid())  # those that left the group too (setsid)
     os.killpg(os.getpgid(0), signal.SIGKILL)

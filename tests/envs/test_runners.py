@@ -109,6 +109,38 @@ def test_a_spinning_tool_and_what_it_started_end_with_its_time_limit(no_leftover
     env.close()
 
 
+def daemonize(pid_file: str) -> str:
+    """Start a program in a session of its own (setsid) and return at once.
+
+    Args:
+        pid_file: Where to write the program's process id.
+    """
+    child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    Path(pid_file).write_text(str(child.pid))
+    return "started"
+
+
+def test_a_program_a_tool_started_in_its_own_session_ends_with_close(tmp_path):
+    # It left the worker's process group, which SIGKILL for the group did not reach: the
+    # `sleep 300` outlived ToolEnv.close(). (No subreaper in this test process: on the old
+    # code the orphan went to init and lived on, out of this process's sight.)
+    pid_file = tmp_path / "sleep.pid"
+    env = ToolEnv([daemonize])
+    arguments = json.dumps({"pid_file": str(pid_file)})
+    text = f'<tool_call>{{"name": "daemonize", "arguments": {arguments}}}</tool_call>'
+    try:
+        step = env.step(turn(text), {})
+        assert [m["content"] for m in step.messages] == ["started"]
+        sleep = int(pid_file.read_text())
+        assert alive(sleep)
+    finally:
+        env.close()
+    deadline = time.monotonic() + 2.0  # SIGKILL is delivered within milliseconds; the bound
+    while alive(sleep) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not alive(sleep)
+
+
 def crash() -> str:
     """End the process at once."""
     os.kill(os.getpid(), signal.SIGSEGV)
