@@ -59,6 +59,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import re
 import secrets
 import select
 import shutil
@@ -72,7 +73,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rlblocks.rewards.sandbox_cgroup import slot_group
+from rlblocks.rewards.sandbox_cgroup import pid_gone, slot_group
 
 logger = logging.getLogger(__name__)
 
@@ -224,11 +225,13 @@ def _others_can_run(path: str) -> bool:
 def _run(box: Sandbox, program: str, stdin: str, test: str | None, slot: int) -> RunResult:
     limits, root = box.limits, os.geteuid() == 0
     uid = UID_BASE + (os.getpid() % 20_000) * SLOTS + slot if root else None
+    sweep_stale_folders(tempfile.gettempdir())
     group = slot_group(slot, limits.memory_bytes) if box.cgroups else None
-    folder = Path(tempfile.mkdtemp(prefix="rlblocks-sandbox-"))  # mode 700: ours only
+    me = os.getpid()  # in the names: a later process removes them if this one was killed
+    folder = Path(tempfile.mkdtemp(prefix=f"rlblocks-sandbox-{me}-"))  # mode 700: ours only
     # The folder of a run without namespaces (asked for, or refused by the system): on disk,
     # the sandbox uid's own. With namespaces, /tmp/sandbox on a tmpfs hides it.
-    work = Path(tempfile.mkdtemp(prefix="rlblocks-sandbox-work-"))
+    work = Path(tempfile.mkdtemp(prefix=f"rlblocks-sandbox-work-{me}-"))
     report = _Report()
     try:
         if uid is not None:
@@ -289,6 +292,41 @@ class _Report:
             if fd >= 0:
                 os.close(fd)
         self.read_end = self.write_end = -1
+
+
+STALE = re.compile(r"rlblocks-sandbox-(?:work-)?(\d+)-")
+_swept: set[str] = set()
+
+
+def sweep_stale_folders(root: str) -> None:
+    """Remove, once per process and folder, the run folders in ``root`` that a process left
+    when it was killed before its ``finally`` ran (SIGKILL, a lost node): those named after a
+    process id that no longer runs, and owned by this user (or, for root, by a sandbox uid:
+    `_run` gives the work folder to it). A folder of a live process is never
+    touched (a reused pid keeps it until that process ends too)."""
+    if root in _swept:
+        return
+    _swept.add(root)
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for entry in entries:
+        found = STALE.match(entry.name)
+        if not found or not pid_gone(int(found[1])):
+            continue
+        try:
+            owner = entry.stat(follow_symlinks=False).st_uid
+            ours = owner == os.geteuid() or (os.geteuid() == 0 and _sandbox_uid(owner))
+            if entry.is_dir(follow_symlinks=False) and ours:
+                shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            continue
+
+
+def _sandbox_uid(uid: int) -> bool:
+    """Whether ``uid`` is one a root caller gives its runs (a work folder chowned to it)."""
+    return UID_BASE <= uid < UID_BASE + 20_000 * SLOTS
 
 
 def _start_and_wait(box: Sandbox, folder: Path, report: _Report, wall: float) -> tuple[bool, int]:

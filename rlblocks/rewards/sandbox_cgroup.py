@@ -27,6 +27,7 @@ import atexit
 import functools
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,10 +69,42 @@ def slot_group(slot: int, memory_bytes: int) -> Group | None:
         return None
     key = (os.getpid(), slot, memory_bytes)  # a forked child makes its own
     with _lock:
+        _sweep_stale(base)
         if key not in _groups:
             _groups[key] = _make(base, f"rlblocks-sandbox-{os.getpid()}-{slot}-{memory_bytes}",
                                  memory_bytes)  # fmt: skip
         return _groups[key]
+
+
+_swept: set[Path] = set()
+
+
+def _sweep_stale(base: Group) -> None:
+    """Once per process: remove the slot cgroups below ``base`` of processes that no longer
+    run (killed before their exit handler removed them). ``rmdir`` of a cgroup that still holds
+    a process fails: such a group stays."""
+    if base.path in _swept:
+        return
+    _swept.add(base.path)
+    try:
+        children = list(base.path.iterdir())
+    except OSError:
+        return
+    for child in children:
+        found = re.fullmatch(r"rlblocks-sandbox-(\d+)-\d+-\d+", child.name)
+        if found and int(found[1]) != os.getpid() and pid_gone(int(found[1])):
+            _remove(Group(child, base.version))
+
+
+def pid_gone(pid: int) -> bool:
+    """Whether no process ``pid`` runs (one of another user's counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def available() -> int | None:

@@ -244,6 +244,33 @@ os.killpg(0, signal.SIGKILL)  # its own process group, itself included
     assert (result.outcome, result.detail) == ("crashed", "SIGKILL")
 
 
+def test_what_a_killed_caller_left_is_removed_by_the_next_sandbox(box) -> None:
+    # A caller SIGKILLed during a run never reaches its finally: its run folders (and, where a
+    # cgroup is made, its slot's cgroup) stayed for good. The next process to run a sandbox
+    # removes them: named after a process that no longer runs, and owned by this user.
+    import signal
+    import sys
+    import tempfile
+    import time
+
+    root = Path(tempfile.gettempdir())  # no_leftovers' root, which the caller inherits
+    call = (
+        "from rlblocks.rewards.sandbox import Sandbox; Sandbox().run('import time; time.sleep(60)')"
+    )
+    caller = subprocess.Popen([sys.executable, "-c", call], env={**os.environ, "TMPDIR": str(root)})
+    deadline = time.monotonic() + 60
+    while len(sandbox_cases.sandbox_folders(root)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = sandbox_cases.sandbox_folders(root)
+    assert {f.name.split("-")[2 if "work" not in f.name else 3] for f in left} == {str(caller.pid)}
+    caller.send_signal(signal.SIGKILL)
+    caller.wait()
+    time.sleep(0.2)  # its sandboxed program dies with it (PDEATHSIG)
+    assert sandbox_cases.sandbox_folders(root) == left  # still there: nobody removed them
+    assert box.run("print(1)").stdout == "1\n"
+    assert sandbox_cases.sandbox_folders(root) == set()  # swept by this process's first run
+
+
 # ---------------------------------------------------------------------- the fallback
 def test_the_fallback_without_namespaces_still_blocks_sockets(listener) -> None:
     port, accepted = listener
