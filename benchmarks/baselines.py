@@ -112,9 +112,7 @@ ALGORITHMS: dict[str, Algorithm] = {
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds")
-    p.add_argument("--out", type=Path, default=Path("runs/baselines"), help="runs and table.md")
+    p = learning.seeds_parser(__doc__, Path("runs/baselines"), "runs and table.md")
     p.add_argument(
         "--algorithms",
         nargs="+",

@@ -51,10 +51,16 @@ from rlblocks.models.builtin import BUILTINS, GGUFModel
 RECORD = "benchmark.json"  # in a seed's folder: the demo's arguments and the wall minutes
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+def seeds_parser(doc: str, out: Path, what: str) -> argparse.ArgumentParser:
+    """The flags of a script that runs the main job per seed: ``--seeds`` and ``--out``."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0], allow_abbrev=False)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds")
-    p.add_argument("--out", type=Path, default=Path("runs/learning"), help="one folder per seed")
+    p.add_argument("--out", type=Path, default=out, help=what)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    p = seeds_parser(__doc__, Path("runs/learning"), "one folder per seed")
     p.add_argument(
         "--compare",
         nargs="+",
