@@ -163,13 +163,6 @@ def _gathered_weights(trainer: Exportable, *, keep: bool) -> dict[str, Tensor]:
         if not keep:
             continue  # the gathered bucket is freed as we go
         tensor = tensor.detach().cpu()
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            bad = int((~torch.isfinite(tensor)).sum())
-            raise FloatingPointError(
-                f"save_pretrained: the weight {name} holds {bad} NaN or infinite values of "
-                f"{tensor.numel()}: the model is broken and is not written; export the weights "
-                "of an earlier checkpoint (Checkpointer.load(step=...))"
-            )
         if name not in tied:
             weights[name] = _owning(tensor)
         elif not _same_bits(tensor, weights[tied[name]]):
